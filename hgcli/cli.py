@@ -1,0 +1,142 @@
+"""Click commands only: parse flags -> build a request -> call one core function -> render.
+
+Core modules are imported inside each command so that ``hgtrain --help``, ``probe`` and ``status``
+never import torch (the controller may be a laptop without it). Nothing below this module calls
+``sys.exit``: failures are ``HgError``s carrying their exit code, mapped to one line on stderr here.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import click
+
+from . import __version__
+from .errors import EXIT_ERROR, EXIT_INTERRUPTED, HgError, UsageError
+
+CLUSTER_HELP = "Cluster file (TOML). Default: the embedded local cluster of this machine."
+
+
+def cluster_option(f):
+    return click.option(
+        "-c", "--cluster", "cluster_file", type=click.Path(dir_okay=False, path_type=Path),
+        envvar="HGTRAIN_CLUSTER", help=CLUSTER_HELP,
+    )(f)
+
+
+def json_option(f):
+    return click.option("--json", "as_json", is_flag=True, help="Print only JSON on stdout.")(f)
+
+
+def load_cluster_arg(cluster_file: Path | None):
+    from .config import default_cluster, load_cluster
+
+    return load_cluster(cluster_file) if cluster_file else default_cluster()
+
+
+def not_yet(name: str) -> None:
+    """Commands whose issue is still open say so instead of pretending to work."""
+    raise UsageError(f"'hgtrain {name}' is not implemented yet in this version")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="hgtrain")
+@click.option("--debug", is_flag=True, envvar="HGTRAIN_DEBUG", help="Show tracebacks on errors.")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """hgtrain: train on a heterogeneous GPU cluster.
+
+    Like GPUs form synchronous all-reduce groups; groups exchange updates asynchronously
+    through parameter-server ranks; batch sizes follow measured speed.
+    """
+    ctx.obj = {"debug": debug}
+
+
+@cli.command()
+@cluster_option
+@json_option
+def probe(cluster_file: Path | None, as_json: bool) -> None:
+    """Report every node's GPUs, CPU, memory, Python and torch."""
+    not_yet("probe")
+
+
+@cli.command()
+@cluster_option
+@json_option
+def bench(cluster_file: Path | None, as_json: bool) -> None:
+    """Measure each device and the links between nodes; store the profiles."""
+    not_yet("bench")
+
+
+@cli.command()
+@cluster_option
+@json_option
+def plan(cluster_file: Path | None, as_json: bool) -> None:
+    """Build a heterogeneous placement plan and predict its throughput."""
+    not_yet("plan")
+
+
+@cli.command(context_settings={"ignore_unknown_options": True})
+@cluster_option
+@json_option
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def launch(cluster_file: Path | None, as_json: bool, command: tuple[str, ...]) -> None:
+    """Start the plan's ranks on the nodes and stream their logs and metrics."""
+    not_yet("launch")
+
+
+@cli.command()
+@click.argument("job", required=False)
+@json_option
+def status(job: str | None, as_json: bool) -> None:
+    """What runs where: each rank's state, step, loss and throughput."""
+    not_yet("status")
+
+
+@cli.command()
+@click.argument("job")
+def logs(job: str) -> None:
+    """Print or follow a job's logs."""
+    not_yet("logs")
+
+
+@cli.command()
+@click.argument("job")
+def stop(job: str) -> None:
+    """Stop a running job on every node."""
+    not_yet("stop")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: map every failure to one line on stderr and a documented exit code."""
+    debug = os.environ.get("HGTRAIN_DEBUG") not in (None, "", "0") or "--debug" in (argv or sys.argv[1:])
+    try:
+        cli.main(args=argv, prog_name="hgtrain", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.exceptions.Abort:
+        click.echo("hgtrain: interrupted", err=True)
+        return EXIT_INTERRUPTED
+    except KeyboardInterrupt:
+        click.echo("hgtrain: interrupted", err=True)
+        return EXIT_INTERRUPTED
+    except HgError as exc:
+        if debug:
+            traceback.print_exc()
+        click.echo(f"hgtrain: error: {exc}", err=True)
+        return exc.exit_code
+    except Exception as exc:  # an internal bug: still one line unless --debug
+        if debug:
+            traceback.print_exc()
+        click.echo(f"hgtrain: internal error: {type(exc).__name__}: {exc} (rerun with --debug)", err=True)
+        return EXIT_ERROR
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,390 @@
+"""Frozen dataclasses and str-Enums passed between the stages.
+
+cluster.toml -> Cluster -> (probe) Inventory -> (bench) Profiles -> (plan) Plan -> (launch) Job.
+Every value here serialises to plain JSON with ``to_dict`` and back with ``from_dict``; the ``--json``
+output of a stage is exactly that, so scripts can chain stages. This module imports only the standard
+library because it is shipped to nodes with the node-side code.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+# Bumped when a stored JSON shape changes incompatibly; readers refuse other versions.
+SCHEMA_VERSION = 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Generic JSON conversion (one implementation for every dataclass below).
+# ---------------------------------------------------------------------------------------------
+
+def to_dict(value: Any) -> Any:
+    """Dataclass/Enum/tuple tree -> JSON-ready dicts and lists."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_dict(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (list, tuple)):
+        return [to_dict(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): to_dict(v) for k, v in value.items()}
+    return value
+
+
+def to_json(value: Any, *, indent: int | None = 2) -> str:
+    return json.dumps(to_dict(value), indent=indent, sort_keys=False)
+
+
+def from_dict(cls: type[T], data: Any) -> T:
+    """Inverse of ``to_dict`` driven by the type hints; raises ValueError on a shape mismatch."""
+    return _convert(cls, data, cls.__name__)
+
+
+def _convert(tp: Any, data: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return data
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if data is None:
+            if type(None) in args:
+                return None
+            raise ValueError(f"{where}: null is not allowed")
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(arg, data, where)
+            except (ValueError, TypeError) as exc:
+                errors.append(str(exc))
+        raise ValueError(errors[0] if errors else f"{where}: no type matches")
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if not isinstance(data, (list, tuple)):
+            raise ValueError(f"{where}: expected a list, got {type(data).__name__}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_convert(args[0], v, f"{where}[{i}]") for i, v in enumerate(data))
+        if len(args) != len(data):
+            raise ValueError(f"{where}: expected {len(args)} items, got {len(data)}")
+        return tuple(_convert(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, data)))
+    if origin is list:
+        (arg,) = typing.get_args(tp)
+        if not isinstance(data, list):
+            raise ValueError(f"{where}: expected a list, got {type(data).__name__}")
+        return [_convert(arg, v, f"{where}[{i}]") for i, v in enumerate(data)]
+    if origin is dict:
+        _, val_tp = typing.get_args(tp)
+        if not isinstance(data, dict):
+            raise ValueError(f"{where}: expected an object, got {type(data).__name__}")
+        return {str(k): _convert(val_tp, v, f"{where}.{k}") for k, v in data.items()}
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        if not isinstance(data, dict):
+            raise ValueError(f"{where}: expected an object, got {type(data).__name__}")
+        hints = typing.get_type_hints(tp)
+        kwargs = {}
+        for f in dataclasses.fields(tp):
+            if not f.init:
+                continue
+            if f.name in data:
+                kwargs[f.name] = _convert(hints[f.name], data[f.name], f"{where}.{f.name}")
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ValueError(f"{where}: missing field {f.name!r}")
+        return tp(**kwargs)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        try:
+            return tp(data)
+        except ValueError:
+            allowed = ", ".join(repr(m.value) for m in tp)
+            raise ValueError(f"{where}: {data!r} is not one of {allowed}") from None
+    if tp is float:
+        if isinstance(data, bool) or not isinstance(data, (int, float)):
+            raise ValueError(f"{where}: expected a number, got {data!r}")
+        return float(data)
+    if tp is int:
+        if isinstance(data, bool) or not isinstance(data, int):
+            raise ValueError(f"{where}: expected an integer, got {data!r}")
+        return data
+    if tp in (str, bool):
+        if not isinstance(data, tp):
+            raise ValueError(f"{where}: expected {tp.__name__}, got {data!r}")
+        return data
+    raise TypeError(f"{where}: unsupported type {tp!r}")
+
+
+def digest(value: Any) -> str:
+    """Stable short hash of a value's JSON form (cluster identity, plan identity)."""
+    blob = json.dumps(to_dict(value), sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------------------------
+# Cluster (from the cluster file, a hostfile, Slurm, or the embedded default)
+# ---------------------------------------------------------------------------------------------
+
+class HostKeyPolicy(str, enum.Enum):
+    YES = "yes"                # unknown key: refuse, show fingerprint (the default)
+    ACCEPT_NEW = "accept-new"  # unknown key: add to known_hosts; changed key: refuse
+    NO = "no"                  # accept anything (never overwrites a changed key either)
+
+
+@dataclass(frozen=True)
+class SshSettings:
+    known_hosts: str = "~/.ssh/known_hosts"
+    strict_host_key_checking: HostKeyPolicy = HostKeyPolicy.YES
+    connect_timeout: float = 10.0
+    config: str = "~/.ssh/config"
+
+
+@dataclass(frozen=True)
+class EmulateSpec:
+    """Devices a node pretends to have; they run on its CPU at ``speed`` relative to the fastest."""
+
+    devices: tuple[str, ...]
+    speed: tuple[float, ...]
+    memory_mib: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    host: str                      # as written: an address or an ssh-config alias
+    hostname: str | None = None    # resolved address (ssh config HostName), None = host
+    port: int = 22
+    user: str | None = None
+    identity_file: str | None = None
+    proxy_jump: str | None = None  # "[user@]host[:port]", resolved through the same config
+    python: str = "python3"
+    gpus: tuple[int, ...] | None = None   # visible subset of GPU indices; None = all
+    emulate: EmulateSpec | None = None
+    slots: int | None = None       # from a hostfile ("host slots=N")
+    source: str | None = None      # "file:line" where the node was declared, for error messages
+
+    @property
+    def is_local(self) -> bool:
+        return self.host in ("localhost", "local")
+
+    @property
+    def address(self) -> str:
+        return self.hostname or self.host
+
+
+@dataclass(frozen=True)
+class Cluster:
+    nodes: tuple[NodeSpec, ...]
+    ssh: SshSettings = field(default_factory=SshSettings)
+    source: str | None = None      # path of the cluster file; None for the embedded default
+
+    def fingerprint(self) -> str:
+        """Identity used to key cached inventory/profiles and to refuse a plan from another cluster."""
+        return digest([(n.name, n.address, n.port, n.gpus, n.emulate) for n in self.nodes])
+
+    def node(self, name: str) -> NodeSpec:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Inventory (probe)
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    name: str
+    uuid: str | None = None
+    memory_total_mib: int | None = None
+    memory_used_mib: int | None = None
+    compute_capability: str | None = None
+    driver_version: str | None = None
+    emulated: bool = False
+    speed: float | None = None     # declared relative speed of an emulated device
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    host: str
+    ok: bool
+    error: str | None = None
+    emulated: bool = False
+    gpus: tuple[GpuInfo, ...] = ()
+    cpu_model: str | None = None
+    cpu_cores: int | None = None
+    memory_total_mib: int | None = None
+    os: str | None = None
+    python_version: str | None = None
+    torch_version: str | None = None   # None when torch is not installed on the node
+    torch_cuda: str | None = None
+    elapsed_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Inventory:
+    cluster: str                   # Cluster.fingerprint()
+    nodes: tuple[NodeInfo, ...]
+    probed_at: float = 0.0
+    version: int = SCHEMA_VERSION
+
+    @property
+    def succeeded(self) -> tuple[NodeInfo, ...]:
+        return tuple(n for n in self.nodes if n.ok)
+
+    @property
+    def failed(self) -> tuple[NodeInfo, ...]:
+        return tuple(n for n in self.nodes if not n.ok)
+
+
+# ---------------------------------------------------------------------------------------------
+# Profiles (bench)
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Measurement:
+    """A repeated measurement: median and spread, so noisy figures are visible as such."""
+
+    median: float
+    min: float
+    max: float
+    repeats: int
+
+
+@dataclass(frozen=True)
+class StepSample:
+    batch_size: int
+    seconds: Measurement           # forward + backward + optimizer step
+    memory_mib: int | None = None  # peak device memory at that batch size
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    node: str
+    device: str                    # "gpu0", "gpu1", ... or "cpu"
+    name: str                      # model name, e.g. "NVIDIA A100-SXM4-40GB"
+    emulated: bool
+    speed: float                   # emulated relative speed (1.0 for real devices)
+    memory_total_mib: int | None
+    matmul_tflops: dict[str, Measurement] = field(default_factory=dict)   # dtype -> TFLOP/s
+    mem_bandwidth_gbs: Measurement | None = None
+    h2d_bandwidth_gbs: Measurement | None = None
+    steps: tuple[StepSample, ...] = ()
+    error: str | None = None       # "out of memory", driver error...; the rest of the run continues
+    torch_version: str | None = None
+    driver_version: str | None = None
+
+
+@dataclass(frozen=True)
+class LinkProfile:
+    a: str                         # node names
+    b: str
+    backend: str                   # "gloo" | "nccl"
+    bandwidth_gbs: Measurement | None = None
+    latency_s: Measurement | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the planner needs of the user's model: its size (traffic) and a label."""
+
+    name: str
+    parameters: int
+    bytes_per_parameter: int = 4
+
+
+@dataclass(frozen=True)
+class Profiles:
+    cluster: str                   # Cluster.fingerprint()
+    devices: tuple[DeviceProfile, ...]
+    links: tuple[LinkProfile, ...] = ()
+    model: ModelSpec | None = None
+    measured_at: float = 0.0
+    version: int = SCHEMA_VERSION
+
+
+# ---------------------------------------------------------------------------------------------
+# Plan
+# ---------------------------------------------------------------------------------------------
+
+class Strategy(str, enum.Enum):
+    AUTO = "auto"
+    ALLREDUCE = "allreduce"
+    HYBRID = "hybrid"
+    PS = "ps"
+
+
+class Role(str, enum.Enum):
+    WORKER = "worker"
+    PS = "ps"
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    id: int
+    ranks: tuple[int, ...]
+    accumulate: int = 1            # local steps accumulated before the group pushes to the PS
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    rank: int
+    role: Role
+    node: str
+    device: str                    # "gpu0"... for workers; "cpu" for PS ranks
+    group: int | None = None
+    batch_size: int | None = None
+    local_rank: int = 0            # among the ranks of its node
+    emulated: bool = False
+    speed: float = 1.0             # emulated relative speed applied by the runtime
+
+
+@dataclass(frozen=True)
+class Plan:
+    strategy: Strategy
+    world_size: int
+    groups: tuple[GroupPlan, ...]
+    ranks: tuple[RankPlan, ...]
+    predicted_samples_per_s: dict[str, float]   # per strategy, plus "ideal"
+    global_batch: int
+    cluster: str                   # Cluster.fingerprint(): a plan from another cluster is refused
+    reason: str = ""               # why this strategy was chosen
+    staleness_bound: int = 0       # max versions a group may run ahead (0 for allreduce)
+    ps_shards: tuple[int, ...] = ()  # PS ranks, in shard order
+    model: ModelSpec | None = None
+    version: int = SCHEMA_VERSION
+
+    @property
+    def workers(self) -> tuple[RankPlan, ...]:
+        return tuple(r for r in self.ranks if r.role is Role.WORKER)
+
+    def rank(self, rank: int) -> RankPlan:
+        return self.ranks[rank]
+
+
+# ---------------------------------------------------------------------------------------------
+# Jobs (launch / status)
+# ---------------------------------------------------------------------------------------------
+
+class RankState(str, enum.Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    UNKNOWN = "unknown"            # its node cannot be reached
+
+    def is_running(self) -> bool:
+        return self in (RankState.PENDING, RankState.RUNNING)
+
+    def is_final(self) -> bool:
+        return self in (RankState.SUCCEEDED, RankState.FAILED, RankState.STOPPED)

@@ -1,0 +1,1 @@
+"""Imported by training scripts (see docs/runtime.md). Placeholder until the runtime issue lands."""

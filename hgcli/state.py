@@ -1,0 +1,74 @@
+"""The state directory: cached inventory and profiles, job records. Private (0700 dir, 0600 files).
+
+Every write is atomic (temp file in the same directory, fsync, rename) so a crash or a full disk never
+leaves a half-written record, and the previous version stays intact.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .errors import StateError
+
+
+def state_dir() -> Path:
+    """$HGTRAIN_STATE_DIR, else $XDG_STATE_HOME/hgtrain, else ~/.local/state/hgtrain; created 0700."""
+    root = os.environ.get("HGTRAIN_STATE_DIR")
+    if root:
+        path = Path(root).expanduser()
+    else:
+        base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+        path = Path(base) / "hgtrain"
+    return ensure_private_dir(path)
+
+
+def ensure_private_dir(path: Path) -> Path:
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # mkdir's mode is filtered by the umask and ignored for existing dirs: set it explicitly.
+        os.chmod(path, 0o700)
+    except OSError as exc:
+        raise StateError(f"state directory {path}: {exc.strerror or exc}") from exc
+    return path
+
+
+def write_private(path: Path, text: str) -> None:
+    """Atomically replace ``path`` with ``text``, mode 0600."""
+    ensure_private_dir(path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise StateError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
+def write_json(path: Path, data: Any) -> None:
+    write_private(path, json.dumps(data, indent=2) + "\n")
+
+
+def read_json(path: Path) -> Any | None:
+    """The stored JSON, or None when absent; a corrupt file is a StateError naming it."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise StateError(f"cannot read {path}: {exc}") from exc
+
+
+def cluster_dir(fingerprint: str) -> Path:
+    """Per-cluster cache (inventory.json, profiles.json), keyed by Cluster.fingerprint()."""
+    return ensure_private_dir(state_dir() / "clusters" / fingerprint)

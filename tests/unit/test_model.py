@@ -1,0 +1,65 @@
+"""The JSON contract between stages: every value round-trips, and bad shapes are clear errors."""
+import json
+
+import pytest
+
+from hgcli.model import (
+    Cluster, EmulateSpec, GpuInfo, GroupPlan, HostKeyPolicy, Inventory, NodeInfo, NodeSpec, Plan,
+    RankPlan, Role, SshSettings, Strategy, from_dict, to_dict,
+)
+from hgcli.node import frames
+
+
+def sample_plan() -> Plan:
+    return Plan(
+        strategy=Strategy.HYBRID, world_size=3,
+        groups=(GroupPlan(id=0, ranks=(0, 1)),),
+        ranks=(RankPlan(0, Role.WORKER, "a", "gpu0", 0, 32), RankPlan(1, Role.WORKER, "a", "gpu1", 0, 32),
+               RankPlan(2, Role.PS, "a", "cpu")),
+        predicted_samples_per_s={"allreduce": 1.0, "hybrid": 2.0, "ps": 0.5, "ideal": 2.5},
+        global_batch=64, cluster="abc", ps_shards=(2,),
+    )
+
+
+def test_plan_round_trips_through_json():
+    plan = sample_plan()
+    again = from_dict(Plan, json.loads(json.dumps(to_dict(plan))))
+    assert again == plan
+    assert to_dict(plan)["ranks"][2]["role"] == "ps"
+    assert to_dict(plan)["ranks"][2]["group"] is None
+
+
+def test_inventory_round_trips_and_splits_failed_nodes():
+    inv = Inventory(cluster="x", nodes=(
+        NodeInfo("a", "h1", True, gpus=(GpuInfo(0, "Tesla T4", emulated=True, speed=0.25),)),
+        NodeInfo("b", "h2", False, error="connection refused"),
+    ))
+    assert from_dict(Inventory, to_dict(inv)) == inv
+    assert [n.name for n in inv.failed] == ["b"]
+    assert [n.name for n in inv.succeeded] == ["a"]
+
+
+def test_cluster_fingerprint_changes_with_nodes():
+    a = Cluster(nodes=(NodeSpec("n1", "h1"),), ssh=SshSettings(strict_host_key_checking=HostKeyPolicy.NO))
+    b = Cluster(nodes=(NodeSpec("n1", "h1", emulate=EmulateSpec(("X",), (1.0,), (100,))),))
+    assert a.fingerprint() != b.fingerprint()
+    assert from_dict(Cluster, to_dict(a)) == a
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"strategy": "fastest"}, "is not one of"),
+    ({"world_size": "3"}, "expected an integer"),
+    ({"ranks": None}, "expected a list"),
+    ({"reason": None}, "expected str"),
+])
+def test_bad_plan_shapes_are_named(bad, message):
+    data = {**to_dict(sample_plan()), **bad}
+    with pytest.raises(ValueError, match=message):
+        from_dict(Plan, data)
+
+
+def test_frames_skip_login_noise():
+    line = frames.encode({"type": "probe", "ok": True})
+    assert frames.decode("Welcome to Ubuntu\n") is None
+    assert frames.decode("motd" + line) == {"type": "probe", "ok": True}
+    assert frames.decode(frames.MARKER + "{broken") is None
