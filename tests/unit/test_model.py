@@ -63,3 +63,30 @@ def test_frames_skip_login_noise():
     assert frames.decode("Welcome to Ubuntu\n") is None
     assert frames.decode("motd" + line) == {"type": "probe", "ok": True}
     assert frames.decode(frames.MARKER + "{broken") is None
+
+
+def test_fanout_reports_every_node_and_keeps_order():
+    from hgcli.errors import RemoteError
+    from hgcli.remote.fanout import fanout
+
+    nodes = [NodeSpec(f"n{i}", f"h{i}") for i in range(5)]
+
+    def fn(node):
+        if node.name == "n2":
+            raise RemoteError(node.host, "connection refused")
+        return node.name.upper()
+
+    result = fanout(nodes, fn, max_parallel=2)
+    assert [r.node.name for r in result.results] == [n.name for n in nodes]
+    assert [r.value for r in result.succeeded] == ["N0", "N1", "N3", "N4"]
+    assert [(r.node.name, r.error) for r in result.failed] == [("n2", "connection refused")]
+
+
+def test_local_transport_runs_node_module():
+    from hgcli.remote.local import LocalTransport
+    from hgcli.remote.transport import node_module_argv
+
+    t = LocalTransport(NodeSpec("local", "localhost"))
+    argv, env = node_module_argv(t, "frames")
+    done = t.run(argv, env=env, timeout=30)
+    assert done.exit_code == 0

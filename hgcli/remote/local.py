@@ -1,0 +1,79 @@
+"""The transport for a node declared ``localhost``/``local``: plain subprocesses, no SSH."""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from ..errors import RemoteError
+from ..model import NodeSpec
+from .transport import Completed
+
+
+class LocalProcess:
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self._popen = popen
+        self.stdin = popen.stdin
+        self.stdout = popen.stdout
+        self.stderr = popen.stderr
+
+    @property
+    def pid(self) -> int:
+        return self._popen.pid
+
+    def wait(self, timeout: float | None = None) -> int:
+        try:
+            return self._popen.wait(timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise TimeoutError(str(exc)) from None
+
+    def close(self) -> None:
+        # Like an SSH connection dropping: the process sees stdin EOF and its pipes close.
+        for stream in (self.stdin, self.stdout, self.stderr):
+            try:
+                if stream is not None:
+                    stream.close()
+            except OSError:
+                pass
+
+
+class LocalTransport:
+    def __init__(self, node: NodeSpec) -> None:
+        self.node = node
+
+    def _env(self, env: Mapping[str, str] | None) -> dict[str, str]:
+        return {**os.environ, **(env or {})}
+
+    def run(self, argv: Sequence[str], *, stdin: bytes | None = None,
+            env: Mapping[str, str] | None = None, timeout: float) -> Completed:
+        try:
+            proc = subprocess.run(list(argv), input=stdin or b"", capture_output=True,
+                                  env=self._env(env), timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise RemoteError(self.node.name, f"timed out after {timeout:g} s running {argv[0]}") from None
+        except OSError as exc:
+            raise RemoteError(self.node.name, f"cannot run {argv[0]}: {exc.strerror}") from exc
+        return Completed(proc.returncode, proc.stdout.decode("utf-8", "replace"),
+                         proc.stderr.decode("utf-8", "replace"))
+
+    def start(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> LocalProcess:
+        try:
+            popen = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, env=self._env(env))
+        except OSError as exc:
+            raise RemoteError(self.node.name, f"cannot run {argv[0]}: {exc.strerror}") from exc
+        return LocalProcess(popen)
+
+    def package_root(self) -> str:
+        # The controller's own copy: the same code, so nothing needs shipping.
+        return str(Path(__file__).resolve().parents[2])
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "LocalTransport":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
