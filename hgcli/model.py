@@ -388,3 +388,45 @@ class RankState(str, enum.Enum):
 
     def is_final(self) -> bool:
         return self in (RankState.SUCCEEDED, RankState.FAILED, RankState.STOPPED)
+
+
+class JobState(str, enum.Enum):
+    STARTING = "starting"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+    def is_running(self) -> bool:
+        return self in (JobState.STARTING, JobState.RUNNING)
+
+
+@dataclass(frozen=True)
+class RankRecord:
+    rank: int
+    node: str
+    role: Role
+    state: RankState = RankState.PENDING
+    exit_code: int | None = None
+    signal: int | None = None
+    last_metrics: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """What `status` shows and `stop` needs; written atomically to the state dir. No secret values."""
+
+    id: str
+    cluster: str                   # Cluster.fingerprint()
+    cluster_source: str | None     # the cluster file, None for the embedded default
+    command: tuple[str, ...]
+    plan: Plan
+    state: JobState = JobState.STARTING
+    ranks: tuple[RankRecord, ...] = ()
+    started_at: float = 0.0
+    ended_at: float | None = None
+    exit_code: int | None = None
+    root_cause: str | None = None  # first failing rank, host, code/signal, in words
+    detached: bool = False
+    restarts: tuple[str, ...] = ()  # reason of each restart, in order
+    version: int = SCHEMA_VERSION
