@@ -168,8 +168,10 @@ def _read_cluster_file(path: Path) -> _Settings:
     defaults = _defaults(f, _table(f, data, ("defaults",)))
     decls: list[_Decl] = []
     if "hostfile" in data:
-        hostfile = f.relative(_string(f, data["hostfile"], ("hostfile",)))
-        decls.extend(_hostfile_decls(Path(hostfile), defaults))
+        hostfile = Path(f.relative(_string(f, data["hostfile"], ("hostfile",))))
+        if not hostfile.is_file():
+            raise f.error(("hostfile",), f"hostfile: {hostfile} is not a file")
+        decls.extend(_hostfile_decls(hostfile, defaults))
     nodes = data.get("nodes", [])
     if not isinstance(nodes, list):
         raise f.error(("nodes",), f"nodes: expected [[nodes]] tables, got {_show(nodes)}")
@@ -410,7 +412,8 @@ def _emulate(f: _File, value: Any, at: KeyPath) -> EmulateSpec:
         raise f.error(at + ("devices",), f"{_keyname(at)}.devices: declare at least one device")
     for key, values in (("speed", speed), ("memory_mib", memory)):
         if len(values) != len(devices):
-            raise f.error(at + (key,), f"{_keyname(at)}.{key} has {len(values)} entries for "
+            entries = "entry" if len(values) == 1 else "entries"
+            raise f.error(at + (key,), f"{_keyname(at)}.{key} has {len(values)} {entries} for "
                                        f"{len(devices)} devices: give one per device")
     return EmulateSpec(devices=devices, speed=speed, memory_mib=memory)
 
