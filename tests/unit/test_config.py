@@ -20,6 +20,8 @@ from hgcli.model import EmulateSpec, HostKeyPolicy
 from hgcli.nodelists import expand_nodelist
 from hgcli.tomllines import TomlLines
 
+ROOT_DIR = Path(__file__).resolve().parents[2]
+
 
 @pytest.fixture(autouse=True)
 def no_user_ssh_config(tmp_path, monkeypatch):
@@ -517,3 +519,17 @@ def test_arbitrary_nodelists_fail_only_with_config_error(text):
     except ConfigError:
         return
     assert hosts and all(h and "[" not in h and "," not in h for h in hosts)
+
+
+def test_example_file_loads_and_docs_cover_every_key():
+    from hgcli.config import EMULATE_KEYS, NODE_KEYS, ROOT_KEYS, SSH_KEYS
+
+    example = ROOT_DIR / "cluster.example.toml"
+    cluster = load_cluster(example)
+    assert [n.name for n in cluster.nodes] == ["a100", "workstation.lab", "laptop"]
+    assert cluster.nodes[2].emulate is not None
+    example_text = example.read_text()
+    reference = (ROOT_DIR / "docs" / "cluster-file.md").read_text()
+    for key in ROOT_KEYS + SSH_KEYS + NODE_KEYS + EMULATE_KEYS:
+        assert key in example_text, key
+        assert f"`{key}`" in reference or f"`[{key}]`" in reference or f"`[[{key}]]`" in reference, key

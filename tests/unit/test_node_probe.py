@@ -4,7 +4,6 @@ plus the pure parsers on their own."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
