@@ -161,7 +161,8 @@ class NodeSpec:
     port: int = 22
     user: str | None = None
     identity_file: str | None = None
-    proxy_jump: str | None = None  # "[user@]host[:port]", resolved through the same config
+    proxy_jump: str | None = None  # "[user@]host[:port][,...]" as written (cluster file or ssh config)
+    jump: NodeSpec | None = None   # proxy_jump resolved: the last hop, its own ``jump`` the hop before
     python: str = "python3"
     gpus: tuple[int, ...] | None = None   # visible subset of GPU indices; None = all
     emulate: EmulateSpec | None = None

@@ -1,0 +1,294 @@
+"""What a node has: GPUs (nvidia-smi), CPU, memory, OS, Python and torch. Runs ON the node.
+
+``python -m hgcli.node.probe --name NAME --host HOST [--gpus 0,2] [--emulate JSON]`` prints exactly
+one ``probe`` frame and exits 0 whatever the node's state: a broken driver is reported as that
+node's ``ok: false`` and ``error`` so the controller can show every node, healthy or not. Standard
+library only, and torch is never imported (importing it takes seconds and may itself fail on a node
+with a broken driver): its version comes from the installed package's metadata.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from typing import Sequence
+
+from ..model import EmulateSpec, GpuInfo, NodeInfo, from_dict, to_dict
+from . import frames
+
+QUERY_FIELDS = ("index", "name", "uuid", "memory.total", "memory.used", "compute_cap", "driver_version")
+# Drivers before ~510 do not know compute_cap; they are queried again without it.
+OLD_DRIVER_FIELDS = tuple(f for f in QUERY_FIELDS if f != "compute_cap")
+# What nvidia-smi prints for a value a device or driver cannot give.
+UNAVAILABLE = frozenset({"[N/A]", "[Not Supported]", "[Unknown Error]", "[Insufficient Permissions]"})
+NVIDIA_SMI_TIMEOUT_S = 30.0
+
+# nvidia-smi's documented return codes, in the words a user needs to act on them.
+_EXIT_MEANINGS = {
+    2: "nvidia-smi rejected its arguments (exit 2)",
+    3: "the requested information is not available on this GPU (nvidia-smi exit 3)",
+    4: "nvidia-smi lacks the permission to query the GPUs (exit 4)",
+    6: "nvidia-smi found no NVIDIA GPU (exit 6): is the GPU visible to this machine or container?",
+    8: "a GPU's external power cables are not attached (nvidia-smi exit 8)",
+    9: "nvidia-smi cannot talk to the NVIDIA driver (exit 9): is the driver loaded?",
+    12: "the NVML shared library cannot be found or loaded (nvidia-smi exit 12): reinstall the driver",
+    15: "a GPU has fallen off the bus or is otherwise inaccessible (nvidia-smi exit 15)",
+    18: "the NVIDIA driver and its user-space library have different versions (nvidia-smi exit 18): "
+        "reboot the node or reload the nvidia kernel module after the driver upgrade",
+}
+
+
+class NvidiaSmiError(Exception):
+    """nvidia-smi exists but did not give a GPU list; the message is for the user."""
+
+
+# ---------------------------------------------------------------------------------------------
+# nvidia-smi: pure parsing, then the run
+# ---------------------------------------------------------------------------------------------
+
+def describe_failure(exit_code: int, output: str) -> str:
+    """A failed nvidia-smi run in a user's words, with its own first line for the details."""
+    meaning = _EXIT_MEANINGS.get(exit_code, f"nvidia-smi failed (exit {exit_code})")
+    first = next((line.strip() for line in output.splitlines() if line.strip()), "")
+    return f"{meaning} [nvidia-smi: {first[:200]}]" if first else meaning
+
+
+def is_unknown_field(output: str, field: str) -> bool:
+    """True when nvidia-smi refused ``field`` as unknown to this driver."""
+    return f'Field "{field}" is not a valid field to query' in output
+
+
+def _value(raw: str) -> str | None:
+    raw = raw.strip()
+    return None if raw in UNAVAILABLE else raw
+
+
+def _int_value(raw: str, what: str, line: str) -> int | None:
+    value = _value(raw)
+    if value is None:
+        return None
+    if not value.isdigit():
+        raise NvidiaSmiError(f"nvidia-smi printed {value!r} for {what}, expected a number: {line[:200]!r}")
+    return int(value)
+
+
+def parse_gpu_csv(text: str, fields: Sequence[str]) -> tuple[GpuInfo, ...]:
+    """Rows of ``--query-gpu=<fields> --format=csv,noheader,nounits`` -> GpuInfo, in index order.
+
+    Anything else (a table, a message, a different column count) raises NvidiaSmiError: a node must
+    never be reported with GPUs guessed from output hgtrain does not understand.
+    """
+    gpus = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) != len(fields):
+            raise NvidiaSmiError(f"nvidia-smi printed output hgtrain cannot read "
+                                 f"(expected {len(fields)} values per line): {line.strip()[:200]!r}")
+        row = dict(zip(fields, cells))
+        index = _int_value(row["index"], "index", line)
+        if index is None:
+            raise NvidiaSmiError(f"nvidia-smi printed a GPU without an index: {line.strip()[:200]!r}")
+        capability = _value(row.get("compute_cap", "[N/A]"))
+        if capability is not None and not re.fullmatch(r"\d+\.\d+", capability):
+            raise NvidiaSmiError(f"nvidia-smi printed {capability!r} as a compute capability: "
+                                 f"{line.strip()[:200]!r}")
+        gpus.append(GpuInfo(
+            index=index,
+            name=_value(row["name"]) or "unknown NVIDIA GPU",
+            uuid=_value(row["uuid"]),
+            memory_total_mib=_int_value(row["memory.total"], "memory.total", line),
+            memory_used_mib=_int_value(row["memory.used"], "memory.used", line),
+            compute_capability=capability,
+            driver_version=_value(row["driver_version"]),
+        ))
+    if not gpus:
+        raise NvidiaSmiError("nvidia-smi listed no GPUs and gave no reason")
+    return tuple(sorted(gpus, key=lambda g: g.index))
+
+
+def _run(exe: str, fields: Sequence[str]) -> tuple[int, str]:
+    argv = [exe, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, errors="replace",
+                              timeout=NVIDIA_SMI_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise NvidiaSmiError(f"nvidia-smi did not answer within {NVIDIA_SMI_TIMEOUT_S:g} s: "
+                             "the driver may be hung") from None
+    except OSError as exc:
+        raise NvidiaSmiError(f"cannot run {exe}: {exc.strerror or exc}") from None
+    return done.returncode, done.stdout + done.stderr
+
+
+def query_gpus(exe: str | None = None) -> tuple[GpuInfo, ...]:
+    """The node's GPUs; () without nvidia-smi on PATH (a CPU node). Raises NvidiaSmiError."""
+    exe = exe or shutil.which("nvidia-smi")
+    if exe is None:
+        return ()
+    fields: Sequence[str] = QUERY_FIELDS
+    code, output = _run(exe, fields)
+    if code != 0 and is_unknown_field(output, "compute_cap"):
+        fields = OLD_DRIVER_FIELDS
+        code, output = _run(exe, fields)
+    if code != 0:
+        raise NvidiaSmiError(describe_failure(code, output))
+    return parse_gpu_csv(output, fields)
+
+
+def select_gpus(gpus: tuple[GpuInfo, ...], wanted: tuple[int, ...] | None) -> tuple[GpuInfo, ...]:
+    """Only the indices the cluster file lists for this node; a listed index that is absent is an
+    error rather than silently fewer devices."""
+    if wanted is None:
+        return gpus
+    present = {g.index for g in gpus}
+    missing = [i for i in wanted if i not in present]
+    if missing:
+        have = ", ".join(str(i) for i in sorted(present)) or "none"
+        raise NvidiaSmiError(f"GPU index {missing[0]} is listed in gpus but not on this node "
+                             f"(its GPU indices: {have})")
+    return tuple(g for g in gpus if g.index in wanted)
+
+
+def emulated_gpus(spec: EmulateSpec) -> tuple[GpuInfo, ...]:
+    return tuple(
+        GpuInfo(index=i, name=name, memory_total_mib=memory, emulated=True, speed=speed)
+        for i, (name, speed, memory) in enumerate(zip(spec.devices, spec.speed, spec.memory_mib))
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The host: pure parsers of /proc and /etc files, then the readers
+# ---------------------------------------------------------------------------------------------
+
+def parse_cpuinfo(text: str) -> str | None:
+    """The CPU model from /proc/cpuinfo (x86 "model name"; ARM and others use other keys)."""
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and value.strip():
+            found.setdefault(key.strip().lower(), value.strip())
+    for key in ("model name", "cpu model", "hardware", "model", "cpu"):
+        if key in found:
+            return found[key]
+    return None
+
+
+def parse_meminfo(text: str) -> int | None:
+    """MemTotal from /proc/meminfo, in MiB."""
+    m = re.search(r"^MemTotal:\s+(\d+)\s*kB", text, re.MULTILINE)
+    return int(m.group(1)) // 1024 if m else None
+
+
+def parse_os_release(text: str) -> str | None:
+    """PRETTY_NAME from /etc/os-release (shell-style quoting)."""
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() == "PRETTY_NAME":
+            value = value.strip()
+            if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+                value = value[1:-1]
+            return value or None
+    return None
+
+
+def torch_cuda_from_version(version: str) -> str | None:
+    """CUDA version of a torch build from its local label: "2.1.0+cu121" -> "12.1". Builds without
+    a label (e.g. PyPI's default Linux wheels) do not say, so None."""
+    m = re.search(r"\+cu(\d{2,3})\b", version)
+    if not m:
+        return None
+    digits = m.group(1)
+    return f"{int(digits[:-1])}.{digits[-1]}"
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return ""
+
+
+def _cpu_cores() -> int | None:
+    """CPUs this process may use (a Slurm or container cpuset), else all of them."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count()
+
+
+def _torch_version() -> str | None:
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def probe(name: str, host: str, gpus: tuple[int, ...] | None, emulate: EmulateSpec | None) -> NodeInfo:
+    torch_version = _torch_version()
+    error = None
+    try:
+        found = emulated_gpus(emulate) if emulate is not None else query_gpus()
+        devices = select_gpus(found, gpus)
+    except NvidiaSmiError as exc:
+        devices, error = (), str(exc)
+    return NodeInfo(
+        name=name,
+        host=host,
+        ok=error is None,
+        error=error,
+        emulated=emulate is not None,
+        gpus=devices,
+        cpu_model=parse_cpuinfo(_read("/proc/cpuinfo")) or platform.processor() or None,
+        cpu_cores=_cpu_cores(),
+        memory_total_mib=parse_meminfo(_read("/proc/meminfo")),
+        os=parse_os_release(_read("/etc/os-release") or _read("/usr/lib/os-release")) or platform.platform(),
+        python_version=platform.python_version(),
+        torch_version=torch_version,
+        torch_cuda=torch_cuda_from_version(torch_version) if torch_version else None,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------
+
+def _gpu_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected GPU indices like 0,2, got {text!r}") from None
+
+
+def _emulate_spec(text: str) -> EmulateSpec:
+    try:
+        spec = from_dict(EmulateSpec, json.loads(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"bad emulation spec: {exc}") from None
+    if not spec.devices or not len(spec.devices) == len(spec.speed) == len(spec.memory_mib):
+        raise argparse.ArgumentTypeError("bad emulation spec: devices, speed and memory_mib need one "
+                                         "entry per device")
+    if min(spec.speed) <= 0:
+        raise argparse.ArgumentTypeError("bad emulation spec: every speed must be greater than 0")
+    return spec
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hgcli.node.probe", description=__doc__.split("\n")[0])
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--host", required=True)
+    parser.add_argument("--gpus", type=_gpu_list, default=None, help="visible subset, e.g. 0,2")
+    parser.add_argument("--emulate", type=_emulate_spec, default=None, help="EmulateSpec as JSON")
+    args = parser.parse_args(argv)
+    frames.emit({"type": "probe", "node": to_dict(probe(args.name, args.host, args.gpus, args.emulate))})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
