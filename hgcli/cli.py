@@ -16,10 +16,20 @@ import click
 from . import __version__
 from .errors import EXIT_ERROR, EXIT_INTERRUPTED, HgError, UsageError
 
-CLUSTER_HELP = "Cluster file (TOML). Default: the embedded local cluster of this machine."
+CLUSTER_HELP = ("Cluster file (TOML). Default: --hostfile, else $SLURM_JOB_NODELIST, else the embedded "
+                "local cluster of this machine.")
+
+
+def _remember_hostfile(ctx: click.Context, _param: click.Parameter, value: Path | None) -> None:
+    # Kept in ctx.meta (not a parameter) so every command taking -c gets --hostfile for free.
+    ctx.meta["hgtrain.hostfile"] = value
 
 
 def cluster_option(f):
+    f = click.option(
+        "--hostfile", type=click.Path(dir_okay=False, path_type=Path), expose_value=False,
+        callback=_remember_hostfile, help="DeepSpeed/MPI hostfile (host slots=N) as the node list.",
+    )(f)
     return click.option(
         "-c", "--cluster", "cluster_file", type=click.Path(dir_okay=False, path_type=Path),
         envvar="HGTRAIN_CLUSTER", help=CLUSTER_HELP,
@@ -31,9 +41,11 @@ def json_option(f):
 
 
 def load_cluster_arg(cluster_file: Path | None):
-    from .config import default_cluster, load_cluster
+    """Nodes from -c, else --hostfile, else SLURM_JOB_NODELIST, else the embedded local cluster."""
+    from .config import load_node_source
 
-    return load_cluster(cluster_file) if cluster_file else default_cluster()
+    hostfile = click.get_current_context().meta.get("hgtrain.hostfile")
+    return load_node_source(cluster_file, hostfile=hostfile)
 
 
 def not_yet(name: str) -> None:
