@@ -132,9 +132,12 @@ def _check_inputs(inventory: Inventory, profiles: Profiles, job: JobSpec) -> Non
         raise UsageError(f"model {model.name!r} must have at least one parameter of at least one byte")
 
 
+_DIGITS = re.compile(r"(\d+)")
+
+
 def _natural_key(text: str) -> tuple:
     """gpu2 before gpu10."""
-    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text))
+    return tuple(int(p) if p.isdigit() else p for p in _DIGITS.split(text))
 
 
 def _usable_devices(inventory: Inventory, profiles: Profiles,
@@ -175,18 +178,20 @@ def _usable_devices(inventory: Inventory, profiles: Profiles,
 
 def _linear_fit(points: list[tuple[float, float]]) -> tuple[float, float]:
     """y = a + c * x with a >= 0 and c > 0 (least squares; through the origin when that fails)."""
-    xs = {x for x, _ in points}
-    if len(xs) >= 2:
-        n = len(points)
-        mx = sum(x for x, _ in points) / n
-        my = sum(y for _, y in points) / n
-        sxx = sum((x - mx) ** 2 for x, _ in points)
-        c = sum((x - mx) * (y - my) for x, y in points) / sxx
-        a = my - c * mx
+    n = len(points)
+    sx = sy = sxx = sxy = 0.0
+    for x, y in points:
+        sx += x
+        sy += y
+        sxx += x * x
+        sxy += x * y
+    spread = n * sxx - sx * sx          # > 0 exactly when there are two distinct x
+    if spread > 1e-12 * n * sxx:
+        c = (n * sxy - sx * sy) / spread
+        a = (sy - c * sx) / n
         if c > 0 and a >= 0:
             return a, c
-    c = sum(x * y for x, y in points) / sum(x * x for x, _ in points)
-    return 0.0, c
+    return 0.0, sxy / sxx
 
 
 def _fit_time(p: DeviceProfile, model_bytes: float) -> tuple[float, float] | None:
@@ -319,39 +324,54 @@ def _round_to_total(real: list[float], devices: list[_Device], total: int) -> li
 # ---------------------------------------------------------------------------------------------
 
 class _Network:
+    """Links by node pair. Building it is the one pass over every measured link (O(nodes^2) on a
+    fully measured cluster, which is the size of the input); everything after is per node or group.
+    The loops are plain and local-variable heavy because they run 130k times on 512 nodes."""
+
     def __init__(self, node_names: list[str], links: tuple[LinkProfile, ...]) -> None:
-        index = {name: i for i, name in enumerate(node_names)}
-        self.nodes = len(node_names)
-        self.pairs: dict[tuple[int, int], tuple[float, float]] = {}
+        index = {name: i for i, name in enumerate(node_names)}.get
+        nodes = self.nodes = len(node_names)
+        pairs: dict[tuple[int, int], tuple[float, float]] = {}
         for link in links:
-            i, j = index.get(link.a), index.get(link.b)
-            if i is None or j is None or i == j or link.error or link.bandwidth_gbs is None:
+            measured = link.bandwidth_gbs
+            if measured is None or link.error:
                 continue
-            bw = link.bandwidth_gbs.median * 1e9
-            if not bw > 0:
+            i, j = index(link.a), index(link.b)
+            bw = measured.median * 1e9
+            if i is None or j is None or i == j or not bw > 0:
                 continue
             lat = link.latency_s.median if link.latency_s is not None else DEFAULT_LINK_LATENCY_S
             key = (i, j) if i < j else (j, i)
-            if key not in self.pairs or self.pairs[key][0] < bw:
-                self.pairs[key] = (bw, max(lat, 0.0))
+            old = pairs.get(key)
+            if old is None or old[0] < bw:
+                pairs[key] = (bw, lat if lat > 0 else 0.0)
+        self.pairs = pairs
+        degree = [0] * nodes
+        nic = [0.0] * nodes             # fastest link of a node: what its NIC can carry
+        worst = [math.inf] * nodes      # slowest link of a node, defaults included
+        worst_lat = [0.0] * nodes
+        for (i, j), (bw, lat) in pairs.items():
+            degree[i] += 1
+            degree[j] += 1
+            if bw > nic[i]:
+                nic[i] = bw
+            if bw > nic[j]:
+                nic[j] = bw
+            if bw < worst[i]:
+                worst[i] = bw
+            if bw < worst[j]:
+                worst[j] = bw
+            if lat > worst_lat[i]:
+                worst_lat[i] = lat
+            if lat > worst_lat[j]:
+                worst_lat[j] = lat
         default = DEFAULT_LINK_GBS * 1e9
-        degree = [0] * self.nodes
-        self.nic = [0.0] * self.nodes          # fastest link of a node: what its NIC can carry
-        self.worst = [math.inf] * self.nodes   # slowest link of a node, defaults included
-        self.worst_lat = [0.0] * self.nodes
-        for (i, j), (bw, lat) in self.pairs.items():
-            for n in (i, j):
-                degree[n] += 1
-                self.nic[n] = max(self.nic[n], bw)
-                self.worst[n] = min(self.worst[n], bw)
-                self.worst_lat[n] = max(self.worst_lat[n], lat)
-        for n in range(self.nodes):
-            if degree[n] < self.nodes - 1:     # some pair unmeasured: it runs at the default
-                self.nic[n] = max(self.nic[n], default)
-                self.worst[n] = min(self.worst[n], default)
-                self.worst_lat[n] = max(self.worst_lat[n], DEFAULT_LINK_LATENCY_S)
-            if self.nodes == 1:
-                self.nic[n], self.worst[n] = default, default
+        for n in range(nodes):
+            if degree[n] < nodes - 1 or nodes == 1:   # some pair unmeasured: it runs at the default
+                nic[n] = max(nic[n], default)
+                worst[n] = min(worst[n], default)
+                worst_lat[n] = max(worst_lat[n], DEFAULT_LINK_LATENCY_S)
+        self.nic, self.worst, self.worst_lat = nic, worst, worst_lat
 
     def link(self, i: int, j: int) -> tuple[float, float]:
         """(bytes/s, latency s) between two nodes; inside a node, the intra-node default."""
@@ -542,7 +562,9 @@ def _choose(requested: Strategy, options: dict[Strategy, _Option], classes: int,
     ar, hy, ps = options[Strategy.ALLREDUCE], options[Strategy.HYBRID], options[Strategy.PS]
     if requested is not Strategy.AUTO:
         chosen = options[requested]
-        return chosen, f"{requested.value} requested ({chosen.summary})"
+        auto, _ = _choose(Strategy.AUTO, options, classes, devices)
+        note = "" if auto is chosen else f"; auto would choose {auto.strategy.value}"
+        return chosen, f"{requested.value} requested ({chosen.summary}){note}"
     if classes == 1:
         return ar, (f"homogeneous: all {devices} devices within {LIKE_SPEED_RATIO}x of each other's speed, "
                     "so one synchronous all-reduce group (plain DDP) with no parameter servers")

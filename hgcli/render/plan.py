@@ -29,8 +29,8 @@ def plan_tree(plan: Plan) -> Tree:
             nodes[r.node] = root.add(f"[bold cyan]{r.node}[/bold cyan]")
         nodes[r.node].add(_rank_label(r, accumulate, shard))
     if plan.ps_shards:
-        root.add(f"staleness bound {plan.staleness_bound} (a group waits when it is more than "
-                 f"{plan.staleness_bound} versions ahead)")
+        root.add(f"staleness bound {plan.staleness_bound} versions · parameters in "
+                 f"{len(plan.ps_shards)} PS shard(s)")
     return root
 
 

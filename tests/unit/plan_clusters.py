@@ -43,11 +43,12 @@ T4 = Kind("Tesla T4", 0.25, 15360)
 
 
 def cluster(nodes: list[list[Kind]], *, links: tuple[LinkProfile, ...] = (), fingerprint: str = "fp",
-            model: ModelSpec | None = ModelSpec("mlp", 1_000_000)) -> tuple[Inventory, Profiles]:
-    """Node i is named n{i}; its devices gpu0.. are of the given kinds."""
+            model: ModelSpec | None = ModelSpec("mlp", 1_000_000),
+            names: list[str] | None = None) -> tuple[Inventory, Profiles]:
+    """Node i is named n{i} unless named; its devices gpu0.. are of the given kinds."""
     infos, devices = [], []
     for i, kinds in enumerate(nodes):
-        name = f"n{i}"
+        name = names[i] if names else f"n{i}"
         gpus = []
         for j, k in enumerate(kinds):
             gpus.append(GpuInfo(j, k.name, memory_total_mib=k.memory_mib, emulated=k.emulated, speed=k.speed))
