@@ -60,5 +60,7 @@ def cluster(nodes: list[list[Kind]], *, links: tuple[LinkProfile, ...] = (), fin
             Profiles(fingerprint, tuple(devices), links=links, model=model))
 
 
-def link(a: int, b: int, gbs: float, latency_s: float = 50e-6) -> LinkProfile:
-    return LinkProfile(f"n{a}", f"n{b}", "gloo", measured(gbs), measured(latency_s))
+def link(a: int | str, b: int | str, gbs: float, latency_s: float = 50e-6) -> LinkProfile:
+    """A measured link between nodes given by index (n{i}) or by name."""
+    a, b = (f"n{x}" if isinstance(x, int) else x for x in (a, b))
+    return LinkProfile(a, b, "gloo", measured(gbs), measured(latency_s))
