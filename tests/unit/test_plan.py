@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from hgcli.errors import ConfigError, HgError, StateError, UsageError
 from hgcli.model import (
-    Cluster, DeviceProfile, JobSpec, Measurement, ModelSpec, NodeInfo, NodeSpec, Plan, Role, Strategy,
+    Cluster, DeviceProfile, JobSpec, ModelSpec, NodeInfo, NodeSpec, Plan, Role, Strategy,
     from_dict, to_dict,
 )
 from hgcli.plan import LIKE_SPEED_RATIO, MEMORY_USABLE_FRACTION, make_plan
