@@ -84,10 +84,40 @@ def bench(cluster_file: Path | None, as_json: bool) -> None:
 
 @cli.command()
 @cluster_option
+@click.option("--strategy", type=click.Choice(["auto", "allreduce", "hybrid", "ps"]), default="auto",
+              show_default=True, help="auto predicts every strategy and picks the fastest.")
+@click.option("--global-batch", type=click.IntRange(min=1), default=None,
+              help="Samples per step over all workers. Default: 32 per device.")
+@click.option("--ps", "ps_ranks", type=click.IntRange(min=1), default=None,
+              help="Number of parameter-server ranks (hybrid, ps). Default: chosen by the cost model.")
+@click.option("--staleness", type=click.IntRange(min=0), default=None,
+              help="Staleness bound for asynchronous groups. Default: see docs/planning.md.")
+@click.option("--params", type=click.IntRange(min=1), default=None,
+              help="Model parameter count, when the profiles were benched without --model.")
 @json_option
-def plan(cluster_file: Path | None, as_json: bool) -> None:
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the plan as JSON to this file (mode 0644).")
+def plan(cluster_file: Path | None, strategy: str, global_batch: int | None, ps_ranks: int | None,
+         staleness: int | None, params: int | None, as_json: bool, output: Path | None) -> None:
     """Build a heterogeneous placement plan and predict its throughput."""
-    not_yet("plan")
+    from .model import JobSpec, ModelSpec, Strategy, to_json
+    from .plan import make_plan
+    from .plan_io import stored_inputs, write_plan
+
+    cluster = load_cluster_arg(cluster_file)
+    inventory, profiles = stored_inputs(cluster)
+    model = ModelSpec(name=f"{params:,} parameters", parameters=params) if params else None
+    job = JobSpec(strategy=Strategy(strategy), global_batch=global_batch, ps_ranks=ps_ranks,
+                  staleness=staleness, model=model)
+    result = make_plan(inventory, profiles, job)
+    if output is not None:
+        write_plan(output, result)
+    if as_json:
+        click.echo(to_json(result))
+    else:
+        from .render.plan import render_plan
+
+        render_plan(result)
 
 
 @cli.command(context_settings={"ignore_unknown_options": True})

@@ -330,6 +330,17 @@ class Role(str, enum.Enum):
 
 
 @dataclass(frozen=True)
+class JobSpec:
+    """What the user asks the planner for; every field but the strategy may be left to the planner."""
+
+    strategy: Strategy = Strategy.AUTO
+    global_batch: int | None = None   # samples per step over all workers; None = 32 per worker device
+    ps_ranks: int | None = None       # number of parameter-server ranks; None = chosen by the cost model
+    staleness: int | None = None      # staleness bound; None = the planner's rule (docs/planning.md)
+    model: ModelSpec | None = None    # overrides Profiles.model (size of the parameters to exchange)
+
+
+@dataclass(frozen=True)
 class GroupPlan:
     id: int
     ranks: tuple[int, ...]

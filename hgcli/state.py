@@ -38,20 +38,29 @@ def ensure_private_dir(path: Path) -> Path:
 def write_private(path: Path, text: str) -> None:
     """Atomically replace ``path`` with ``text``, mode 0600."""
     ensure_private_dir(path.parent)
+    try:
+        atomic_write(path, text, mode=0o600)
+    except OSError as exc:
+        raise StateError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
+def atomic_write(path: Path, text: str, *, mode: int) -> None:
+    """Replace ``path`` with ``text`` (temp file in the same directory, fsync, rename), so a reader
+    never sees half a file; raises OSError for the caller to word (state vs user file)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.fchmod(fd, 0o600)
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except OSError as exc:
+    except OSError:
         try:
             os.unlink(tmp)
         except OSError:
             pass
-        raise StateError(f"cannot write {path}: {exc.strerror or exc}") from exc
+        raise
 
 
 def write_json(path: Path, data: Any) -> None:

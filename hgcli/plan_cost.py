@@ -1,0 +1,261 @@
+"""The cost model of the planner: predicted samples/s of a layout of groups and PS ranks.
+
+Pure, like the planner that calls it. Every formula and constant is documented in docs/planning.md
+(change both together). Work is per group, per node or per PS node, never over all device pairs.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .model import Inventory, JobSpec, LinkProfile, Strategy
+
+# Links nobody measured: inside a node (PCIe/NVLink-class ring) and between nodes (10 GbE).
+INTRA_NODE_GBS = 16.0
+INTRA_NODE_LATENCY_S = 10e-6
+DEFAULT_LINK_GBS = 1.25
+DEFAULT_LINK_LATENCY_S = 50e-6
+# A PS rank applies the optimizer to its shard on the CPU at this many parameter bytes per second.
+PS_APPLY_GBS = 2.0
+# PS counts tried by the cost model: powers of two up to this, plus one PS per node.
+PS_CANDIDATES_MAX = 16
+# Accumulation is capped so a slow group still pushes now and then.
+MAX_ACCUMULATE = 64
+# Staleness bound = slack x the pushes other groups make during the slowest group's window.
+STALENESS_SLACK = 2.0
+
+
+@dataclass(frozen=True)
+class Device:
+    """A usable worker device with its fitted cost: step time = a + c * batch, batch <= cap."""
+
+    node: int          # index in inventory node order
+    device: str
+    emulated: bool
+    speed: float
+    a: float
+    c: float
+    cap: int | None
+
+    def time(self, batch: int) -> float:
+        return self.a + self.c * batch
+
+
+@dataclass(frozen=True)
+class Option:
+    """One candidate layout with its predicted throughput."""
+
+    strategy: Strategy
+    groups: tuple[tuple[int, ...], ...]   # device indices, in rank order
+    accumulate: tuple[int, ...]
+    ps_nodes: tuple[int, ...]             # node index of each PS rank
+    staleness: int
+    samples_per_s: float
+    summary: str
+
+
+# ---------------------------------------------------------------------------------------------
+# Network: measured links per node pair, documented defaults for the rest
+# ---------------------------------------------------------------------------------------------
+
+class Network:
+    """Links by node pair. Building it is the one pass over every measured link (O(nodes^2) on a
+    fully measured cluster, which is the size of the input); everything after is per node or group.
+    The loops are plain and local-variable heavy because they run 130k times on 512 nodes."""
+
+    def __init__(self, node_names: list[str], links: tuple[LinkProfile, ...]) -> None:
+        index = {name: i for i, name in enumerate(node_names)}.get
+        nodes = self.nodes = len(node_names)
+        pairs: dict[tuple[int, int], tuple[float, float]] = {}
+        for link in links:
+            measured = link.bandwidth_gbs
+            if measured is None or link.error:
+                continue
+            i, j = index(link.a), index(link.b)
+            bw = measured.median * 1e9
+            if i is None or j is None or i == j or not bw > 0:
+                continue
+            lat = link.latency_s.median if link.latency_s is not None else DEFAULT_LINK_LATENCY_S
+            key = (i, j) if i < j else (j, i)
+            old = pairs.get(key)
+            if old is None or old[0] < bw:
+                pairs[key] = (bw, lat if lat > 0 else 0.0)
+        self.pairs = pairs
+        degree = [0] * nodes
+        nic = [0.0] * nodes             # fastest link of a node: what its NIC can carry
+        worst = [math.inf] * nodes      # slowest link of a node, defaults included
+        worst_lat = [0.0] * nodes
+        for (i, j), (bw, lat) in pairs.items():
+            degree[i] += 1
+            degree[j] += 1
+            if bw > nic[i]:
+                nic[i] = bw
+            if bw > nic[j]:
+                nic[j] = bw
+            if bw < worst[i]:
+                worst[i] = bw
+            if bw < worst[j]:
+                worst[j] = bw
+            if lat > worst_lat[i]:
+                worst_lat[i] = lat
+            if lat > worst_lat[j]:
+                worst_lat[j] = lat
+        default = DEFAULT_LINK_GBS * 1e9
+        for n in range(nodes):
+            if degree[n] < nodes - 1 or nodes == 1:   # some pair unmeasured: it runs at the default
+                nic[n] = max(nic[n], default)
+                worst[n] = min(worst[n], default)
+                worst_lat[n] = max(worst_lat[n], DEFAULT_LINK_LATENCY_S)
+        self.nic, self.worst, self.worst_lat = nic, worst, worst_lat
+
+    def link(self, i: int, j: int) -> tuple[float, float]:
+        """(bytes/s, latency s) between two nodes; inside a node, the intra-node default."""
+        if i == j:
+            return INTRA_NODE_GBS * 1e9, INTRA_NODE_LATENCY_S
+        return self.pairs.get((i, j) if i < j else (j, i), (DEFAULT_LINK_GBS * 1e9, DEFAULT_LINK_LATENCY_S))
+
+    def ring(self, members: list[int]) -> tuple[float, float]:
+        """Slowest hop and largest latency on a ring through the members' nodes in node order."""
+        nodes = sorted(set(members))
+        bw, lat = math.inf, 0.0
+        if len(nodes) < len(members):          # two devices share a node: an intra-node hop
+            bw, lat = self.link(nodes[0], nodes[0])
+        if len(nodes) > 1:
+            for i, j in zip(nodes, nodes[1:] + nodes[:1]):
+                b, l = self.link(i, j)
+                bw, lat = min(bw, b), max(lat, l)
+        return bw, lat
+
+
+def _ring_allreduce_s(n: int, nbytes: float, bw: float, lat: float) -> float:
+    return 0.0 if n < 2 else 2 * (n - 1) / n * nbytes / bw + 2 * (n - 1) * lat
+
+
+def _broadcast_s(n: int, nbytes: float, bw: float, lat: float) -> float:
+    """Pipelined ring broadcast of fresh parameters from the group leader."""
+    return 0.0 if n < 2 else nbytes / bw + (n - 1) * lat
+
+
+# ---------------------------------------------------------------------------------------------
+# Throughput of a layout
+# ---------------------------------------------------------------------------------------------
+
+class CostModel:
+    """Predicts samples/s of a layout; see docs/planning.md for every formula."""
+
+    def __init__(self, devices: list[Device], batches: list[int], net: Network, model_bytes: float,
+                 global_batch: int, inventory: Inventory, job: JobSpec) -> None:
+        self.devices, self.batches, self.net = devices, batches, net
+        self.bytes, self.global_batch, self.job = model_bytes, global_batch, job
+        cores = [n.cpu_cores or 0 for n in inventory.nodes]
+        # PS ranks go on healthy nodes (a CPU-only node qualifies): best network first, then most
+        # CPU cores, then node order.
+        healthy = [i for i, n in enumerate(inventory.nodes) if n.ok]
+        self.ps_order = sorted(healthy, key=lambda n: (-net.nic[n], -cores[n], n))
+
+    def _group(self, members: tuple[int, ...]) -> tuple[float, float, float, int]:
+        """(samples per step, compute seconds per step, all-reduce + broadcast seconds, leader node)."""
+        nodes = [self.devices[i].node for i in members]
+        bw, lat = self.net.ring(nodes)
+        compute = max(self.devices[i].time(self.batches[i]) for i in members)
+        n = len(members)
+        sync = _ring_allreduce_s(n, self.bytes, bw, lat) + _broadcast_s(n, self.bytes, bw, lat)
+        return float(sum(self.batches[i] for i in members)), compute, sync, nodes[0]
+
+    def allreduce(self) -> Option:
+        members = tuple(range(len(self.devices)))
+        nodes = [d.node for d in self.devices]
+        bw, lat = self.net.ring(nodes)
+        step = max(d.time(b) for d, b in zip(self.devices, self.batches))
+        comm = _ring_allreduce_s(len(members), self.bytes, bw, lat)
+        rate = self.global_batch / (step + comm)
+        return Option(Strategy.ALLREDUCE, (members,), (1,), (), 0, rate,
+                       f"one all-reduce group of {len(members)}")
+
+    def best_async(self, strategy: Strategy, layouts: list[tuple[tuple[int, ...], ...]]) -> Option:
+        """The fastest layout and PS count; a candidate must win by 1% to displace an earlier one,
+        so ties keep the fewer groups and the fewer PS ranks."""
+        candidates: list[Option] = []
+        for groups in layouts:
+            if len(groups) == 1:
+                one = self.allreduce()
+                candidates.append(Option(strategy, one.groups, one.accumulate, (), 0, one.samples_per_s,
+                                          "a single group: no parameter servers"))
+            else:
+                candidates.extend(self._with_ps(strategy, groups))
+        best = candidates[0]
+        for option in candidates[1:]:
+            if option.samples_per_s > best.samples_per_s * 1.01:
+                best = option
+        return best
+
+    def _ps_counts(self) -> list[int]:
+        if self.job.ps_ranks is not None:
+            return [self.job.ps_ranks]
+        nodes = len(self.ps_order)
+        counts = [p for p in (2 ** k for k in range(5)) if p <= min(nodes, PS_CANDIDATES_MAX)]
+        if nodes not in counts:
+            counts.append(nodes)   # a local PS on every node
+        return counts
+
+    def _with_ps(self, strategy: Strategy, groups: tuple[tuple[int, ...], ...]) -> list[Option]:
+        stats = [self._group(g) for g in groups]
+        if strategy is Strategy.HYBRID:
+            # asynchronous large mini-batch: a group accumulates to the global batch before it pushes
+            accumulate = tuple(min(MAX_ACCUMULATE, max(1, math.ceil(self.global_batch / s[0]))) for s in stats)
+        else:
+            accumulate = (1,) * len(stats)   # the classic asynchronous PS: every worker pushes every step
+        return [self._predict_async(strategy, groups, stats, accumulate, count) for count in self._ps_counts()]
+
+    def _predict_async(self, strategy: Strategy, groups: tuple[tuple[int, ...], ...],
+                       stats: list[tuple[float, float, float, int]], accumulate: tuple[int, ...],
+                       count: int) -> Option:
+        ps_nodes = tuple(self.ps_order[k % len(self.ps_order)] for k in range(count))
+        node_share: dict[int, float] = {}
+        for q in ps_nodes:
+            node_share[q] = node_share.get(q, 0.0) + self.bytes / count
+        exchange = {n: self._push_pull_s(n, node_share) for n in {s[3] for s in stats}}
+        windows = [acc * compute + sync + exchange[leader]
+                   for (_, compute, sync, leader), acc in zip(stats, accumulate)]
+        # A node's NIC carries the pushes and pulls of every group led from it: share it.
+        nic_load: dict[int, float] = {}
+        for (_, _, _, leader), window in zip(stats, windows):
+            remote = self.bytes - node_share.get(leader, 0.0)
+            nic_load[leader] = nic_load.get(leader, 0.0) + 2 * remote / self.net.nic[leader] / window
+        windows = [w * max(1.0, nic_load[s[3]]) for s, w in zip(stats, windows)]
+        pushes_from: dict[int, float] = {}
+        for (_, _, _, leader), window in zip(stats, windows):
+            pushes_from[leader] = pushes_from.get(leader, 0.0) + 1.0 / window
+        total_pushes = sum(1.0 / w for w in windows)
+        busiest = max(self._ps_load(q, share, total_pushes, pushes_from.get(q, 0.0), count)
+                      for q, share in node_share.items())
+        scale = max(1.0, busiest)     # a saturated PS slows every group down alike
+        rate = sum(acc * s[0] / w for s, acc, w in zip(stats, accumulate, windows)) / scale
+        slowest = 1.0 / max(windows)
+        staleness = self.job.staleness
+        if staleness is None:
+            staleness = max(1, math.ceil(STALENESS_SLACK * (total_pushes - slowest) / slowest))
+        where = "a PS on every node" if count == len(self.ps_order) > 1 else f"{count} PS rank(s)"
+        return Option(strategy, groups, accumulate, ps_nodes, staleness, rate, f"{len(groups)} groups, {where}")
+
+    def _push_pull_s(self, leader: int, node_share: dict[int, float]) -> float:
+        """A leader pushes its update to every shard and pulls fresh parameters back."""
+        if len(node_share) <= PS_CANDIDATES_MAX:
+            slowest, lat = 0.0, 0.0
+            for q, share in node_share.items():
+                bw, l = self.net.link(leader, q)
+                slowest, lat = max(slowest, share / bw), max(lat, l)
+        else:   # shards on every node: bound by the leader's slowest link instead of pair lookups
+            slowest = max(node_share.values()) / self.net.worst[leader]
+            lat = self.net.worst_lat[leader]
+        remote = self.bytes - node_share.get(leader, 0.0)
+        return 2 * (max(slowest, remote / self.net.nic[leader]) + lat)
+
+    def _ps_load(self, node: int, share: float, total_pushes: float, local_pushes: float,
+                 count: int) -> float:
+        """Fraction of a second the PS ranks of one node are busy per second of training."""
+        nic = self.net.nic[node]
+        intra = INTRA_NODE_GBS * 1e9
+        traffic = 2 * share * ((total_pushes - local_pushes) / nic + local_pushes / intra)
+        apply = total_pushes * (self.bytes / count) / (PS_APPLY_GBS * 1e9)
+        return traffic + apply

@@ -1,0 +1,63 @@
+"""Human output of `hgtrain plan`: where every rank runs, and why this strategy."""
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+from rich.tree import Tree
+
+from ..model import Plan, RankPlan, Role
+
+STRATEGIES = ("allreduce", "hybrid", "ps")
+
+
+def render_plan(plan: Plan, console: Console | None = None) -> None:
+    console = console or Console()
+    console.print(plan_tree(plan))
+    console.print(prediction_table(plan))
+    console.print(f"[bold]why:[/bold] {plan.reason}")
+
+
+def plan_tree(plan: Plan) -> Tree:
+    model = f" · model {plan.model.name} ({plan.model.parameters:,} parameters)" if plan.model else ""
+    root = Tree(f"[bold]plan[/bold] {plan.strategy.value} · world size {plan.world_size} · "
+                f"global batch {plan.global_batch}{model}")
+    accumulate = {g.id: g.accumulate for g in plan.groups}
+    shard = {rank: i for i, rank in enumerate(plan.ps_shards)}
+    nodes: dict[str, Tree] = {}
+    for r in plan.ranks:
+        if r.node not in nodes:
+            nodes[r.node] = root.add(f"[bold cyan]{r.node}[/bold cyan]")
+        nodes[r.node].add(_rank_label(r, accumulate, shard))
+    if plan.ps_shards:
+        root.add(f"staleness bound {plan.staleness_bound} versions · parameters in "
+                 f"{len(plan.ps_shards)} PS shard(s)")
+    return root
+
+
+def _rank_label(r: RankPlan, accumulate: dict[int, int], shard: dict[int, int]) -> str:
+    if r.role is Role.PS:
+        return f"{r.device}  rank {r.rank} · [magenta]ps[/magenta] · shard {shard.get(r.rank, '?')}"
+    acc = accumulate.get(r.group, 1) if r.group is not None else 1
+    text = f"{r.device}  rank {r.rank} · group {r.group} · worker · batch {r.batch_size}"
+    if acc > 1:
+        text += f" x {acc} accumulated"
+    if r.emulated:
+        text += f" [yellow]EMULATED (speed {r.speed:g})[/yellow]"
+    return text
+
+
+def prediction_table(plan: Plan) -> Table:
+    table = Table(title="predicted throughput")
+    table.add_column("strategy")
+    table.add_column("samples/s", justify="right")
+    table.add_column("of ideal", justify="right")
+    ideal = plan.predicted_samples_per_s.get("ideal", 0.0)
+    for name in (*STRATEGIES, "ideal"):
+        value = plan.predicted_samples_per_s.get(name)
+        if value is None:
+            continue
+        ratio = f"{value / ideal:.2f}" if ideal > 0 else "-"
+        chosen = name == plan.strategy.value
+        style = "bold green" if chosen else None
+        table.add_row(name + (" (chosen)" if chosen else ""), f"{value:,.1f}", ratio, style=style)
+    return table

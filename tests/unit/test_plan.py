@@ -1,0 +1,387 @@
+"""The planner: properties over random clusters, one example per strategy, one per invalid request."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from hgcli.errors import ConfigError, HgError, StateError, UsageError
+from hgcli.model import (
+    Cluster, DeviceProfile, JobSpec, ModelSpec, NodeInfo, NodeSpec, Plan, Role, Strategy,
+    from_dict, to_dict,
+)
+from hgcli.plan import LIKE_SPEED_RATIO, MEMORY_USABLE_FRACTION, make_plan
+from hgcli.plan_io import load_plan, write_plan
+
+from tests.unit.plan_clusters import A100, T4, Kind, cluster, link, measured
+
+# ---------------------------------------------------------------------------------------------
+# Random clusters
+# ---------------------------------------------------------------------------------------------
+
+
+@st.composite
+def kinds(draw) -> Kind:
+    static = draw(st.integers(100, 4000))
+    per_sample = draw(st.integers(1, 500))
+    room = draw(st.integers(1, 600))          # samples that fit: every device holds at least one
+    memory = draw(st.one_of(st.none(), st.just(math.ceil((static + per_sample * room) / MEMORY_USABLE_FRACTION))))
+    return Kind(name=f"dev-{draw(st.integers(0, 999))}", speed=draw(st.floats(0.05, 1.0)), memory_mib=memory,
+                a=draw(st.floats(0.0, 0.02)), c=draw(st.floats(1e-5, 1e-2)),
+                static_mib=static, per_sample_mib=per_sample, emulated=draw(st.booleans()))
+
+
+@st.composite
+def clusters(draw, homogeneous: bool = False):
+    pool = [draw(kinds())] if homogeneous else draw(st.lists(kinds(), min_size=1, max_size=4))
+    n_nodes = draw(st.integers(1, 6))
+    nodes = [[draw(st.sampled_from(pool)) for _ in range(draw(st.integers(0, 4)))] for _ in range(n_nodes)]
+    assume(any(nodes))
+    pairs = [(i, j) for i in range(n_nodes) for j in range(i + 1, n_nodes)]
+    measured_pairs = draw(st.lists(st.sampled_from(pairs), unique=True)) if pairs else []
+    links = tuple(link(i, j, draw(st.floats(0.05, 50.0)), draw(st.floats(1e-6, 1e-3))) for i, j in measured_pairs)
+    model = ModelSpec("random", draw(st.integers(1_000, 2_000_000_000)))
+    return cluster(nodes, links=links, model=model), [k for ks in nodes for k in ks], nodes
+
+
+def kind_of(nodes: list[list[Kind]], node: str, device: str) -> Kind:
+    return nodes[int(node[1:])][int(device[3:])]
+
+
+def capacity(devices: list[Kind]) -> float:
+    if any(k.memory_mib is None for k in devices):
+        return math.inf
+    return sum(math.floor((MEMORY_USABLE_FRACTION * k.memory_mib - k.static_mib) / k.per_sample_mib)
+               for k in devices)
+
+
+def check_plan(plan: Plan, nodes: list[list[Kind]], global_batch: int) -> None:
+    workers = plan.workers
+    # every device used at most once, and only devices that exist
+    used = [(r.node, r.device) for r in workers]
+    assert len(used) == len(set(used))
+    for r in workers:
+        kind_of(nodes, r.node, r.device)
+    # batch sizes sum exactly to the global batch, each within memory
+    assert sum(r.batch_size for r in workers) == global_batch
+    for r in workers:
+        k = kind_of(nodes, r.node, r.device)
+        assert r.batch_size >= 1
+        if k.memory_mib is not None:
+            assert k.memory(r.batch_size) <= MEMORY_USABLE_FRACTION * k.memory_mib + 1e-6
+        assert r.emulated == k.emulated and r.speed == k.speed
+    # groups non-empty, disjoint, covering exactly the workers, consistent with each rank's group
+    seen: list[int] = []
+    for g in plan.groups:
+        assert g.ranks and g.accumulate >= 1
+        seen.extend(g.ranks)
+        for rank in g.ranks:
+            assert plan.rank(rank).role is Role.WORKER and plan.rank(rank).group == g.id
+    assert sorted(seen) == [r.rank for r in workers]
+    assert [g.id for g in plan.groups] == list(range(len(plan.groups)))
+    # rank numbering: workers first, grouped; then PS ranks; local ranks count per node
+    assert plan.world_size == len(plan.ranks)
+    assert [r.rank for r in plan.ranks] == list(range(plan.world_size))
+    assert seen == list(range(len(workers)))
+    per_node: dict[str, int] = {}
+    for r in plan.ranks:
+        assert r.local_rank == per_node.get(r.node, 0)
+        per_node[r.node] = r.local_rank + 1
+    ps = [r for r in plan.ranks if r.role is Role.PS]
+    assert all(r.rank >= len(workers) and r.device == "cpu" and r.group is None and r.batch_size is None
+               for r in ps)
+    assert plan.ps_shards == tuple(r.rank for r in ps)
+    if len(plan.groups) == 1:
+        assert not ps and plan.staleness_bound == 0
+    else:
+        assert ps and plan.staleness_bound >= 1
+    # predictions finite, positive and never above the ideal
+    pred = plan.predicted_samples_per_s
+    assert set(pred) == {"allreduce", "hybrid", "ps", "ideal"}
+    for value in pred.values():
+        assert math.isfinite(value) and value > 0
+    for name in ("allreduce", "hybrid", "ps"):
+        assert pred[name] <= pred["ideal"] * (1 + 1e-9)
+    assert plan.reason
+    # the plan round-trips through JSON
+    assert from_dict(Plan, json.loads(json.dumps(to_dict(plan)))) == plan
+
+
+def own_speed(k: Kind, batch: int) -> float:
+    return batch / k.seconds(batch)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=clusters(), strategy=st.sampled_from(list(Strategy)), pick=st.floats(0.0, 1.0))
+def test_random_clusters_give_valid_plans(data, strategy, pick):
+    (inventory, profiles), devices, nodes = data
+    n = len(devices)
+    top = min(capacity(devices) - n, 64 * n)    # slack: the planner's floor may round one lower
+    assume(top >= n)
+    global_batch = n + round(pick * (top - n))
+    plan = make_plan(inventory, profiles, JobSpec(strategy=strategy, global_batch=global_batch))
+    check_plan(plan, nodes, global_batch)
+    assert len(plan.workers) == n
+    if strategy is Strategy.ALLREDUCE:
+        assert plan.strategy is Strategy.ALLREDUCE and len(plan.groups) == 1
+    if strategy is Strategy.PS and n > 1:
+        assert all(len(g.ranks) == 1 for g in plan.groups)
+    if strategy is Strategy.HYBRID:
+        # groups hold devices of like speed only: compared at the real-valued batch the planner
+        # rounded, which lies within one sample of the integer one (speed grows with the batch)
+        for g in plan.groups:
+            members = [(kind_of(nodes, plan.rank(r).node, plan.rank(r).device), plan.rank(r).batch_size)
+                       for r in g.ranks]
+            fastest = max(own_speed(k, max(1, b - 1)) for k, b in members)
+            slowest = min(own_speed(k, b + 1) for k, b in members)
+            assert fastest <= LIKE_SPEED_RATIO * slowest * (1 + 1e-9)
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=clusters(homogeneous=True), pick=st.floats(0.0, 1.0))
+def test_homogeneous_clusters_are_one_allreduce_group_without_ps(data, pick):
+    (inventory, profiles), devices, nodes = data
+    n = len(devices)
+    top = min(capacity(devices) - n, 64 * n)
+    assume(top >= n)
+    global_batch = n + round(pick * (top - n))
+    plan = make_plan(inventory, profiles, JobSpec(global_batch=global_batch))
+    check_plan(plan, nodes, global_batch)
+    assert plan.strategy is Strategy.ALLREDUCE
+    assert len(plan.groups) == 1 and not plan.ps_shards
+    assert "homogeneous" in plan.reason
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=clusters(), extra=st.integers(1, 1000))
+def test_a_global_batch_beyond_memory_is_refused(data, extra):
+    (inventory, profiles), devices, nodes = data
+    assume(capacity(devices) < math.inf)
+    with pytest.raises(UsageError, match="does not fit in device memory"):
+        make_plan(inventory, profiles, JobSpec(global_batch=int(capacity(devices)) + extra))
+
+
+# ---------------------------------------------------------------------------------------------
+# Examples
+# ---------------------------------------------------------------------------------------------
+
+def example():
+    """The default emulated cluster: two A100 and two T4 on one node."""
+    return cluster([[A100, A100, T4, T4]])
+
+
+def test_allreduce_batches_follow_speed_and_equalise_step_time():
+    inventory, profiles = example()
+    plan = make_plan(inventory, profiles, JobSpec(strategy=Strategy.ALLREDUCE, global_batch=256))
+    batches = [r.batch_size for r in plan.workers]
+    assert sum(batches) == 256 and batches[0] == batches[1] and batches[2] == batches[3]
+    times = [A100.seconds(batches[0]), T4.seconds(batches[2])]
+    assert max(times) / min(times) < 1.05        # nobody waits long for anybody
+    assert batches[0] > 4 * batches[2]           # the fixed per-step cost also favours the fast ones
+
+
+def test_batches_are_proportional_to_speed_without_fixed_cost():
+    fast, slow = Kind("fast", 1.0, None, a=0.0), Kind("slow", 0.25, None, a=0.0)
+    inventory, profiles = cluster([[fast, slow]])
+    plan = make_plan(inventory, profiles, JobSpec(strategy=Strategy.ALLREDUCE, global_batch=100))
+    assert [r.batch_size for r in plan.workers] == [80, 20]
+
+
+def test_memory_caps_move_samples_to_devices_with_room():
+    small = dataclasses.replace(A100, name="A100-small", memory_mib=math.ceil((600 + 40 * 50) / 0.9))
+    inventory, profiles = cluster([[small, T4]])
+    plan = make_plan(inventory, profiles, JobSpec(strategy=Strategy.ALLREDUCE, global_batch=200))
+    assert [r.batch_size for r in plan.workers] == [50, 150]
+
+
+def test_auto_keeps_allreduce_on_one_fast_node_and_says_why():
+    inventory, profiles = example()
+    plan = make_plan(inventory, profiles, JobSpec(global_batch=256))
+    assert plan.strategy is Strategy.ALLREDUCE and not plan.ps_shards
+    assert "allreduce predicted" in plan.reason and "5%" in plan.reason
+
+
+def test_hybrid_groups_like_devices_behind_one_ps():
+    inventory, profiles = example()
+    plan = make_plan(inventory, profiles, JobSpec(strategy=Strategy.HYBRID, global_batch=256))
+    assert [g.ranks for g in plan.groups] == [(0, 1), (2, 3)]
+    assert plan.ps_shards == (4,) and plan.rank(4).role is Role.PS and plan.rank(4).local_rank == 4
+    # each group accumulates to at least the global batch before it pushes
+    for g in plan.groups:
+        assert g.accumulate * sum(plan.rank(r).batch_size for r in g.ranks) >= 256
+    assert plan.staleness_bound >= 1
+
+
+def test_ps_strategy_makes_every_device_its_own_group():
+    inventory, profiles = example()
+    plan = make_plan(inventory, profiles, JobSpec(strategy=Strategy.PS, global_batch=256))
+    assert [g.ranks for g in plan.groups] == [(0,), (1,), (2,), (3,)]
+    assert len(plan.ps_shards) == 1
+
+
+def slow_network_cluster():
+    """Four nodes of two A100 and four of two T4 on a slow 1 Gb/s network; a large model."""
+    nodes = [[A100, A100]] * 4 + [[T4, T4]] * 4
+    links = tuple(link(i, j, 0.125) for i in range(8) for j in range(i + 1, 8))
+    return cluster(nodes, links=links, model=ModelSpec("big", 100_000_000))
+
+
+def test_auto_picks_hybrid_when_global_allreduce_crosses_a_slow_network():
+    inventory, profiles = slow_network_cluster()
+    plan = make_plan(inventory, profiles, JobSpec(global_batch=2048))
+    pred = plan.predicted_samples_per_s
+    assert plan.strategy is Strategy.HYBRID
+    assert pred["hybrid"] > 1.05 * pred["allreduce"]
+    assert "hybrid predicted" in plan.reason and "above allreduce" in plan.reason
+    # groups stay inside a node: all-reduce only on intra-node links
+    for g in plan.groups:
+        assert len({plan.rank(r).node for r in g.ranks}) == 1
+
+
+def test_homogeneous_cluster_stays_allreduce_even_on_a_slow_network():
+    nodes = [[A100, A100]] * 8
+    links = tuple(link(i, j, 0.125) for i in range(8) for j in range(i + 1, 8))
+    inventory, profiles = cluster(nodes, links=links, model=ModelSpec("big", 100_000_000))
+    plan = make_plan(inventory, profiles, JobSpec(global_batch=2048))
+    assert plan.strategy is Strategy.ALLREDUCE and len(plan.groups) == 1 and not plan.ps_shards
+
+
+def test_ps_count_and_staleness_overrides():
+    inventory, profiles = slow_network_cluster()
+    plan = make_plan(inventory, profiles, JobSpec(strategy=Strategy.HYBRID, global_batch=2048,
+                                                  ps_ranks=3, staleness=7))
+    assert len(plan.ps_shards) == 3 and plan.staleness_bound == 7
+    assert len({plan.rank(r).node for r in plan.ps_shards}) == 3
+
+
+def test_ps_ranks_never_go_to_failed_nodes():
+    inventory, profiles = slow_network_cluster()
+    down = NodeInfo("n8", "host8", False, error="connection refused")
+    inventory = dataclasses.replace(inventory, nodes=inventory.nodes + (down,))
+    plan = make_plan(inventory, profiles, JobSpec(strategy=Strategy.HYBRID, global_batch=2048, ps_ranks=9))
+    assert "n8" not in {r.node for r in plan.ranks}
+
+
+def test_matmul_figures_stand_in_for_missing_step_times():
+    inventory, profiles = example()
+    devices = tuple(dataclasses.replace(d, steps=(), matmul_tflops={"fp32": measured(19.5 * d.speed)})
+                    for d in profiles.devices)
+    plan = make_plan(inventory, dataclasses.replace(profiles, devices=devices),
+                     JobSpec(strategy=Strategy.ALLREDUCE, global_batch=100))
+    assert [r.batch_size for r in plan.workers] == [40, 40, 10, 10]
+
+
+def test_failed_devices_are_left_out_and_named():
+    inventory, profiles = example()
+    broken = dataclasses.replace(profiles.devices[3], error="out of memory")
+    no_figures = dataclasses.replace(profiles.devices[2], steps=())
+    profiles = dataclasses.replace(profiles, devices=profiles.devices[:2] + (no_figures, broken))
+    plan = make_plan(inventory, profiles, JobSpec(global_batch=64))
+    assert [r.device for r in plan.workers] == ["gpu0", "gpu1"]
+    assert "gpu3@n0 (out of memory)" in plan.reason and "gpu2@n0 (no step times" in plan.reason
+
+
+def test_unknown_model_size_is_assumed_and_said():
+    inventory, profiles = example()
+    plan = make_plan(inventory, dataclasses.replace(profiles, model=None), JobSpec(global_batch=64))
+    assert plan.model is not None and "assumed" in plan.model.name
+
+
+# ---------------------------------------------------------------------------------------------
+# Invalid requests
+# ---------------------------------------------------------------------------------------------
+
+def test_no_devices_is_an_error():
+    inventory, profiles = cluster([[]])
+    with pytest.raises(UsageError, match="no usable devices"):
+        make_plan(inventory, profiles, JobSpec())
+
+
+def test_all_devices_failed_is_an_error_naming_them():
+    inventory, profiles = example()
+    profiles = dataclasses.replace(profiles, devices=tuple(
+        dataclasses.replace(d, error="driver error") for d in profiles.devices))
+    with pytest.raises(UsageError, match=r"no usable devices to plan on \(gpu0@n0 \(driver error\); gpu1@n0"):
+        make_plan(inventory, profiles, JobSpec())
+
+
+def test_global_batch_smaller_than_the_workers_is_an_error():
+    inventory, profiles = example()
+    with pytest.raises(UsageError, match=r"global batch 3 is smaller than the 4 worker devices \(gpu0@n0"):
+        make_plan(inventory, profiles, JobSpec(global_batch=3))
+
+
+def test_global_batch_too_big_for_memory_names_the_devices():
+    inventory, profiles = example()
+    with pytest.raises(UsageError, match=r"holds? at most \d+ samples.*gpu2@n0 <= \d+"):
+        make_plan(inventory, profiles, JobSpec(global_batch=10_000))
+
+
+def test_profiles_of_another_cluster_are_refused():
+    inventory, _ = example()
+    _, profiles = cluster([[A100]], fingerprint="other")
+    with pytest.raises(StateError, match="measured on cluster other"):
+        make_plan(inventory, profiles, JobSpec())
+
+
+def test_profiles_naming_an_unknown_node_are_refused():
+    inventory, profiles = example()
+    stray = DeviceProfile("elsewhere", "gpu0", "x", False, 1.0, None, matmul_tflops={"fp32": measured(1.0)})
+    with pytest.raises(StateError, match="'elsewhere'"):
+        make_plan(inventory, dataclasses.replace(profiles, devices=profiles.devices + (stray,)), JobSpec())
+
+
+@pytest.mark.parametrize("job, message", [
+    (JobSpec(global_batch=0), "global batch must be at least 1"),
+    (JobSpec(ps_ranks=0), "PS ranks must be at least 1"),
+    (JobSpec(staleness=-1), "staleness bound must be 0 or more"),
+    (JobSpec(model=ModelSpec("empty", 0)), "at least one parameter"),
+])
+def test_bad_job_values_are_errors(job, message):
+    inventory, profiles = example()
+    with pytest.raises(UsageError, match=message):
+        make_plan(inventory, profiles, job)
+
+
+def test_plan_files_round_trip_and_are_refused_on_another_cluster(tmp_path):
+    here = Cluster(nodes=(NodeSpec("n0", "localhost"),))
+    there = Cluster(nodes=(NodeSpec("n0", "elsewhere"),))
+    inventory, profiles = cluster([[A100, T4]], fingerprint=here.fingerprint())
+    plan = make_plan(inventory, profiles, JobSpec(global_batch=64))
+    path = tmp_path / "plan.json"
+    write_plan(path, plan)
+    assert path.stat().st_mode & 0o777 == 0o644
+    assert load_plan(path, here) == plan
+    with pytest.raises(ConfigError, match=rf"{path}: this plan was made for cluster {here.fingerprint()}"):
+        load_plan(path, there)
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "cannot read plan file"),
+    ("{not json", "not a JSON plan file"),
+    ('{"strategy": "auto"}', "not a valid plan"),
+    ('{"version": 99}', "plan format version 99"),
+])
+def test_bad_plan_files_are_config_errors(tmp_path, content, message):
+    path = tmp_path / "plan.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(ConfigError, match=message) as info:
+        load_plan(path, Cluster(nodes=(NodeSpec("n0", "localhost"),)))
+    assert str(path) in str(info.value) and isinstance(info.value, HgError)
+
+
+def test_measurement_free_device_without_memory_data_uses_the_documented_estimate():
+    kind = Kind("cpu-ish", 1.0, 8000)
+    inventory, profiles = cluster([[kind]], model=ModelSpec("m", 100_000_000))   # 381 MiB of parameters
+    device = dataclasses.replace(profiles.devices[0], steps=tuple(
+        dataclasses.replace(s, memory_mib=None) for s in profiles.devices[0].steps))
+    profiles = dataclasses.replace(profiles, devices=(device,))
+    # static 4 x 381 MiB, 381 MiB per sample: (0.9 * 8000 - 1526) / 381 -> 14 samples at most
+    assert make_plan(inventory, profiles, JobSpec(global_batch=14)).workers[0].batch_size == 14
+    with pytest.raises(UsageError, match="at most 14 samples"):
+        make_plan(inventory, profiles, JobSpec(global_batch=15))

@@ -1,0 +1,97 @@
+"""`hgtrain plan` end to end over the stored inventory and profiles of the embedded local cluster."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hgcli import state
+from hgcli.cli import main
+from hgcli.config import default_cluster
+from hgcli.model import Plan, Role, Strategy, from_dict, to_dict
+from hgcli.plan_io import load_plan
+from tests.unit.plan_clusters import A100, T4, cluster
+
+
+def store(inventory: bool = True, profiles: bool = True) -> Path:
+    """Write the 2 x A100 + 2 x T4 example as this machine's stored probe and bench results."""
+    fingerprint = default_cluster().fingerprint()
+    inv, prof = cluster([[A100, A100, T4, T4]], fingerprint=fingerprint, names=["local"])
+    folder = state.cluster_dir(fingerprint)
+    if inventory:
+        state.write_json(folder / "inventory.json", to_dict(inv))
+    if profiles:
+        state.write_json(folder / "profiles.json", to_dict(prof))
+    return folder
+
+
+def test_json_output_is_the_plan_and_only_json(capsys):
+    store()
+    assert main(["plan", "--json", "--global-batch", "256"]) == 0
+    out = capsys.readouterr().out
+    plan = from_dict(Plan, json.loads(out))
+    assert plan.cluster == default_cluster().fingerprint()
+    assert plan.strategy is Strategy.ALLREDUCE and plan.global_batch == 256
+    assert [r.node for r in plan.ranks] == ["local"] * 4 and all(r.emulated for r in plan.ranks)
+
+
+def test_output_file_is_written_and_loads_back(tmp_path, capsys):
+    store()
+    path = tmp_path / "plan.json"
+    assert main(["plan", "--strategy", "hybrid", "--ps", "1", "--staleness", "3", "-o", str(path)]) == 0
+    plan = load_plan(path, default_cluster())
+    assert plan.strategy is Strategy.HYBRID and plan.staleness_bound == 3
+    assert [r.role for r in plan.ranks].count(Role.PS) == 1
+    assert path.stat().st_mode & 0o777 == 0o644
+    assert "hybrid (chosen)" in capsys.readouterr().out
+
+
+def test_human_output_shows_tree_table_and_reason(capsys):
+    store()
+    assert main(["plan", "--global-batch", "128"]) == 0
+    out = capsys.readouterr().out
+    for text in ("local", "gpu3", "rank 3", "batch", "EMULATED", "allreduce (chosen)", "ideal", "why:"):
+        assert text in out
+
+
+def test_model_size_flag_reaches_the_plan(capsys):
+    store()
+    assert main(["plan", "--json", "--params", "5000000"]) == 0
+    assert json.loads(capsys.readouterr().out)["model"]["parameters"] == 5_000_000
+
+
+@pytest.mark.parametrize("inventory, profiles, stage", [(False, False, "probe"), (True, False, "bench")])
+def test_missing_inputs_say_which_stage_to_run(capsys, inventory, profiles, stage):
+    store(inventory=inventory, profiles=profiles)
+    assert main(["plan"]) == 2
+    err = capsys.readouterr().err
+    assert f"run 'hgtrain {stage}" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_corrupt_stored_profiles_are_a_state_error(capsys):
+    folder = store()
+    (folder / "profiles.json").write_text('{"cluster": 3}')
+    assert main(["plan"]) == 5
+    assert "profiles.json" in capsys.readouterr().err
+
+
+def test_too_big_global_batch_is_one_line_and_exit_2(capsys):
+    store()
+    assert main(["plan", "--global-batch", "1000000"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "does not fit in device memory" in captured.err and len(captured.err.strip().splitlines()) == 1
+
+
+def test_plan_does_not_import_torch():
+    store()
+    code = ("import sys; from hgcli.cli import main; rc = main(['plan', '--json']); "
+            "print('torch' in sys.modules, rc, file=sys.stderr)")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}   # this checkout
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert done.stderr.strip().endswith("False 0")
+    json.loads(done.stdout)
