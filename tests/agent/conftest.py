@@ -32,6 +32,8 @@ def start_agent(jobs_root):
         except TimeoutError:
             agent.proc._popen.kill()  # the agent itself hung: a failure reported below
             leaked[agent.job_id] = ["agent"]
+        if agent.detached and job_pids(agent.job_id):
+            agent.control("--stop", agent.job_id)   # a detached job outlives its controller by design
         pids = job_pids(agent.job_id)
         if pids:
             leaked[agent.job_id] = pids

@@ -33,9 +33,10 @@ def py(code: str) -> list[str]:
     return [sys.executable, "-c", code]
 
 
-def job_pids(job_id: str) -> list[int]:
-    """Live (non-zombie) processes carrying HGTRAIN_JOB_ID=<job_id>."""
+def job_pids(job_id: str, node: str | None = None) -> list[int]:
+    """Live (non-zombie) processes carrying HGTRAIN_JOB_ID=<job_id> (and HGTRAIN_NODE=<node>)."""
     marker = f"HGTRAIN_JOB_ID={job_id}".encode()
+    node_marker = f"HGTRAIN_NODE={node}".encode() if node else None
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -44,6 +45,8 @@ def job_pids(job_id: str) -> list[int]:
             env = Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
             stat = Path(f"/proc/{name}/stat").read_text()
         except OSError:
+            continue
+        if node_marker is not None and node_marker not in env:
             continue
         if marker in env and stat[stat.rfind(")") + 2] not in "ZX":
             found.append(int(name))
@@ -68,6 +71,7 @@ class Agent:
         self.job_id = job_id or new_job_id()
         self.node = node
         self.jobs_root = jobs_root
+        self.detached = bool(spec.get("detach"))
         self.transport = transport(node)
         argv, env = node_module_argv(self.transport, "agent")
         self.proc = self.transport.start(argv, env=env)
@@ -150,6 +154,19 @@ class Agent:
         # split("\n"), not splitlines(): the frame marker's \x1e is a line boundary to splitlines.
         found = [frames.decode(line) for line in done.stdout.split("\n")]
         return done.exit_code, [f for f in found if f is not None]
+
+    def control_attached(self, *args: str, timeout: float = WAIT_S) -> tuple[int, list[dict[str, Any]]]:
+        """Like ``control`` but with stdin held open for the whole run (``--tail --follow``)."""
+        argv, env = node_module_argv(self.transport, "agent", *args, "--jobs-root", str(self.jobs_root))
+        proc = self.transport.start(argv, env=env)
+        found: list[dict[str, Any]] = []
+        reader = threading.Thread(target=lambda: found.extend(
+            f for f in (frames.decode(raw.decode()) for raw in proc.stdout) if f is not None), daemon=True)
+        reader.start()
+        reader.join(timeout)
+        code = proc.wait(timeout)
+        proc.close()
+        return code, found
 
     @property
     def job_dir(self) -> Path:
