@@ -67,7 +67,7 @@ class Agent:
     """One agent process; its frames are collected by a reader thread."""
 
     def __init__(self, jobs_root: Path, ranks: list[dict[str, Any]], *, job_id: str | None = None,
-                 node: str = "n1", **spec: Any) -> None:
+                 node: str = "n1", count_only: frozenset[int] = frozenset(), **spec: Any) -> None:
         self.job_id = job_id or new_job_id()
         self.node = node
         self.jobs_root = jobs_root
@@ -77,6 +77,9 @@ class Agent:
         self.proc = self.transport.start(argv, env=env)
         self.frames: list[dict[str, Any]] = []
         self.noise: list[bytes] = []
+        # Ranks whose stdout frames are only counted (floods): {(rank, stream): [frames, chars, last offset]}
+        self.count_only = count_only
+        self.counts: dict[tuple[int, str], list[int]] = {}
         self._cond = threading.Condition()
         self._eof = False
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -98,6 +101,13 @@ class Agent:
     def _collect(self) -> None:
         for raw in self.proc.stdout:
             frame = frames.decode(raw.decode("utf-8"))
+            if frame is not None and frame.get("type") == "log" and frame["rank"] in self.count_only \
+                    and frame["stream"] == "out":
+                c = self.counts.setdefault((frame["rank"], frame["stream"]), [0, 0, 0])
+                c[0] += 1
+                c[1] += len(frame["line"])
+                c[2] = frame["offset"]
+                continue
             with self._cond:
                 if frame is None:
                     self.noise.append(raw)

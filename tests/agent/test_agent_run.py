@@ -150,3 +150,31 @@ def test_status_reports_running_ranks_and_last_metrics(start_agent):
     rc, (st,) = agent.control("--status", agent.job_id)
     assert st["state"] == "stopped" and st["ranks"][0]["state"] == "stopped"
     assert not os.path.exists(f"/proc/{rank['pid']}") or job_pids(agent.job_id) == []
+
+
+def test_ranks_inherit_no_stray_descriptors(start_agent):
+    # Only stdio and the metrics pipe: a rank holding another rank's pipe would keep it from EOF.
+    code = "import os; print(','.join(os.listdir('/proc/self/fd')), os.environ['HGTRAIN_METRICS_FD'])"
+    agent = start_agent([{"rank": r, "argv": py(code)} for r in (0, 1)])
+    agent.wait_type("end")
+    for r in (0, 1):
+        (line,) = agent.lines(r)
+        fds, metrics_fd = line.rsplit(" ", 1)
+        # 3 is the directory listing's own descriptor
+        assert sorted({int(fd) for fd in fds.split(",")} - {0, 1, 2, int(metrics_fd)}) == [3], line
+
+
+def test_stop_frame_stops_the_job_and_frames_still_arrive(start_agent):
+    agent = start_agent([{"rank": 0, "argv": py(
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: (print('cleaning up', flush=True), sys.exit(0)))\n"
+        "print('ready', flush=True); time.sleep(300)\n")}])
+    agent.wait_frame(lambda f: f.get("type") == "log" and f["line"] == "ready")
+    agent.proc.stdin.write(b"\x1ehgtrain {\"type\": \"stop\"}\n")
+    agent.proc.stdin.flush()
+    end = agent.wait_type("end")
+    assert end["state"] == "stopped" and end["reason"] == "stop requested by the controller"
+    assert end["logs_complete"] is True
+    assert agent.lines(0) == ["ready", "cleaning up"]
+    (ex,) = agent.of_type("exit")
+    assert ex["code"] == 0 and ex["state"] == "stopped"
