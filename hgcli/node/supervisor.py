@@ -28,7 +28,7 @@ from ..state import write_json
 
 KILL_WAIT_S = 5.0      # after SIGKILL: how long to wait for the kernel to finish the processes
 CAPTURE_WAIT_S = 5.0   # after the ranks are gone: how long their pipes may take to reach EOF
-DRAIN_S = 60.0         # after the job: how long the log frames may take to reach a live controller
+DRAIN_STALL_S = 30.0   # after the job: give up sending logs when the connection takes none for this long
 POLL_S = 0.05
 
 
@@ -252,12 +252,36 @@ class Supervisor:
         self.ended_at = time.time()
         self._write_record()
         self._finished.set()
-        drain = 0.0 if (self.connection_lost or self.detached) else DRAIN_S
-        deadline = time.monotonic() + drain
-        complete = all(f.done.wait(max(0.0, deadline - time.monotonic())) for f in self.followers)
-        self.writer.post(self._end_frame(complete and not self.connection_lost))
+        complete = self._drain_logs()
+        self.writer.post(self._end_frame(complete))
         self.writer.drain(5.0)
         return 0 if self.state == "succeeded" else 1
+
+    def _drain_logs(self) -> bool:
+        """Let the followers send the rest while the connection keeps taking it.
+
+        A flood may need minutes on a slow link, so the bound is on lack of progress (and on the
+        connection going away), not on the total time.
+        """
+        progress, since = -1, time.monotonic()
+        while not self.connection_lost and not self.detached:
+            if all(f.done.is_set() for f in self.followers):
+                return True
+            sent = sum(f.offset for f in self.followers)
+            if sent != progress:
+                progress, since = sent, time.monotonic()
+            elif time.monotonic() - since > DRAIN_STALL_S:
+                return False
+            try:
+                event: tuple[Any, ...] | None = self.events.get(timeout=0.2)
+            except queue.Empty:
+                event = None
+            silent = time.monotonic() - self.last_heard
+            if event is not None and event[0] in ("eof", "broken", "signal"):
+                self.connection_lost = True   # a signal: someone wants the agent gone now
+            elif 0 < self.spec.heartbeat_timeout_s < silent:
+                self.connection_lost = True
+        return False
 
     def _end_frame(self, logs_complete: bool) -> dict[str, Any]:
         failure = None
