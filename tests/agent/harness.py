@@ -67,7 +67,8 @@ class Agent:
     """One agent process; its frames are collected by a reader thread."""
 
     def __init__(self, jobs_root: Path, ranks: list[dict[str, Any]], *, job_id: str | None = None,
-                 node: str = "n1", count_only: frozenset[int] = frozenset(), **spec: Any) -> None:
+                 node: str = "n1", count_only: frozenset[int] = frozenset(), heartbeats: bool = True,
+                 **spec: Any) -> None:
         self.job_id = job_id or new_job_id()
         self.node = node
         self.jobs_root = jobs_root
@@ -81,6 +82,7 @@ class Agent:
         self.count_only = count_only
         self.counts: dict[tuple[int, str], list[int]] = {}
         self._cond = threading.Condition()
+        self._stdin_lock = threading.Lock()
         self._eof = False
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -88,6 +90,16 @@ class Agent:
                 "ranks": ranks, "grace_s": 2.0, **spec}
         self.proc.stdin.write(frames.encode(body).encode())
         self.proc.stdin.flush()
+        if heartbeats:   # as the launcher does; tests of heartbeat loss send their own
+            threading.Thread(target=self._beat, daemon=True).start()
+
+    def _beat(self) -> None:
+        try:
+            while not self._eof:
+                self.heartbeat()
+                time.sleep(1.0)
+        except (OSError, ValueError):
+            pass   # stdin closed by the test
 
     def _read(self) -> None:
         try:
@@ -146,8 +158,12 @@ class Agent:
         return out
 
     def heartbeat(self) -> None:
-        self.proc.stdin.write(frames.encode({"type": "heartbeat"}).encode())
-        self.proc.stdin.flush()
+        self.send({"type": "heartbeat"})
+
+    def send(self, frame: dict[str, Any]) -> None:
+        with self._stdin_lock:
+            self.proc.stdin.write(frames.encode(frame).encode())
+            self.proc.stdin.flush()
 
     def pid(self) -> int:
         return self.wait_type("agent")["pid"]
@@ -184,7 +200,8 @@ class Agent:
 
     def close_stdin(self) -> None:
         """EOF on the agent's stdin while we keep reading its frames."""
-        self.proc.stdin.close()
+        with self._stdin_lock:
+            self.proc.stdin.close()
 
     def close(self) -> None:
         """Drop the whole connection (stdin EOF, stdout and stderr closed)."""

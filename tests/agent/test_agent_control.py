@@ -43,7 +43,7 @@ def test_dropped_connection_stops_every_process_of_the_job(start_agent):
 
 
 def test_heartbeats_keep_the_job_and_silence_stops_it(start_agent):
-    agent = family_job(start_agent, heartbeat_timeout_s=2.0, heartbeat_interval_s=0.5)
+    agent = family_job(start_agent, heartbeat_timeout_s=2.0, heartbeat_interval_s=0.5, heartbeats=False)
     for _ in range(8):   # 4 s of heartbeats: twice the timeout
         agent.heartbeat()
         time.sleep(0.5)

@@ -170,8 +170,7 @@ def test_stop_frame_stops_the_job_and_frames_still_arrive(start_agent):
         "signal.signal(signal.SIGTERM, lambda *a: (print('cleaning up', flush=True), sys.exit(0)))\n"
         "print('ready', flush=True); time.sleep(300)\n")}])
     agent.wait_frame(lambda f: f.get("type") == "log" and f["line"] == "ready")
-    agent.proc.stdin.write(b"\x1ehgtrain {\"type\": \"stop\"}\n")
-    agent.proc.stdin.flush()
+    agent.send({"type": "stop"})
     end = agent.wait_type("end")
     assert end["state"] == "stopped" and end["reason"] == "stop requested by the controller"
     assert end["logs_complete"] is True
