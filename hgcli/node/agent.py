@@ -1,0 +1,103 @@
+"""The per-node agent: supervisor of one job's ranks on one node (protocol: docs/agent.md).
+
+    python -m hgcli.node.agent                      # read a spec frame on stdin, run the job
+    python -m hgcli.node.agent --status JOB [--node N]
+    python -m hgcli.node.agent --stop JOB [--node N]
+    python -m hgcli.node.agent --tail JOB [--node N] [--follow] [--from OFFSETS]
+
+The spec (with any secret env values) comes on stdin, never on the command line, where every user of
+the node could read it in /proc/<pid>/cmdline. Exit codes: 0 job succeeded / command done, 1 the job
+failed or was stopped / processes were left, 2 bad spec or arguments, 3 no such job on this host.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from pathlib import Path
+
+from . import control, frames
+from .daemon import detach
+from .jobdir import node_dirs
+from .output import FrameWriter
+from .spec import DEFAULT_JOBS_ROOT, parse_spec
+from .supervisor import Supervisor, prepare_job_dir
+from ..errors import StateError
+
+SPEC_TIMEOUT_S = 60   # a controller that connects but never sends its spec does not leave us waiting
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_NO_JOB = 0, 1, 2, 3
+
+
+def _error(message: str, code: int) -> int:
+    frames.emit({"type": "error", "message": message})
+    return code
+
+
+def run_agent() -> int:
+    signal.alarm(SPEC_TIMEOUT_S)   # default SIGALRM action ends the process: a bounded wait
+    line = sys.stdin.buffer.readline()
+    signal.alarm(0)
+    try:
+        spec = parse_spec(frames.decode(line.decode("utf-8", "replace")))
+        prepare_job_dir(spec)
+    except ValueError as exc:
+        return _error(f"bad job spec: {exc}", EXIT_BAD_INPUT)
+    except StateError as exc:
+        return _error(str(exc), EXIT_BAD_INPUT)
+    if spec.detach and not detach():
+        return EXIT_OK
+    return Supervisor(spec, detached=spec.detach).run()
+
+
+def run_control(args: argparse.Namespace) -> int:
+    job_id = args.stop or args.status or args.tail
+    try:
+        dirs = node_dirs(args.jobs_root, job_id, args.node)
+        offsets = control.parse_offsets(args.offsets)
+    except ValueError as exc:
+        return _error(str(exc), EXIT_BAD_INPUT)
+    if not dirs:
+        where = Path(os.path.expanduser(args.jobs_root)) / job_id
+        return _error(f"no job {job_id} on this host (looked in {where})", EXIT_NO_JOB)
+    code = EXIT_OK
+    writer = FrameWriter(1)
+    for job_dir in dirs:
+        if args.status:
+            writer.send([control.status(job_dir)])
+        elif args.stop:
+            result = control.stop(job_dir)
+            writer.send([result])
+            code = EXIT_FAILED if result["left"] else code
+        else:
+            writer.send([control.tail(job_dir, follow=args.follow, offsets=offsets, writer=writer)])
+    return code
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m hgcli.node.agent", description=__doc__.split("\n")[0])
+    action = p.add_mutually_exclusive_group()
+    action.add_argument("--stop", metavar="JOB", help="stop a job running on this host")
+    action.add_argument("--status", metavar="JOB", help="print a status frame per node of the job")
+    action.add_argument("--tail", metavar="JOB", help="send the job's logs as frames")
+    p.add_argument("--node", help="only this node's part of the job (default: every node on this host)")
+    p.add_argument("--jobs-root", default=DEFAULT_JOBS_ROOT, help=f"default {DEFAULT_JOBS_ROOT}")
+    p.add_argument("--follow", action="store_true", help="with --tail: until the job ends or stdin closes")
+    p.add_argument("--from", dest="offsets", metavar="OFFSETS",
+                   help="with --tail: RANK:STREAM=BYTES,... as in a tail_end frame")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.stop or args.status or args.tail:
+        return run_control(args)
+    return run_agent()
+
+
+if __name__ == "__main__":
+    # os._exit: daemon threads may still be blocked writing to a dead connection; every frame has
+    # already been written with os.write, so there is nothing left to flush.
+    code = main()
+    sys.stdout.flush()
+    os._exit(code)
