@@ -22,7 +22,7 @@ from typing import Any
 from . import procs
 from .logs import Capture
 from .secrets import redact_env
-from .spec import JobSpec, RankSpec
+from .spec import AgentSpec, RankSpec
 
 STREAMS = ("out", "err")
 
@@ -53,7 +53,7 @@ class Rank:
     def rank(self) -> int:
         return self.spec.rank
 
-    def start(self, job: JobSpec, job_dir: Path, events: "queue.SimpleQueue[tuple[Any, ...]]") -> None:
+    def start(self, job: AgentSpec, job_dir: Path, events: "queue.SimpleQueue[tuple[Any, ...]]") -> None:
         """Start the process; OSError (missing program, bad cwd) propagates to the caller."""
         # Our own pipes rather than Popen's file objects: the Capture threads own the read ends.
         pipes = {name: os.pipe() for name in ("out", "err", "metrics")}

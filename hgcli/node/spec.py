@@ -1,6 +1,6 @@
 """The job spec a node agent receives on stdin (never on its command line: env values may be secret).
 
-The launcher builds a ``JobSpec``, sends ``frames.encode({"type": "spec", **to_dict(spec)})`` as the
+The launcher builds a ``AgentSpec``, sends ``frames.encode({"type": "spec", **to_dict(spec)})`` as the
 first line of the agent's stdin, and the agent parses it back with ``parse_spec``.
 """
 from __future__ import annotations
@@ -39,7 +39,7 @@ class RankSpec:
 
 
 @dataclass(frozen=True)
-class JobSpec:
+class AgentSpec:
     job_id: str
     node: str
     ranks: tuple[RankSpec, ...]
@@ -73,14 +73,14 @@ def job_dir(jobs_root: str, job_id: str, node: str) -> Path:
     return Path(os.path.expanduser(jobs_root)) / check_name("job id", job_id) / check_name("node name", node)
 
 
-def parse_spec(data: Any) -> JobSpec:
+def parse_spec(data: Any) -> AgentSpec:
     """The spec in a decoded frame; ValueError with a one-line reason when it is malformed."""
     if not isinstance(data, dict) or data.get("type") != "spec":
         raise ValueError("the first line on stdin must be a spec frame")
     try:
-        return from_dict(JobSpec, data)
+        return from_dict(AgentSpec, data)
     except (TypeError, ValueError) as exc:
         message = str(exc)
-        if ".env." in message:  # "JobSpec.env.TOKEN: expected str, got <the value>": keep it out
+        if ".env." in message:  # "AgentSpec.env.TOKEN: expected str, got <the value>": keep it out
             message = message.split(", got ")[0]
         raise ValueError(message) from None

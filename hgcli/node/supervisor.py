@@ -22,7 +22,7 @@ from .logs import Follower, log_frames, metric_frames, open_private_append
 from .output import FrameWriter
 from .ranks import STREAMS, Rank, log_path, signal_name
 from .secrets import redact_env
-from .spec import JobSpec
+from .spec import AgentSpec
 from ..errors import StateError
 from ..state import write_json
 
@@ -33,7 +33,7 @@ POLL_S = 0.05
 
 
 class Supervisor:
-    def __init__(self, spec: JobSpec, *, detached: bool) -> None:
+    def __init__(self, spec: AgentSpec, *, detached: bool) -> None:
         self.spec = spec
         self.dir = spec.job_dir
         self.detached = detached
@@ -310,7 +310,7 @@ class Supervisor:
                 self.writer.post({"type": "warning", "message": str(exc)})
 
 
-def prepare_job_dir(spec: JobSpec) -> Path:
+def prepare_job_dir(spec: AgentSpec) -> Path:
     """Create the job directory (0700); a job id already used on this node is refused."""
     from ..state import ensure_private_dir
 
