@@ -120,13 +120,53 @@ def plan(cluster_file: Path | None, strategy: str, global_batch: int | None, ps_
         render_plan(result)
 
 
-@cli.command(context_settings={"ignore_unknown_options": True})
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @cluster_option
+@click.option("--plan", "plan_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="A plan file from 'hgtrain plan -o'. Default: probe, bench and plan as needed.")
+@click.option("--strategy", type=click.Choice(["auto", "allreduce", "hybrid", "ps"]), default="auto",
+              show_default=True, help="Strategy to plan for (without --plan).")
+@click.option("--global-batch", type=click.IntRange(min=1), default=None,
+              help="Samples per step over all workers (without --plan).")
+@click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
+              help="Set a variable on every rank (repeatable; beats --env-file).")
+@click.option("--env-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="NAME=VALUE lines to set on every rank.")
+@click.option("--ranks", "ranks", default=None, metavar="LIST",
+              help="Show only these ranks' lines and metrics, e.g. 0,2-3 (all are saved).")
+@click.option("--detach", is_flag=True, help="Start the job and return its id at once.")
+@click.option("--grace", "grace_s", type=click.FloatRange(min=0), default=10.0, show_default=True,
+              help="Seconds between SIGTERM and SIGKILL when the job is stopped.")
+@click.option("--heartbeat-timeout", "heartbeat_timeout_s", type=click.FloatRange(min=1), default=30.0,
+              show_default=True, help="A node silent this long is lost and the job fails.")
 @json_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def launch(cluster_file: Path | None, as_json: bool, command: tuple[str, ...]) -> None:
-    """Start the plan's ranks on the nodes and stream their logs and metrics."""
-    not_yet("launch")
+@click.pass_context
+def launch(ctx: click.Context, cluster_file: Path | None, plan_file: Path | None, strategy: str,
+           global_batch: int | None, env: tuple[str, ...], env_file: Path | None, ranks: str | None,
+           detach: bool, grace_s: float, heartbeat_timeout_s: float, as_json: bool,
+           command: tuple[str, ...]) -> None:
+    """Start the plan's ranks on the nodes and stream their logs and metrics.
+
+    \b
+    hgtrain launch -- python -m hgcli.examples.train
+    hgtrain launch -c cluster.toml --plan plan.json -- python train.py --epochs 3
+    Exit code: the first failing rank's (128+N for signal N); 130 on Ctrl-C. See docs/launch.md.
+    """
+    from .launch import LaunchRequest, launch as run_launch
+    from .model import JobSpec, Strategy
+    from .render.launch import make_sink, parse_ranks
+
+    try:
+        shown = parse_ranks(ranks)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    request = LaunchRequest(
+        cluster=load_cluster_arg(cluster_file), command=command, plan_file=plan_file,
+        job=JobSpec(strategy=Strategy(strategy), global_batch=global_batch), env=env, env_file=env_file,
+        detach=detach, grace_s=grace_s, heartbeat_timeout_s=heartbeat_timeout_s)
+    result = run_launch(request, make_sink(as_json=as_json, ranks=shown))
+    ctx.exit(result.exit_code)
 
 
 @cli.command()

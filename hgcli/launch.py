@@ -1,0 +1,265 @@
+"""`hgtrain launch`: plan -> node agents -> one job, reported as typed events (no printing here).
+
+``launch(request, on_event)`` runs a whole job and returns its result; ``on_event`` receives every
+event (``launch_events``) on a separate thread, so the console can never slow the agents down.
+Steps, each bounded: the plan (a plan file, or probe -> bench -> plan through ``pipeline``), the job
+record, then on every node at once: connect, ship the package, ``hgcli.node.prelaunch`` (writes the
+plan where ``HGTRAIN_PLAN`` points, and on rank 0's node finds a free ``MASTER_PORT``), the agent
+with its spec on stdin; then ``launch_loop.JobController`` until every agent has ended (or, with
+``detach``, has detached). Failure semantics and exit codes: docs/launch.md.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Mapping
+
+from . import jobs
+from .errors import EXIT_JOB, ConfigError, HgError, UsageError
+from .launch_events import Dispatcher, Event, JobEnded, JobStarted, RootCause, Stage
+from .launch_loop import Interrupt, JobController, Outcome
+from .launch_metrics import MetricsBoard, predictions
+from .launch_record import JobBook
+from .launch_spec import NodeLaunch, agent_spec, forwarded_env, parse_assignment, read_env_file
+from .model import Cluster, JobRecord, JobSpec, JobState, NodeSpec, Plan, RankRecord, to_json
+from .node import frames
+from .node.spec import DEFAULT_JOBS_ROOT
+from .remote.fanout import fanout, open_transport
+from .remote.transport import Transport, node_module_argv
+from .stream import AgentLink, Heartbeat, Inbound
+
+PRELAUNCH_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    cluster: Cluster
+    command: tuple[str, ...]
+    plan_file: Path | None = None          # None: probe/bench/plan as needed (pipeline.prepare_plan)
+    job: JobSpec = field(default_factory=JobSpec)
+    env: tuple[str, ...] = ()              # --env NAME=VALUE, in order
+    env_file: Path | None = None
+    detach: bool = False
+    grace_s: float = 10.0                  # SIGTERM -> SIGKILL on every rank when stopping
+    heartbeat_timeout_s: float = 30.0      # a silent node is lost after this long (both directions)
+    jobs_root: str = DEFAULT_JOBS_ROOT     # on the nodes
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            raise UsageError("no command to launch: hgtrain launch [OPTIONS] -- COMMAND [ARGS]...")
+        if self.grace_s < 0:
+            raise UsageError("--grace must be >= 0")
+        if self.heartbeat_timeout_s < 1:
+            raise UsageError("--heartbeat-timeout must be at least 1 second")
+
+    @property
+    def heartbeat_interval_s(self) -> float:
+        # Several beats per timeout, so one delayed beat never looks like a dead node.
+        return min(5.0, self.heartbeat_timeout_s / 4)
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    job_id: str
+    state: JobState
+    exit_code: int
+    root_cause: RootCause | None
+
+
+def user_env(request: LaunchRequest, environ: Mapping[str, str]) -> dict[str, str]:
+    """Forwarded allowlist, then the env file, then --env (later wins); checked before any contact."""
+    env = forwarded_env(environ)
+    if request.env_file is not None:
+        env.update(read_env_file(request.env_file))
+    for item in request.env:
+        name, value = parse_assignment(item, "--env")
+        env[name] = value
+    return env
+
+
+def master_address(plan: Plan, cluster: Cluster) -> str:
+    """MASTER_ADDR: rank 0's node as the other nodes reach it.
+
+    A node declared ``localhost`` is 127.0.0.1, which only ranks on this machine can reach: with
+    remote nodes in the plan that cannot work, so it is refused rather than left to time out."""
+    node = cluster.node(plan.rank(0).node)
+    if not node.is_local:
+        return node.address
+    remote = sorted({r.node for r in plan.ranks if not cluster.node(r.node).is_local})
+    if remote:
+        raise UsageError(f"rank 0 runs on node {node.name!r} (host {node.host}), which nodes "
+                         f"{', '.join(remote)} cannot reach as 127.0.0.1: declare this machine by an "
+                         "address they reach (host = \"10.0.0.5\") instead of localhost")
+    return "127.0.0.1"
+
+
+def _plan(request: LaunchRequest, emit: Callable[[Event], None], job_id: str) -> Plan:
+    cluster = request.cluster
+    if request.plan_file is not None:
+        from .plan_io import load_plan
+
+        plan = load_plan(request.plan_file, cluster)
+    else:
+        from .pipeline import prepare_plan
+
+        plan = prepare_plan(cluster, request.job, quick=True,
+                            on_stage=lambda stage, message: emit(Stage(job_id, stage, message)))
+        if plan.cluster != cluster.fingerprint():
+            raise HgError(f"internal error: the plan is of cluster {plan.cluster}, not {cluster.fingerprint()}")
+    known = {n.name for n in cluster.nodes}
+    unknown = sorted({r.node for r in plan.ranks if r.node not in known})
+    if unknown:
+        where = request.plan_file or "the plan"
+        raise ConfigError(f"plan places ranks on unknown node(s) {', '.join(unknown)}", source=str(where))
+    return plan
+
+
+def _prepare_node(node: NodeSpec, transport: Transport, plan_json: str, job_id: str, jobs_root: str,
+                  want_port: bool) -> tuple[NodeLaunch, int | None]:
+    """Ship the package and run prelaunch: the plan file on the node, and a free port there."""
+    root = transport.package_root()
+    args = ["--job", job_id, "--node", node.name, "--jobs-root", jobs_root] + (["--port"] if want_port else [])
+    argv, env = node_module_argv(transport, "prelaunch", *args)
+    done = transport.run(argv, stdin=plan_json.encode(), env=env, timeout=PRELAUNCH_TIMEOUT_S)
+    found = [f for f in map(frames.decode, done.stdout.split("\n")) if f is not None]
+    ok = next((f for f in found if f.get("type") == "prelaunch"), None)
+    if done.exit_code != 0 or ok is None:
+        error = next((f.get("message") for f in found if f.get("type") == "error"), None)
+        last = [line for line in done.stderr.split("\n") if line.strip()]
+        why = error or (last[-1] if last else f"exit code {done.exit_code}")
+        raise HgError(f"cannot prepare the job there: {why}")
+    return (NodeLaunch(name=node.name, python=node.python, package_root=root, job_dir=ok["job_dir"],
+                       plan_path=ok["plan"]), ok.get("port"))
+
+
+@contextlib.contextmanager
+def _signals_to(interrupt: Interrupt) -> Iterator[None]:
+    """SIGINT/SIGTERM only set a flag the controller loop acts on (stop every node, then exit)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def launch(request: LaunchRequest, on_event: Callable[[Event], None]) -> LaunchResult:
+    """Run the job (or start it detached); every failure of a started job is in the result."""
+    environ = dict(os.environ)
+    env = user_env(request, environ)
+    job_id = jobs.new_job_id()
+    dispatcher = Dispatcher(on_event)
+    try:
+        plan = _plan(request, dispatcher.put, job_id)
+        master_addr = master_address(plan, request.cluster)
+        return _run(request, plan, job_id, env, master_addr, dispatcher.put)
+    finally:
+        dispatcher.close()
+        if dispatcher.error is not None and not isinstance(dispatcher.error, BrokenPipeError):
+            raise dispatcher.error
+
+
+def _run(request: LaunchRequest, plan: Plan, job_id: str, env: dict[str, str], master_addr: str,
+         emit: Callable[[Event], None]) -> LaunchResult:
+    record = JobRecord(id=job_id, cluster=request.cluster.fingerprint(), cluster_source=request.cluster.source,
+                       command=request.command, plan=plan, started_at=time.time(), detached=request.detach,
+                       ranks=tuple(RankRecord(rank=r.rank, node=r.node, role=r.role) for r in plan.ranks))
+    book = JobBook(record)
+    started = time.monotonic()
+    board = MetricsBoard(plan)
+    node_names = list(dict.fromkeys(r.node for r in plan.ranks))
+    nodes = [request.cluster.node(n) for n in node_names]
+    transports = {n.name: open_transport(n, request.cluster.ssh) for n in nodes}
+    interrupt = Interrupt()
+    links: list[AgentLink] = []
+    try:
+        with _signals_to(interrupt):
+            plan_json = to_json(plan)
+            rank0_node = plan.rank(0).node
+            prepared = fanout(nodes, lambda n: _prepare_node(
+                n, transports[n.name], plan_json, job_id, request.jobs_root, n.name == rank0_node))
+            if prepared.failed or interrupt.count:
+                return _not_started(book, emit, prepared.failed, interrupt, started)
+            launches = {r.node.name: r.value[0] for r in prepared.results}
+            port = next(r.value[1] for r in prepared.results if r.node.name == rank0_node)
+            inbox: queue.SimpleQueue[Inbound] = queue.SimpleQueue()
+            links = [AgentLink(transports[n], inbox) for n in node_names]
+            specs = {n: agent_spec(plan=plan, job_id=job_id, node=launches[n], command=request.command,
+                                   user_env=env, master_addr=master_addr, master_port=port,
+                                   jobs_root=request.jobs_root, grace_s=request.grace_s,
+                                   heartbeat_interval_s=request.heartbeat_interval_s,
+                                   heartbeat_timeout_s=request.heartbeat_timeout_s, detach=request.detach)
+                     for n in node_names}
+            predicted, ideal = predictions(plan)
+            emit(JobStarted(job_id=job_id, strategy=plan.strategy.value, world_size=plan.world_size,
+                            nodes=tuple(node_names), command=request.command, job_dir=str(book.dir),
+                            master=f"{master_addr}:{port}", detached=request.detach,
+                            predicted_samples_per_s=predicted, ideal_samples_per_s=ideal))
+            start_links = fanout(nodes, lambda n: links[node_names.index(n.name)].start(specs[n.name]))
+            heartbeat = Heartbeat(links, request.heartbeat_interval_s).start()
+            controller = JobController(job_id=job_id, plan=plan, links=links, inbox=inbox, book=book,
+                                       board=board, emit=emit, interrupt=interrupt, grace_s=request.grace_s,
+                                       heartbeat_timeout_s=request.heartbeat_timeout_s, detach=request.detach)
+            for failed in start_links.failed:   # the agent could not even be started there
+                controller.fail_to_start(failed.node.name, failed.error or "unknown error")
+            try:
+                outcome = controller.run()
+            finally:
+                heartbeat.stop()
+            if request.detach and outcome.state is not JobState.RUNNING:
+                _stop_detached(links, job_id, request.jobs_root)
+    finally:
+        for link in links:
+            link.close()
+        for t in transports.values():
+            t.close()
+    return _finish(book, board, emit, outcome, started, request.detach)
+
+
+def _stop_detached(links: list[AgentLink], job_id: str, jobs_root: str) -> None:
+    """A detached start failed on some node: the nodes that did detach no longer listen on stdin,
+    so stop them over a fresh command, as `hgtrain stop` would."""
+    def stop(link: AgentLink) -> None:
+        argv, env = node_module_argv(link.transport, "agent", "--stop", job_id, "--node", link.node,
+                                     "--jobs-root", jobs_root)
+        link.transport.run(argv, env=env, timeout=120.0)
+
+    fanout([link.transport.node for link in links],
+           lambda n: stop(next(link for link in links if link.node == n.name)))
+
+
+def _not_started(book: JobBook, emit: Callable[[Event], None], failed, interrupt: Interrupt,
+                 started: float) -> LaunchResult:
+    if failed:
+        first = failed[0]
+        others = "".join(f"; {r.node.name}: {r.error}" for r in failed[1:])
+        cause = RootCause(node=first.node.name, rank=None, exit_code=None, signal=None,
+                          reason=f"{first.error}{others}", oom=None)
+        outcome = Outcome(JobState.FAILED, EXIT_JOB, cause)
+    else:
+        outcome = Outcome(JobState.STOPPED, interrupt.exit_code, None)
+    return _finish(book, MetricsBoard(book.record.plan), emit, outcome, started, detached=False)
+
+
+def _finish(book: JobBook, board: MetricsBoard, emit: Callable[[Event], None], outcome: Outcome,
+            started: float, detached: bool) -> LaunchResult:
+    cause = outcome.root_cause
+    if outcome.state is JobState.RUNNING:
+        book.update(state=JobState.RUNNING)
+        book.close()
+        summary = None
+    else:
+        book.finish(outcome.state, outcome.exit_code, cause.sentence() if cause else None)
+        summary = board.summary(time.monotonic() - started)
+    emit(JobEnded(job_id=book.record.id, state=outcome.state.value, exit_code=outcome.exit_code,
+                  root_cause=cause, summary=summary, job_dir=str(book.dir), detached=detached))
+    return LaunchResult(book.record.id, outcome.state, outcome.exit_code, cause)

@@ -1,0 +1,199 @@
+"""The typed events a launch emits, and the dispatcher that keeps the console off the hot path.
+
+``--json`` prints exactly ``event_dict(e)`` per event, one per line; the rich view renders the same
+objects. The controller loop never calls the console itself: it puts events on the dispatcher's
+queue and goes on draining the agents, so a slow terminal can never back-pressure a node.
+"""
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class Stage:
+    """Progress of the probe -> bench -> plan pipeline before the job starts."""
+
+    job_id: str
+    stage: str
+    message: str
+
+
+@dataclass(frozen=True)
+class JobStarted:
+    job_id: str
+    strategy: str
+    world_size: int
+    nodes: tuple[str, ...]
+    command: tuple[str, ...]
+    job_dir: str                   # the controller's job directory (rank logs, metrics.jsonl)
+    master: str                    # MASTER_ADDR:MASTER_PORT
+    detached: bool
+    predicted_samples_per_s: float | None
+    ideal_samples_per_s: float | None
+
+
+@dataclass(frozen=True)
+class RankStarted:
+    job_id: str
+    rank: int
+    node: str
+    role: str
+    pid: int
+
+
+@dataclass(frozen=True)
+class LogLine:
+    job_id: str
+    rank: int
+    node: str
+    role: str
+    stream: str                    # "out" | "err"
+    line: str                      # without the newline; non-UTF-8 bytes as \xNN
+    partial: bool = False          # a piece of a line over 64 KiB; the next piece continues it
+
+
+@dataclass(frozen=True)
+class Metric:
+    job_id: str
+    rank: int
+    node: str
+    role: str
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RankExited:
+    job_id: str
+    rank: int
+    node: str
+    role: str
+    state: str                     # succeeded | failed | stopped | unknown
+    exit_code: int | None          # the code, or 128 + signal
+    signal: str | None             # "SIGKILL"...
+    reason: str
+    oom: bool | None
+
+
+@dataclass(frozen=True)
+class Notice:
+    """Something the user should know that is not a rank's output (agent warnings, lost nodes)."""
+
+    job_id: str
+    node: str | None
+    message: str
+
+
+@dataclass(frozen=True)
+class Stopping:
+    job_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class RootCause:
+    node: str
+    rank: int | None               # None: the node itself was lost
+    exit_code: int | None
+    signal: str | None
+    reason: str
+    oom: bool | None
+    last_lines: tuple[str, ...] = ()
+
+    def sentence(self) -> str:
+        who = f"{self.node}:{self.rank}" if self.rank is not None else f"node {self.node}"
+        return f"{who} {self.reason}"
+
+
+@dataclass(frozen=True)
+class Summary:
+    elapsed_s: float
+    samples: int
+    samples_per_s: float | None
+    predicted_samples_per_s: float | None
+    ideal_samples_per_s: float | None
+    accuracy: float | None
+    groups: dict[str, float] = field(default_factory=dict)   # group -> samples/s
+
+
+@dataclass(frozen=True)
+class GroupView:
+    group: str                     # "0", "1"... or "-" for ranks outside any group
+    ranks: tuple[int, ...]
+    step: int | None
+    loss: float | None
+    samples_per_s: float | None
+
+@dataclass(frozen=True)
+class BoardView:
+    groups: tuple[GroupView, ...]
+    samples_per_s: float | None
+    predicted_samples_per_s: float | None
+    ideal_samples_per_s: float | None
+    accuracy: float | None
+
+@dataclass(frozen=True)
+class Progress:
+    """The live metrics view, at most once a second while metrics arrive (not in --json)."""
+
+    job_id: str
+    view: BoardView
+
+
+@dataclass(frozen=True)
+class JobEnded:
+    job_id: str
+    state: str                     # succeeded | failed | stopped | running (detached)
+    exit_code: int
+    root_cause: RootCause | None
+    summary: Summary | None
+    job_dir: str
+    detached: bool = False
+
+
+Event = (Stage | JobStarted | RankStarted | LogLine | Metric | RankExited | Notice | Stopping | Progress
+         | JobEnded)
+
+EVENT_NAMES: dict[type, str] = {
+    Stage: "stage", JobStarted: "job_started", RankStarted: "rank_started", LogLine: "log",
+    Metric: "metric", RankExited: "rank_exited", Notice: "notice", Stopping: "stopping",
+    Progress: "progress", JobEnded: "job_ended",
+}
+
+
+def event_dict(event: Event) -> dict[str, Any]:
+    """``{"event": name, "job_id": ..., **fields}``: the --json line of an event."""
+    return {"event": EVENT_NAMES[type(event)], **dataclasses.asdict(event)}
+
+
+class Dispatcher:
+    """Calls ``sink`` for every event on its own thread, in order; ``close`` waits for the backlog."""
+
+    def __init__(self, sink: Callable[[Event], None]) -> None:
+        self._sink = sink
+        self._queue: queue.SimpleQueue[Event | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="hgtrain-console", daemon=True)
+        self._thread.start()
+        self.error: BaseException | None = None
+
+    def put(self, event: Event) -> None:
+        self._queue.put(event)
+
+    def _run(self) -> None:
+        while True:
+            event = self._queue.get()
+            if event is None:
+                return
+            if self.error is not None:
+                continue   # a broken console (closed pipe) must not stop the job's bookkeeping
+            try:
+                self._sink(event)
+            except BaseException as exc:   # noqa: BLE001 - reported by close()
+                self.error = exc
+
+    def close(self, timeout: float | None = None) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout)

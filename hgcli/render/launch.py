@@ -1,0 +1,229 @@
+"""Output of `hgtrain launch`: rank lines tagged ``host:rank role``, the live metrics view, the ending.
+
+Three sinks for the same events (``launch_events``):
+- ``JsonSink``: one JSON object per line on stdout, nothing else (``progress`` is left out: the
+  ``metric`` events carry the same figures);
+- ``PlainSink`` (stdout not a terminal): rank lines on stdout, hgtrain's own lines on stderr, no
+  colour, no rich per line (a flood of lines must not be slowed by formatting);
+- ``RichSink`` (a terminal): lines coloured per rank and, below them, the live view (per group step,
+  loss, samples/s; the cluster total against the plan's prediction).
+``--ranks`` filters which ranks' lines and metrics are shown; every line is in the job's files anyway.
+The ending puts the root cause first: host, rank, code or signal, its last lines, out of memory.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Callable, TextIO
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from ..launch_events import (
+    BoardView, Event, JobEnded, JobStarted, LogLine, Metric, Notice, Progress, RankExited, RankStarted,
+    RootCause, Stage, Stopping, Summary, event_dict,
+)
+
+COLOURS = ("cyan", "green", "yellow", "magenta", "blue", "bright_red", "bright_cyan", "bright_green",
+           "bright_yellow", "bright_magenta", "bright_blue", "red")
+
+
+def parse_ranks(text: str | None) -> frozenset[int] | None:
+    """``"0,2-3"`` -> {0, 2, 3}; None or empty: every rank. ValueError on anything else."""
+    if not text:
+        return None
+    ranks: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        lo, sep, hi = part.partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ValueError(f"--ranks: {part!r} is not a rank or a range like 2-3")
+        first, last = int(lo), int(hi) if sep else int(lo)
+        if last < first:
+            raise ValueError(f"--ranks: {part!r} is an empty range")
+        ranks.update(range(first, last + 1))
+    return frozenset(ranks)
+
+
+def _shown(event: Event, ranks: frozenset[int] | None) -> bool:
+    return ranks is None or not isinstance(event, (LogLine, Metric)) or event.rank in ranks
+
+
+def tag(node: str, rank: int, role: str) -> str:
+    return f"{node}:{rank}" + ("" if role == "worker" else f" {role}")
+
+
+def _rate(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.0f}"
+
+
+def _ratio(x: float | None, of: float | None) -> str:
+    return "" if x is None or not of else f" ({x / of:.0%})"
+
+
+def ending_lines(event: JobEnded) -> list[str]:
+    """The last words of a launch, root cause first (plain text; the sinks style them)."""
+    lines: list[str] = []
+    cause = event.root_cause
+    if cause is not None:
+        lines += root_cause_lines(cause)
+    if event.detached and event.state == "running":
+        lines.append(f"job {event.job_id} runs detached: hgtrain status {event.job_id} · "
+                     f"hgtrain logs {event.job_id} -f · hgtrain stop {event.job_id}")
+        return lines
+    if event.summary is not None:
+        lines += summary_lines(event.summary)
+    lines.append(f"job {event.job_id} {event.state} (exit code {event.exit_code}); logs and metrics in "
+                 f"{event.job_dir}")
+    return lines
+
+
+def root_cause_lines(cause: RootCause) -> list[str]:
+    lines = [f"root cause: {cause.sentence()}"]
+    if cause.oom:
+        lines.append("  likely out of memory: lower the batch size of this device (hgtrain plan "
+                     "--global-batch) or free memory on the node")
+    if cause.last_lines:
+        lines.append(f"  last lines of {cause.node}:{cause.rank}:")
+        lines += [f"    {line}" for line in cause.last_lines]
+    return lines
+
+
+def summary_lines(s: Summary) -> list[str]:
+    if not s.samples and s.accuracy is None:
+        return []   # a script that logs no training metrics: nothing to sum up
+    lines = [f"trained {s.samples:,} samples in {s.elapsed_s:.1f} s"]
+    if s.samples_per_s is not None:
+        lines.append(f"throughput {_rate(s.samples_per_s)} samples/s · plan predicted "
+                     f"{_rate(s.predicted_samples_per_s)}{_ratio(s.samples_per_s, s.predicted_samples_per_s)} · "
+                     f"ideal (sum of devices) {_rate(s.ideal_samples_per_s)}"
+                     f"{_ratio(s.samples_per_s, s.ideal_samples_per_s)}")
+        if len(s.groups) > 1:
+            lines.append("per group: " + ", ".join(f"group {g} {_rate(r)}/s" for g, r in s.groups.items()))
+    if s.accuracy is not None:
+        lines.append(f"accuracy reached {s.accuracy:.4f}")
+    return lines
+
+
+def status_line(event: Event) -> str | None:
+    """hgtrain's own one-line messages (everything but rank output, metrics and the ending)."""
+    if isinstance(event, Stage):
+        return f"[{event.stage}] {event.message}"
+    if isinstance(event, JobStarted):
+        mode = " (detached)" if event.detached else ""
+        return (f"job {event.job_id}{mode}: {event.strategy}, {event.world_size} ranks on "
+                f"{', '.join(event.nodes)}, master {event.master}")
+    if isinstance(event, RankExited) and event.state != "succeeded":
+        return f"{tag(event.node, event.rank, event.role)} {event.reason}"
+    if isinstance(event, Notice):
+        return f"{event.node}: {event.message}" if event.node else event.message
+    if isinstance(event, Stopping):
+        return f"stopping every rank: {event.reason}"
+    return None
+
+
+class JsonSink:
+    def __init__(self, ranks: frozenset[int] | None, out: TextIO | None = None) -> None:
+        self.ranks = ranks
+        self.out = out or sys.stdout
+
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, Progress) or not _shown(event, self.ranks):
+            return
+        self.out.write(json.dumps(event_dict(event), default=str) + "\n")
+        self.out.flush()
+
+
+class PlainSink:
+    def __init__(self, ranks: frozenset[int] | None, out: TextIO | None = None,
+                 err: TextIO | None = None) -> None:
+        self.ranks = ranks
+        self.out = out or sys.stdout
+        self.err = err or sys.stderr
+
+    def __call__(self, event: Event) -> None:
+        if not _shown(event, self.ranks):
+            return
+        if isinstance(event, LogLine):
+            self.out.write(f"{tag(event.node, event.rank, event.role)} | {event.line}\n")
+            return
+        if isinstance(event, (Metric, Progress, RankStarted)):
+            return
+        self.out.flush()
+        lines = ending_lines(event) if isinstance(event, JobEnded) else [status_line(event)]
+        for line in lines:
+            if line is not None:
+                self.err.write(f"hgtrain: {line}\n")
+        self.err.flush()
+
+
+class RichSink:
+    """A terminal: coloured lines scrolling above a live metrics table."""
+
+    def __init__(self, ranks: frozenset[int] | None, console: Console | None = None) -> None:
+        self.ranks = ranks
+        self.console = console or Console(highlight=False)
+        self.live: Live | None = None
+        self.handlers: dict[type, Callable[[Event], None]] = {
+            LogLine: self._line, Progress: self._progress, JobEnded: self._ended,
+        }
+
+    def __call__(self, event: Event) -> None:
+        if not _shown(event, self.ranks):
+            return
+        handler = self.handlers.get(type(event))
+        if handler is not None:
+            handler(event)
+            return
+        line = status_line(event)
+        if line is not None:
+            style = "bold red" if isinstance(event, (RankExited, Stopping)) else "dim"
+            self.console.print(Text(f"hgtrain: {line}", style=style), soft_wrap=True)
+
+    def _line(self, event: LogLine) -> None:   # type: ignore[override]
+        colour = COLOURS[event.rank % len(COLOURS)]
+        text = Text(f"{tag(event.node, event.rank, event.role)} │ ", style=colour)
+        text.append(event.line, style="red" if event.stream == "err" else None)
+        self.console.print(text, soft_wrap=True)
+
+    def _progress(self, event: Progress) -> None:   # type: ignore[override]
+        if self.live is None:
+            self.live = Live(board_table(event.view), console=self.console, auto_refresh=False,
+                             transient=True)
+            self.live.start()
+        self.live.update(board_table(event.view), refresh=True)
+
+    def _ended(self, event: JobEnded) -> None:   # type: ignore[override]
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+        lines = ending_lines(event)
+        for i, line in enumerate(lines):
+            bad = event.root_cause is not None and i == 0
+            self.console.print(Text(line, style="bold red" if bad else ("bold" if i == len(lines) - 1 else "")),
+                               soft_wrap=True)
+
+
+def board_table(view: BoardView) -> Group:
+    table = Table(title=None, box=None, pad_edge=False, header_style="bold")
+    for column in ("group", "ranks", "step", "loss", "samples/s"):
+        table.add_column(column, justify="right" if column != "ranks" else "left")
+    for g in view.groups:
+        table.add_row(g.group, ",".join(map(str, g.ranks)), "-" if g.step is None else str(g.step),
+                      "-" if g.loss is None else f"{g.loss:.4f}", _rate(g.samples_per_s))
+    total = (f"cluster {_rate(view.samples_per_s)} samples/s · plan predicted "
+             f"{_rate(view.predicted_samples_per_s)}{_ratio(view.samples_per_s, view.predicted_samples_per_s)}"
+             f" · ideal {_rate(view.ideal_samples_per_s)}")
+    if view.accuracy is not None:
+        total += f" · accuracy {view.accuracy:.4f}"
+    return Group(table, Text(total, style="bold"))
+
+
+def make_sink(*, as_json: bool, ranks: frozenset[int] | None) -> Callable[[Event], None]:
+    if as_json:
+        return JsonSink(ranks)
+    if sys.stdout.isatty():
+        return RichSink(ranks)
+    return PlainSink(ranks)

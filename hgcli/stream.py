@@ -1,0 +1,141 @@
+"""One node's agent as the controller sees it: a connection, a reader thread per stream, heartbeats.
+
+Readers never wait for anyone: each frame goes straight onto the controller's inbox (an unbounded
+queue), so a busy controller or a slow terminal never stops the agent's output from being drained
+(the agent paces its sends to the connection; a stalled reader would make it fall back to files).
+Protocol: docs/agent.md.
+"""
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .node import frames
+from .node.spec import AgentSpec
+from .model import to_dict
+from .remote.transport import RemoteProcess, Transport, node_module_argv
+
+
+@dataclass(frozen=True)
+class Inbound:
+    """A frame from ``node``'s agent; ``frame is None`` means its connection ended (EOF)."""
+
+    node: str
+    frame: dict[str, Any] | None
+    at: float
+
+
+class AgentLink:
+    """Start ``python -m hgcli.node.agent`` on a node and talk to it."""
+
+    STDERR_LINES = 20   # the agent's own stderr (a traceback, "python3: not found") kept for errors
+
+    def __init__(self, transport: Transport, inbox: "queue.SimpleQueue[Inbound]") -> None:
+        self.transport = transport
+        self.node = transport.node.name
+        self._inbox = inbox
+        self._send_lock = threading.Lock()
+        self._proc: RemoteProcess | None = None
+        self._stop = threading.Event()
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=self.STDERR_LINES)
+        self.last_heard = time.monotonic()
+        self._threads: list[threading.Thread] = []
+
+    def start(self, spec: AgentSpec) -> None:
+        argv, env = node_module_argv(self.transport, "agent")
+        self._proc = self.transport.start(argv, env=env)
+        self.last_heard = time.monotonic()
+        for target, name in ((self._read_frames, "frames"), (self._read_stderr, "stderr")):
+            t = threading.Thread(target=target, name=f"hgtrain-{self.node}-{name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        self.send({"type": "spec", **to_dict(spec)})
+
+    def _read_frames(self) -> None:
+        assert self._proc is not None
+        try:
+            for raw in self._proc.stdout:
+                if self._stop.is_set():
+                    break
+                frame = frames.decode(raw.decode("utf-8", "replace"))
+                if frame is not None:
+                    self.last_heard = time.monotonic()
+                    self._inbox.put(Inbound(self.node, frame, self.last_heard))
+        except (OSError, ValueError, EOFError):
+            pass   # the connection was dropped under us: that is the EOF below
+        self._inbox.put(Inbound(self.node, None, time.monotonic()))
+
+    def _read_stderr(self) -> None:
+        assert self._proc is not None
+        try:
+            for raw in self._proc.stderr:
+                if self._stop.is_set():
+                    break
+                self.stderr_tail.append(raw.decode("utf-8", "replace").rstrip("\n"))
+        except (OSError, ValueError, EOFError):
+            pass
+
+    def send(self, frame: dict[str, Any]) -> bool:
+        """Write one frame to the agent's stdin; False when the connection is gone."""
+        if self._proc is None:
+            return False
+        try:
+            with self._send_lock:
+                self._proc.stdin.write(frames.encode(frame).encode())
+                self._proc.stdin.flush()
+        except (OSError, ValueError, EOFError):
+            return False
+        except Exception:   # paramiko raises its own SSHException on a closed channel
+            return False
+        return True
+
+    def heartbeat(self) -> bool:
+        return self.send({"type": "heartbeat"})
+
+    def stop(self) -> bool:
+        """Ask the agent to stop its ranks (grace, then kill); its frames keep coming until ``end``."""
+        return self.send({"type": "stop"})
+
+    def close(self, join_s: float = 2.0) -> None:
+        """Drop the connection: an agent still running stops its ranks by itself (stdin EOF)."""
+        self._stop.set()
+        if self._proc is not None:
+            self._proc.close()
+        for t in self._threads:
+            t.join(join_s)
+        self.transport.close()
+
+    def wait(self, timeout: float) -> int | None:
+        if self._proc is None:
+            return None
+        try:
+            return self._proc.wait(timeout)
+        except TimeoutError:
+            return None
+
+
+class Heartbeat:
+    """One thread sending a heartbeat to every link every ``interval_s`` until stopped."""
+
+    def __init__(self, links: list[AgentLink], interval_s: float) -> None:
+        self._links = links
+        self._interval = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hgtrain-heartbeat", daemon=True)
+
+    def start(self) -> "Heartbeat":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            for link in self._links:
+                link.heartbeat()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(self._interval + 1)
