@@ -195,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: map every failure to one line on stderr and a documented exit code."""
     debug = os.environ.get("HGTRAIN_DEBUG") not in (None, "", "0") or "--debug" in (argv or sys.argv[1:])
     try:
-        cli.main(args=argv, prog_name="hgtrain", standalone_mode=False)
+        # Without standalone mode click returns ctx.exit(code)'s code instead of raising Exit.
+        code = cli.main(args=argv, prog_name="hgtrain", standalone_mode=False)
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except click.ClickException as exc:
@@ -217,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         click.echo(f"hgtrain: internal error: {type(exc).__name__}: {exc} (rerun with --debug)", err=True)
         return EXIT_ERROR
-    return 0
+    return code if isinstance(code, int) else 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -208,7 +208,8 @@ def _run(request: LaunchRequest, plan: Plan, job_id: str, env: dict[str, str], m
             heartbeat = Heartbeat(links, request.heartbeat_interval_s).start()
             controller = JobController(job_id=job_id, plan=plan, links=links, inbox=inbox, book=book,
                                        board=board, emit=emit, interrupt=interrupt, grace_s=request.grace_s,
-                                       heartbeat_timeout_s=request.heartbeat_timeout_s, detach=request.detach)
+                                       heartbeat_timeout_s=request.heartbeat_timeout_s, detach=request.detach,
+                                       jobs_root=request.jobs_root)
             for failed in start_links.failed:   # the agent could not even be started there
                 controller.fail_to_start(failed.node.name, failed.error or "unknown error")
             try:

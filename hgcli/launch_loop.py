@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import queue
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -30,6 +31,7 @@ from .launch_record import JobBook
 from .model import JobState, Plan, RankState
 from .stream import AgentLink, Inbound
 
+REAP_EXTRA_S = 30.0    # beyond the grace period: connect, the agent's --stop waits, SIGKILL
 STOP_EXTRA_S = 20.0     # beyond the grace period: the agent's 5 s after SIGKILL, draining its logs
 TAIL_LINES = 10         # last lines of the root-cause rank shown with it
 POLL_S = 0.2
@@ -83,7 +85,7 @@ class JobController:
     def __init__(self, *, job_id: str, plan: Plan, links: list[AgentLink],
                  inbox: "queue.SimpleQueue[Inbound]", book: JobBook, board: MetricsBoard,
                  emit: Callable[[Event], None], interrupt: Interrupt, grace_s: float,
-                 heartbeat_timeout_s: float, detach: bool) -> None:
+                 heartbeat_timeout_s: float, detach: bool, jobs_root: str) -> None:
         self.job_id = job_id
         self.plan = plan
         self.nodes = {link.node: _Node(link) for link in links}
@@ -95,6 +97,9 @@ class JobController:
         self.grace_s = grace_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.detach = detach
+        self.jobs_root = jobs_root
+        self.reapers: list[threading.Thread] = []
+        self.reap_notes: list[tuple[str, str]] = []
         self.role = {r.rank: r.role.value for r in plan.ranks}
         self.tails: dict[int, collections.deque[str]] = collections.defaultdict(
             lambda: collections.deque(maxlen=TAIL_LINES))
@@ -127,6 +132,10 @@ class JobController:
             self._progress()
             if self.stop_deadline is not None and time.monotonic() > self.stop_deadline:
                 self._give_up_waiting()
+        for reaper in self.reapers:
+            reaper.join(self.grace_s + REAP_EXTRA_S)
+        for node, message in self.reap_notes:
+            self._note(node, message)
         return self._outcome()
 
     def _finished(self) -> bool:
@@ -222,6 +231,7 @@ class JobController:
         if stderr:
             detail += f"; agent stderr: {stderr[-1]}"
         self._fail_node(node.link.node, f"lost before the job ended ({detail})", EXIT_NODES_FAILED)
+        self._reap(node.link)
 
     def _check_silence(self) -> None:
         if self.heartbeat_timeout_s <= 0:
@@ -237,6 +247,17 @@ class JobController:
                 self._fail_node(node.link.node, f"lost: nothing heard from its agent for {silent:.0f} s "
                                                 f"(heartbeat timeout {self.heartbeat_timeout_s:g} s)",
                                 EXIT_NODES_FAILED)
+                self._reap(node.link)
+
+    def _reap(self, link: AgentLink) -> None:
+        """A lost agent may have left ranks running (an agent killed by SIGKILL cannot stop them):
+        stop them over a fresh command, in the background; a cut link just makes this fail."""
+        def reap() -> None:
+            self.reap_notes.append((link.node, link.reap(self.job_id, self.jobs_root, self.grace_s + REAP_EXTRA_S)))
+
+        thread = threading.Thread(target=reap, name=f"hgtrain-reap-{link.node}", daemon=True)
+        thread.start()
+        self.reapers.append(thread)
 
     def fail_to_start(self, node: str, error: str) -> None:
         """The agent could not be started on ``node``: the job fails before it begins there."""

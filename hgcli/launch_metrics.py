@@ -37,6 +37,7 @@ class MetricsBoard:
         self._loss: dict[int, float] = {}
         self._samples: dict[str, float] = collections.defaultdict(float)
         self._first: dict[str, float] = {}
+        self._first_samples: dict[str, float] = {}   # a step's samples count from its own end on
         self._last: dict[str, float] = {}
         self.accuracy: float | None = None
 
@@ -54,7 +55,8 @@ class MetricsBoard:
         if loss is not None:
             self._loss[rank] = loss
         self._samples[group] += samples
-        self._first[group] = min(self._first.get(group, at), at)
+        if group not in self._first or at < self._first[group]:
+            self._first[group], self._first_samples[group] = at, samples
         self._last[group] = max(self._last.get(group, at), at)
         recent = self._recent[group]
         recent.append((at, samples))
@@ -89,7 +91,7 @@ class MetricsBoard:
         for group, total in self._samples.items():
             span = self._last[group] - self._first[group]
             if span > 0:
-                groups[group] = total / span
+                groups[group] = (total - self._first_samples[group]) / span
         predicted, ideal = predictions(self.plan)
         return Summary(elapsed_s=elapsed_s, samples=int(sum(self._samples.values())),
                        samples_per_s=sum(groups.values()) if groups else None,

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import HgError
 from .node import frames
 from .node.spec import AgentSpec
 from .model import to_dict
@@ -108,6 +109,23 @@ class AgentLink:
         for t in self._threads:
             t.join(join_s)
         self.transport.close()
+
+    def reap(self, job_id: str, jobs_root: str, timeout: float) -> str:
+        """Stop what the lost agent left behind, over a fresh command (the agent's ``--stop``: its
+        recorded process groups and the job marker, never other jobs). Returns what it reported."""
+        argv, env = node_module_argv(self.transport, "agent", "--stop", job_id, "--node", self.node,
+                                     "--jobs-root", jobs_root)
+        try:
+            done = self.transport.run(argv, env=env, timeout=timeout)
+        except HgError as exc:
+            return f"could not reach it to stop what is left: {exc}"
+        report = next((f for f in map(frames.decode, done.stdout.split("\n"))
+                       if f is not None and f.get("type") == "stopped"), None)
+        if report is None:
+            return f"stopping what is left failed (exit code {done.exit_code})"
+        left = report.get("left") or []
+        return (f"stopped what its agent left: {len(report.get('killed') or [])} process(es)"
+                + (f"; STILL RUNNING: {left}" if left else ""))
 
     def wait(self, timeout: float) -> int | None:
         if self._proc is None:
