@@ -1,0 +1,113 @@
+"""Pure pieces of launch: environment layers, env files, rank filters, master address, metrics."""
+from __future__ import annotations
+
+import pytest
+
+from hgcli.errors import ConfigError, UsageError
+from hgcli.launch import LaunchRequest, master_address, user_env
+from hgcli.launch_loop import rank_exit_code
+from hgcli.launch_metrics import MetricsBoard
+from hgcli.launch_spec import NodeLaunch, agent_spec, cuda_visible_devices, forwarded_env, read_env_file
+from hgcli.model import Cluster, NodeSpec, RankPlan, Role
+from hgcli.render.launch import parse_ranks
+
+from .plans import local_cluster, make_plan
+
+
+def test_env_file_syntax_and_errors_name_the_line(tmp_path):
+    path = tmp_path / "a.env"
+    path.write_text("# c\n\nexport A=1\nB='two words'\nC=\"x=y\"\nD=\nE='unbalanced\n")
+    assert read_env_file(path) == {"A": "1", "B": "two words", "C": "x=y", "D": "", "E": "'unbalanced"}
+    path.write_text("A=1\nnot an assignment\n")
+    with pytest.raises(ConfigError, match=r"a\.env:2"):
+        read_env_file(path)
+    with pytest.raises(ConfigError, match="cannot read env file"):
+        read_env_file(tmp_path / "missing.env")
+
+
+def test_forwarded_allowlist_and_precedence(tmp_path):
+    environ = {"NCCL_DEBUG": "INFO", "HGTRAIN_X": "1", "PYTHONPATH": "/p", "HOME": "/h", "AWS_SECRET": "s",
+               "HGTRAIN_STATE_DIR": "/state"}
+    assert forwarded_env(environ) == {"NCCL_DEBUG": "INFO", "HGTRAIN_X": "1", "PYTHONPATH": "/p"}
+    (tmp_path / "f.env").write_text("NCCL_DEBUG=WARN\nA=file\n")
+    req = LaunchRequest(cluster=local_cluster(), command=("x",), env=("A=flag", "B=x=y"),
+                        env_file=tmp_path / "f.env")
+    assert user_env(req, environ) == {"NCCL_DEBUG": "WARN", "HGTRAIN_X": "1", "PYTHONPATH": "/p",
+                                      "A": "flag", "B": "x=y"}
+    with pytest.raises(UsageError, match="--env"):
+        user_env(LaunchRequest(cluster=local_cluster(), command=("x",), env=("NOEQUALS",)), {})
+
+
+def test_request_validation():
+    with pytest.raises(UsageError, match="no command"):
+        LaunchRequest(cluster=local_cluster(), command=())
+    assert LaunchRequest(cluster=local_cluster(), command=("x",), heartbeat_timeout_s=8).heartbeat_interval_s == 2
+
+
+def test_parse_ranks():
+    assert parse_ranks("0,2-3") == {0, 2, 3}
+    assert parse_ranks(None) is None
+    for bad in ("a", "3-1", "1-", "-1"):
+        with pytest.raises(ValueError):
+            parse_ranks(bad)
+
+
+def test_cuda_visible_devices_per_rank():
+    real = RankPlan(rank=0, role=Role.WORKER, node="n", device="gpu3")
+    assert cuda_visible_devices(real) == "3"
+    assert cuda_visible_devices(RankPlan(rank=1, role=Role.PS, node="n", device="cpu")) == ""
+    assert cuda_visible_devices(RankPlan(rank=2, role=Role.WORKER, node="n", device="gpu0", emulated=True)) is None
+
+
+def test_agent_spec_puts_the_package_first_and_each_rank_on_its_node():
+    cluster = local_cluster(("a", "b"))
+    plan = make_plan(cluster, [["a", "b", "a"]])
+    node = NodeLaunch(name="a", python="py", package_root="/pkg", job_dir="/j", plan_path="/j/plan.json")
+    spec = agent_spec(plan=plan, job_id="j-1", node=node, command=("train",), user_env={"PYTHONPATH": "/u"},
+                      master_addr="10.0.0.1", master_port=1234, jobs_root="/r", grace_s=1,
+                      heartbeat_interval_s=1, heartbeat_timeout_s=4, detach=False)
+    assert [r.rank for r in spec.ranks] == [0, 2]
+    assert spec.env["PYTHONPATH"] == "/pkg:/u"
+    r2 = spec.ranks[1]
+    assert r2.argv == ("train",)
+    assert (r2.env["RANK"], r2.env["LOCAL_RANK"], r2.env["LOCAL_WORLD_SIZE"], r2.env["MASTER_PORT"]) == (
+        "2", "1", "2", "1234")
+    assert r2.env["HGTRAIN_PLAN"] == "/j/plan.json" and "CUDA_VISIBLE_DEVICES" not in r2.env
+
+
+def test_master_address_refuses_a_local_rank0_with_remote_nodes():
+    local = NodeSpec(name="me", host="localhost")
+    remote = NodeSpec(name="far", host="10.0.0.7")
+    both = Cluster(nodes=(local, remote))
+    assert master_address(make_plan(both, [["far", "me"]]), both) == "10.0.0.7"
+    with pytest.raises(UsageError, match="cannot reach as 127.0.0.1"):
+        master_address(make_plan(both, [["me", "far"]]), both)
+    alone = Cluster(nodes=(local,))
+    assert master_address(make_plan(alone, [["me"]]), alone) == "127.0.0.1"
+
+
+def test_exit_code_of_a_signal_is_128_plus_it():
+    assert rank_exit_code({"code": None, "signal": 9}) == 137
+    assert rank_exit_code({"code": 3, "signal": None}) == 3
+
+
+def test_metrics_board_rates_come_from_the_ranks_own_clock():
+    cluster = local_cluster()
+    plan = make_plan(cluster, [["local", "local"], ["local"]], ps=["local"], predicted=100.0)
+    board = MetricsBoard(plan)
+    for t in range(5):                    # group 0: 2 ranks x 10 samples per second
+        for r in (0, 1):
+            board.add(r, {"step": t, "samples": 10, "loss": 1.0 / (t + 1), "time": 100.0 + t})
+    board.add(2, {"step": 0, "samples": 5, "time": 100.0})
+    board.add(2, {"step": 1, "samples": 5, "time": 101.0})
+    board.add(2, {"event": "eval", "step": 1, "samples": 999, "accuracy": 0.9})   # not a training step
+    board.add(3, {"step": 1, "samples": 1})                                          # a PS rank: ignored
+    view = board.view()
+    assert [(g.group, g.ranks, g.step) for g in view.groups] == [("0", (0, 1), 4), ("1", (2,), 1)]
+    assert view.groups[0].loss == pytest.approx(0.2)
+    assert view.groups[0].samples_per_s == pytest.approx(20.0)   # each rank's first record opens its window
+    assert view.samples_per_s == pytest.approx(25.0)
+    assert view.predicted_samples_per_s == 100.0 and view.ideal_samples_per_s == 125.0
+    summary = board.summary(elapsed_s=7.0)
+    assert summary.samples == 110 and summary.accuracy == 0.9
+    assert summary.groups == {"0": pytest.approx(20.0), "1": pytest.approx(5.0)}
