@@ -105,7 +105,11 @@ class AgentLink:
         """Drop the connection: an agent still running stops its ranks by itself (stdin EOF)."""
         self._stop.set()
         if self._proc is not None:
-            self._proc.close()
+            # On its own thread: closing a local pipe waits for a reader blocked on it (an agent
+            # that is frozen, not dead), and the closing must never hold up the controller.
+            closer = threading.Thread(target=self._proc.close, name=f"hgtrain-{self.node}-close", daemon=True)
+            closer.start()
+            closer.join(join_s)
         for t in self._threads:
             t.join(join_s)
         self.transport.close()

@@ -268,3 +268,47 @@ def test_bad_inputs_are_refused_before_anything_starts(hg, tmp_path):
     code, _, err = hg.run("-c", str(ctoml), "--plan", str(pfile))
     assert code == 2 and "no command" in err
     assert hg.job_ids() == []
+
+
+def test_silent_agent_is_lost_after_the_heartbeat_timeout(hg, tmp_path):
+    """An agent that stops answering (SIGSTOP: like a link cut without FIN) is lost within the timeout."""
+    _, plan, ctoml, pfile = setup(tmp_path)
+    run = hg.start("-c", str(ctoml), "--plan", str(pfile), "--grace", "1", "--heartbeat-timeout", "4",
+                   "--json", "--", PY, "-c", "import time; time.sleep(600)")
+    run.wait_all_started(3)
+    agent = json.loads((hg.node_dir(run.job_id, "b") / "agent.json").read_text())["agent"]["pid"]
+    os.kill(agent, signal.SIGSTOP)
+    try:
+        assert run.finish() == 4, run.stderr
+        cause = run.events()[-1]["root_cause"]
+        assert cause["node"] == "b" and "nothing heard from its agent" in cause["reason"]
+        # hgtrain's fresh `--stop` found the frozen agent not responding and stopped its ranks itself
+        wait_until(lambda: job_pids(run.job_id) == [], what="every rank to be stopped")
+    finally:
+        os.kill(agent, signal.SIGCONT)   # it wakes to a closed connection and exits
+    wait_until(lambda: not os.path.exists(f"/proc/{agent}") or
+               open(f"/proc/{agent}/stat").read().split(")")[1].split()[0] == "Z", what="the agent to exit")
+
+
+FLOOD = """
+import os, sys
+r = os.environ['RANK']
+w = sys.stdout.write
+for i in range(50000):
+    w(f'rank {r} line {i}\\n')
+sys.stdout.write('x' * 200000 + '\\n')
+sys.stdout.buffer.write(b'bad \\xff bytes\\nno newline')
+"""
+
+
+def test_floods_long_lines_and_bad_bytes_arrive_complete_and_in_order(hg, tmp_path):
+    _, plan, ctoml, pfile = setup(tmp_path, groups=(("a", "b"),))
+    code, out, err = hg.run("-c", str(ctoml), "--plan", str(pfile), "--", PY, "-c", FLOOD)
+    assert code == 0, err
+    job_id = hg.job_ids()[0]
+    for rank, node in ((0, "a"), (1, "b")):
+        lines = (hg.job_dir(job_id) / f"rank{rank}.log").read_text().split("\n")
+        assert lines[:50000] == [f"rank {rank} line {i}" for i in range(50000)]
+        assert lines[50000:] == ["x" * 200000, "bad \\xff bytes", "no newline", ""]
+        shown = [line for line in out.split("\n") if line.startswith(f"{node}:{rank} | rank")]
+        assert len(shown) == 50000
