@@ -71,12 +71,13 @@ def device_targets(node: NodeInfo) -> tuple[DeviceTarget, ...]:
 
 
 def bench_cluster(cluster: Cluster, inventory: Inventory, *, quick: bool,
-                  model_spec: str = modelspec.DEFAULT_SPEC, on_event: OnEvent | None = None) -> Profiles:
+                  model_spec: str | None = None, on_event: OnEvent | None = None) -> Profiles:
     """Profiles of every device and link of ``cluster``; stored, then returned.
 
     ``model_spec`` is the model whose step time is measured (docs/bench.md); without one the
     bundled example model is. Raises UsageError for a malformed spec before contacting any node.
     """
+    model_spec = model_spec or modelspec.DEFAULT_SPEC
     try:
         modelspec.parse_spec(model_spec)
     except ValueError as exc:
@@ -100,6 +101,16 @@ def bench_cluster(cluster: Cluster, inventory: Inventory, *, quick: bool,
                         measured_at=time.time())
     store_profiles(profiles)
     return profiles
+
+
+def failure_summary(profiles: Profiles) -> str | None:
+    """One line saying how many devices and links failed, or None when none did."""
+    bad_devices = sum(1 for d in profiles.devices if d.error)
+    bad_links = sum(1 for link in profiles.links if link.error)
+    if not bad_devices and not bad_links:
+        return None
+    return (f"{bad_devices} of {len(profiles.devices)} devices and {bad_links} of {len(profiles.links)} "
+            "links failed; their errors are in the profiles")
 
 
 def _bench_node(cluster: Cluster, node: NodeSpec, info: NodeInfo | None, quick: bool, spec: str,

@@ -73,12 +73,14 @@ def accounted_step_bytes(torch: Any, model: Any, optimizer: Any, args: tuple[Any
     It runs one real, untimed step. Temporaries freed inside an operator and allocator overhead are
     not counted, so this is a lower bound of the true peak; documented as an estimate.
     """
-    storages: dict[int, int] = {}
+    # Keyed by address, holding the storage itself: a storage freed mid-step (an activation after
+    # backward) could otherwise hand its address to a gradient and be counted once for two.
+    storages: dict[int, Any] = {}
 
     def note(t: Any) -> Any:
         if isinstance(t, torch.Tensor):
             storage = t.untyped_storage()
-            storages[storage.data_ptr()] = storage.nbytes()
+            storages[storage.data_ptr()] = storage
         return t
 
     for t in (*args, targets):
@@ -94,7 +96,7 @@ def accounted_step_bytes(torch: Any, model: Any, optimizer: Any, args: tuple[Any
     for state in optimizer.state.values():
         for value in state.values():
             note(value)
-    return sum(storages.values())
+    return sum(storage.nbytes() for storage in storages.values())
 
 
 def _default_loss(torch: Any) -> Callable[[Any, Any], Any]:
