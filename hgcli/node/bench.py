@@ -133,13 +133,14 @@ def bench(args: argparse.Namespace) -> tuple[DeviceProfile, int | None]:
 
 
 def resolve_target(torch: Any, args: argparse.Namespace) -> Target:
-    if args.device == "cpu" or args.emulate_speed is not None:
-        emulated = args.emulate_speed is not None
-        return Target(device=torch.device("cpu"),
-                      name=args.name or (f"emulated {args.device}" if emulated else cpu_model()),
-                      memory_total_mib=args.memory_mib if (emulated or args.memory_mib) else host_memory_mib(),
-                      driver_version=None, emulated=emulated,
-                      speed=args.emulate_speed if emulated else 1.0, dtypes=("fp32",))
+    if args.emulate_speed is not None:
+        return Target(device=torch.device("cpu"), name=args.name or f"emulated {args.device}",
+                      memory_total_mib=args.memory_mib, driver_version=None, emulated=True,
+                      speed=args.emulate_speed, dtypes=("fp32",))
+    if args.device == "cpu":
+        return Target(device=torch.device("cpu"), name=args.name or cpu_model(),
+                      memory_total_mib=args.memory_mib or host_memory_mib(), driver_version=None,
+                      emulated=False, speed=1.0, dtypes=("fp32",))
     index = int(args.device[3:])
     if not torch.cuda.is_available():
         raise DeviceFailure(f"CUDA is not available to torch {torch.__version__}")
