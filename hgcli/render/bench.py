@@ -53,7 +53,7 @@ def render_profiles(profiles: Profiles, console: Console) -> None:
     devices = Table(title="Devices", title_justify="left")
     for col, justify in (("node", "left"), ("device", "left"), ("name", "left"), ("fp32 TFLOP/s", "right"),
                          ("bf16/fp16 TFLOP/s", "right"), ("mem GB/s", "right"), ("h2d GB/s", "right"),
-                         ("step ms (batch)", "right"), ("peak MiB", "right"), ("status", "left")):
+                         ("step ms (batch)", "right"), ("peak MiB (max batch)", "right"), ("status", "left")):
         devices.add_column(col, justify=justify)
     for d in profiles.devices:
         name = f"{escape(d.name)} [yellow]EMULATED x{d.speed:g}[/]" if d.emulated else escape(d.name)
