@@ -77,9 +77,32 @@ def probe(cluster_file: Path | None, as_json: bool) -> None:
 @cli.command()
 @cluster_option
 @json_option
-def bench(cluster_file: Path | None, as_json: bool) -> None:
+@click.option("--quick", is_flag=True, help="Smaller sizes and fewer repeats: seconds per device.")
+@click.option("--model", "model_spec", metavar="SPEC",
+              help="Model whose training step is timed: MODULE:FACTORY, FILE.py:FACTORY or a built-in "
+                   "name, optionally @BATCH,BATCH,... Default: the bundled example (mlp). See docs/bench.md.")
+def bench(cluster_file: Path | None, as_json: bool, quick: bool, model_spec: str | None) -> None:
     """Measure each device and the links between nodes; store the profiles."""
-    not_yet("bench")
+    from .bench import bench_cluster, failure_summary, inventory_for
+    from .errors import EXIT_NODES_FAILED
+    from .model import to_json
+
+    cluster = load_cluster_arg(cluster_file)
+    inventory = inventory_for(cluster)
+    if as_json:
+        profiles = bench_cluster(cluster, inventory, quick=quick, model_spec=model_spec)
+        click.echo(to_json(profiles))
+    else:
+        from rich.console import Console
+
+        from .render.bench import BenchProgress, render_profiles
+
+        with BenchProgress() as progress:
+            profiles = bench_cluster(cluster, inventory, quick=quick, model_spec=model_spec, on_event=progress)
+        render_profiles(profiles, Console())
+    failed = failure_summary(profiles)
+    if failed:
+        raise HgError(failed, exit_code=EXIT_NODES_FAILED)
 
 
 @cli.command()
