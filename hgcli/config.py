@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from .errors import ConfigError
-from .model import Cluster, EmulateSpec, NodeSpec
+from .model import Cluster, EmulateSpec, HostKeyPolicy, NodeSpec, SshSettings
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -64,4 +64,13 @@ def load_cluster(path: str | Path) -> Cluster:
         ))
     if not nodes:
         raise ConfigError("no [[nodes]] declared", source=str(path))
-    return Cluster(nodes=tuple(nodes), source=str(path))
+    return Cluster(nodes=tuple(nodes), ssh=_ssh_settings(data.get("ssh", {}), path), source=str(path))
+
+
+def _ssh_settings(raw: dict, path: Path) -> SshSettings:
+    """Minimal [ssh] reading (the full config issue adds line numbers and ~/.ssh/config)."""
+    try:
+        return SshSettings(**{**raw, "strict_host_key_checking": HostKeyPolicy(
+            raw.get("strict_host_key_checking", SshSettings.strict_host_key_checking.value))})
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"[ssh]: {exc}", source=str(path)) from exc
