@@ -265,7 +265,7 @@ class TestHosts:
                            config=str(self.root / "no-ssh-config"))
 
     def nodes(self, hosts: Iterable[TestHost] | None = None, **overrides) -> tuple[NodeSpec, ...]:
-        return tuple(h.node(identity_file=str(self.client_key), **overrides)
+        return tuple(h.node(**{"identity_file": str(self.client_key), **overrides})
                      for h in (self.hosts if hosts is None else hosts))
 
     def write_known_hosts(self) -> None:

@@ -205,11 +205,13 @@ class SshTransport:
                          if t in options.key_types]
             options.key_types = preferred + [t for t in options.key_types if t not in preferred]
             done = threading.Event()
+            started = time.monotonic()
             transport.start_client(event=done)
             # A little slack so paramiko's own banner timeout, with its clearer reason, fires first.
             if not done.wait(timeout + 1.0) or not transport.is_active():
+                timed_out = time.monotonic() - started >= timeout
                 raise self._fail(f"{where}{address}:{port} accepted the connection but "
-                                 f"{self._handshake_reason(transport, timeout)}")
+                                 f"{self._handshake_reason(transport, timeout, timed_out)}")
             self._check_host_key(where, address, port, transport.get_remote_server_key())
             self._authenticate(where, transport, user)
         except BaseException:
@@ -218,16 +220,16 @@ class SshTransport:
         return transport
 
     @staticmethod
-    def _handshake_reason(transport: paramiko.Transport, timeout: float) -> str:
+    def _handshake_reason(transport: paramiko.Transport, timeout: float, timed_out: bool) -> str:
         exc = transport.get_exception()
         text = str(exc) if exc else ""
         if "banner" in text.lower():
             return f"sent no SSH banner within {timeout:g} s (is it an SSH server?)"
+        if timed_out:   # paramiko reports its handshake timeout as a bare EOFError
+            return f"did not finish the SSH handshake within {timeout:g} s"
         if isinstance(exc, (EOFError, ConnectionResetError)):
             return "closed it during the SSH handshake"
-        if text:
-            return f"the SSH handshake failed: {text}"
-        return f"did not finish the SSH handshake within {timeout:g} s"
+        return f"the SSH handshake failed: {text or type(exc).__name__}"
 
     def _check_host_key(self, where: str, address: str, port: int, server_key: paramiko.PKey) -> None:
         path = self._known_hosts
@@ -285,12 +287,19 @@ class SshTransport:
             if explicit:
                 tried.append(f"{path} (file not found)")
             return
+        locked = f"{path} (passphrase-protected: load it into ssh-agent; hgtrain never prompts)"
         try:
-            yield str(full), paramiko.PKey.from_path(full)
+            key = paramiko.PKey.from_path(full)
         except paramiko.PasswordRequiredException:
-            tried.append(f"{path} (passphrase-protected: load it into ssh-agent; hgtrain never prompts)")
+            tried.append(locked)
+            return
+        except TypeError as exc:   # what cryptography raises for an encrypted OpenSSH-format key
+            tried.append(locked if "password" in str(exc).lower() else f"{path} (unreadable: {exc})")
+            return
         except (paramiko.SSHException, OSError, ValueError) as exc:
             tried.append(f"{path} (unreadable: {exc})")
+            return
+        yield str(full), key
 
     def _authenticate(self, where: str, transport: paramiko.Transport, user: str) -> None:
         tried: list[str] = []
