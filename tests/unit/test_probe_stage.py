@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -90,5 +91,5 @@ def test_progress_only_on_a_terminal():
     with probe_progress(["a", "b"], Console(file=out, force_terminal=True, width=100)) as on_done:
         on_done(NodeInfo(name="a", host="h", ok=True, elapsed_s=0.5))
         on_done(NodeInfo(name="b", host="h", ok=False, error="authentication failed", elapsed_s=1.0))
-    text = out.getvalue()
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())   # without the colour codes
     assert "ok   a (0.5 s)" in text and "FAIL b (1.0 s): authentication failed" in text
