@@ -7,6 +7,10 @@ own Python extracts it (no scp/sftp, nothing but Python needed) into a temporary
 then renamed into place, so a reader never sees half a package and two controllers shipping at once
 both end with the same complete copy. ``~`` is expanded by the node's Python: a quoted ``~`` on a
 command line would not be.
+
+The controller remembers where it found the package on each node (state dir, ``shipped/``), so a
+later stage skips the check round trip: its node command runs behind ``GUARD_SCRIPT``, a tiny sh
+test that the directory still exists, and the transport ships again and reruns only if it does not.
 """
 from __future__ import annotations
 
@@ -16,9 +20,10 @@ import io
 import tarfile
 from pathlib import Path
 
-from ..errors import RemoteError
+from .. import state
+from ..errors import RemoteError, StateError
 from ..node import frames
-from .transport import Transport
+from .transport import Completed, Transport
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 SHIP_TIMEOUT_S = 120.0
@@ -57,6 +62,14 @@ if not os.path.isdir(root):
         shutil.rmtree(tmp, ignore_errors=True)
 answer("shipped")
 """
+
+
+# ``sh -c GUARD_SCRIPT sh <root> <command...>``: run the command only if the package is still at
+# <root> (someone may have cleared ~/.cache); else answer "missing" with MISSING_EXIT. No Python
+# start-up, so a node command costs one round trip, as with a plain ssh.
+GUARD_SCRIPT = ('[ -d "$1/hgcli" ] || { printf \'\\036hgtrain {"type":"ship","state":"missing"}\\n\'; '
+                'exit 97; }; shift; exec "$@"')
+MISSING_EXIT = 97
 
 
 @functools.lru_cache(maxsize=1)
@@ -111,3 +124,32 @@ def ensure_package(transport: Transport) -> str:
     if frame["state"] == "missing":
         frame = _answer(transport, EXTRACT_SCRIPT, package_tar())
     return str(frame["root"])
+
+
+def says_missing(result: Completed) -> bool:
+    """True when a guarded command did not run because the package directory is gone."""
+    if result.exit_code != MISSING_EXIT:
+        return False
+    return any((f := frames.decode(line)) and f.get("type") == "ship" and f.get("state") == "missing"
+               for line in result.stdout.split("\n"))
+
+
+def _record_path(target: str) -> Path:
+    name = hashlib.sha256(target.encode()).hexdigest()[:16]
+    return state.ensure_private_dir(state.state_dir() / "shipped") / f"{name}.json"
+
+
+def remembered_root(target: str) -> str | None:
+    """Where this package was found on ``target`` (``user@host:port``) before, if it was."""
+    try:
+        record = state.read_json(_record_path(target))
+    except StateError:
+        return None    # a damaged record only costs a check
+    if isinstance(record, dict) and record.get("target") == target and record.get("digest") == package_digest():
+        root = record.get("root")
+        return root if isinstance(root, str) else None
+    return None
+
+
+def remember_root(target: str, root: str) -> None:
+    state.write_json(_record_path(target), {"target": target, "digest": package_digest(), "root": root})

@@ -26,7 +26,7 @@ import paramiko
 
 from ..errors import RemoteError
 from ..model import HostKeyPolicy, NodeSpec, SshSettings
-from . import known_hosts
+from . import known_hosts, ship
 from .known_hosts import HostKey, Verdict
 from .transport import Completed
 
@@ -110,6 +110,7 @@ class SshTransport:
         self._lock = threading.Lock()
         self._hops: list[paramiko.Transport] = []   # jump hosts first, the node last
         self._package_root: str | None = None
+        self._package_verified = False   # seen on the node during this session
 
     # -- connection ----------------------------------------------------------------------------
 
@@ -346,6 +347,19 @@ class SshTransport:
 
     def run(self, argv: Sequence[str], *, stdin: bytes | None = None,
             env: Mapping[str, str] | None = None, timeout: float) -> Completed:
+        if not self._runs_unverified_package(env):
+            return self._run(argv, stdin, env, timeout)
+        # The package root was remembered from an earlier session: check it in the same command.
+        result = self._run(["sh", "-c", ship.GUARD_SCRIPT, "sh", str(self._package_root), *argv],
+                           stdin, env, timeout)
+        if not ship.says_missing(result):
+            self._package_verified = True
+            return result
+        self._ship()
+        return self._run(argv, stdin, {**(env or {}), "PYTHONPATH": str(self._package_root)}, timeout)
+
+    def _run(self, argv: Sequence[str], stdin: bytes | None, env: Mapping[str, str] | None,
+             timeout: float) -> Completed:
         deadline = time.monotonic() + timeout
         channel = self._channel(argv, env, timeout)
         out: list[bytes] = []
@@ -388,14 +402,37 @@ class SshTransport:
             pass   # the command exited or the channel closed; run() reports what happened
 
     def start(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> SshProcess:
+        if self._runs_unverified_package(env):
+            # A long-running command cannot be rerun transparently: make sure of the package first.
+            self._ship()
+            env = {**(env or {}), "PYTHONPATH": str(self._package_root)}
         return SshProcess(self._channel(argv, env, None))
 
-    def package_root(self) -> str:
-        if self._package_root is None:
-            from .ship import ensure_package
+    # -- the shipped package -------------------------------------------------------------------
 
-            self._package_root = ensure_package(self)
-        return self._package_root
+    def _target(self) -> str:
+        """Who this connection reaches, as the key of the remembered package location."""
+        via = f" via {self.node.proxy_jump}" if self.node.proxy_jump else ""
+        return f"{self.node.user or getpass.getuser()}@{self.node.address}:{self.node.port}{via}"
+
+    def _ship(self) -> None:
+        self._package_root = ship.ensure_package(self)
+        self._package_verified = True
+        ship.remember_root(self._target(), self._package_root)
+
+    def _runs_unverified_package(self, env: Mapping[str, str] | None) -> bool:
+        return (not self._package_verified and self._package_root is not None
+                and env is not None and env.get("PYTHONPATH") == self._package_root)
+
+    def package_root(self) -> str:
+        """Remembered from an earlier session (checked when first used), else checked/shipped now."""
+        if self._package_root is None:
+            remembered = ship.remembered_root(self._target())
+            if remembered is None:
+                self._ship()
+            else:
+                self._package_root, self._package_verified = remembered, False
+        return str(self._package_root)
 
     # -- lifetime ------------------------------------------------------------------------------
 

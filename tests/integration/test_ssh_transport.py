@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import socket
 import subprocess
 import threading
@@ -130,13 +131,35 @@ def test_package_is_shipped_once_and_used(make_hosts):
     assert shipped == sorted(name for name, _ in ship.package_files())
     assert "hgcli/py.typed" in shipped and "hgcli/remote/ssh.py" in shipped
 
-    # A second transport finds it with one command and copies nothing.
+    # A later session remembers where the package is: no check command, no copy; the node
+    # command itself checks the directory (one round trip in all).
     calls = []
     with SshTransport(hosts.nodes()[0], hosts.ssh_settings()) as t2:
-        run = t2.run
-        t2.run = lambda argv, **kw: calls.append(kw.get("stdin")) or run(argv, **kw)
+        run = t2._run
+        t2._run = lambda argv, *a: calls.append(list(argv)) or run(argv, *a)
         assert t2.package_root() == str(expected)
-    assert calls == [None]
+        assert calls == []
+        result = t2.run(["python3", "-c", code], env={"PYTHONPATH": t2.package_root()}, timeout=30)
+        assert result.stdout.strip() == str(expected / "hgcli" / "__init__.py")
+        t2.run(["python3", "-c", code], env={"PYTHONPATH": t2.package_root()}, timeout=30)
+    assert [c[:2] for c in calls] == [["sh", "-c"], ["python3", "-c"]]   # guarded once per session
+
+
+def test_remembered_package_removed_from_node_is_shipped_again(make_hosts):
+    hosts = make_hosts(1)
+    code = "import hgcli; print(hgcli.__file__)"
+    with SshTransport(hosts.nodes()[0], hosts.ssh_settings()) as t:
+        root = Path(t.package_root())
+    shutil.rmtree(root)                                   # someone cleared ~/.cache on the node
+    with SshTransport(hosts.nodes()[0], hosts.ssh_settings()) as t:
+        result = t.run(["python3", "-c", code], env={"PYTHONPATH": t.package_root()}, timeout=60)
+    assert result.exit_code == 0 and result.stdout.strip() == str(root / "hgcli" / "__init__.py")
+    shutil.rmtree(root)
+    with SshTransport(hosts.nodes()[0], hosts.ssh_settings()) as t:
+        proc = t.start(["python3", "-c", code], env={"PYTHONPATH": t.package_root()})
+        assert proc.stdout.readline().decode().strip() == str(root / "hgcli" / "__init__.py")
+        assert proc.wait(BOUND) == 0
+        proc.close()
 
 
 def test_concurrent_shippers_end_with_one_complete_copy(make_hosts):
