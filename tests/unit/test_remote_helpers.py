@@ -84,3 +84,26 @@ def test_missing_interpreter_is_named(tmp_path, monkeypatch):
     transport = LocalTransport(NodeSpec(name="n1", host="localhost", python="/nonexistent/python9"))
     with pytest.raises(RemoteError, match="python9"):
         ship.ensure_package(transport)
+
+
+def test_remembered_roots_are_per_target_and_per_version(monkeypatch):
+    ship.remember_root("root@gpu1:22", "/home/r/.cache/hgtrain/pkg-x")
+    assert ship.remembered_root("root@gpu1:22") == "/home/r/.cache/hgtrain/pkg-x"
+    assert ship.remembered_root("root@gpu1:2222") is None
+    monkeypatch.setattr(ship, "package_digest", lambda: "another-version")
+    assert ship.remembered_root("root@gpu1:22") is None
+
+
+def test_guard_runs_the_command_only_when_the_package_is_there(tmp_path):
+    from hgcli.remote.transport import Completed
+
+    def guarded(root):
+        proc = subprocess.run(["sh", "-c", ship.GUARD_SCRIPT, "sh", str(root), "echo", "ran"],
+                              capture_output=True, text=True)
+        return Completed(proc.returncode, proc.stdout, proc.stderr)
+
+    missing = guarded(tmp_path)
+    assert ship.says_missing(missing) and "ran" not in missing.stdout
+    (tmp_path / "hgcli").mkdir()
+    present = guarded(tmp_path)
+    assert present.stdout == "ran\n" and not ship.says_missing(present)
