@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Iterable
 
 from hgcli.model import HostKeyPolicy, NodeSpec, SshSettings
+from hgcli.remote.known_hosts import host_name
 
 SSHD = "/usr/sbin/sshd"
 REPO = Path(__file__).resolve().parents[1]
@@ -48,10 +49,6 @@ def free_port(address: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((address, 0))
         return s.getsockname()[1]
-
-
-def known_hosts_name(address: str, port: int) -> str:
-    return address if port == 22 else f"[{address}]:{port}"
 
 
 def _descendants(pid: int) -> list[int]:
@@ -94,6 +91,7 @@ class TestHost:
     host_key_line: str = ""        # "ssh-ed25519 AAAA..." (no host name)
     proc: subprocess.Popen | None = None
     extra_config: tuple[str, ...] = ()
+    stopped_pids: list[int] = field(default_factory=list)
 
     @property
     def bin_dir(self) -> Path:
@@ -109,7 +107,7 @@ class TestHost:
 
     @property
     def known_hosts_line(self) -> str:
-        return f"{known_hosts_name(self.address, self.port)} {self.host_key_line}"
+        return f"{host_name(self.address, self.port)} {self.host_key_line}"
 
     def node(self, **overrides) -> NodeSpec:
         fields = dict(name=self.name, host=self.address, port=self.port, user="root")
@@ -131,13 +129,6 @@ class TestHost:
     def set_rc_noise(self, stdout_line: str, stderr_line: str) -> None:
         """Make this host's shell print noise, as a login shell's motd and rc-file warnings do."""
         (self.home / ".bashrc").write_text(f"echo {stdout_line!r}\necho {stderr_line!r} >&2\n")
-
-    def new_host_key(self) -> None:
-        """Regenerate the host key (a reinstalled or impersonated host); restart to take effect."""
-        key = self.dir / "ssh_host_ed25519_key"
-        key.unlink()
-        Path(str(key) + ".pub").unlink()
-        self.host_key_line = _host_key(key, self.name)
 
     def config_text(self, authorized_keys: Path) -> str:
         path_env = f"{self.bin_dir}:/usr/local/bin:/usr/bin:/bin"
@@ -194,37 +185,40 @@ class TestHost:
         return False
 
     def pids(self) -> list[int]:
-        if self.proc is None:
-            return []
-        return [p for p in [self.proc.pid, *_descendants(self.proc.pid)] if _alive(p)]
+        """Live processes of this host: the listener, its sessions, and any that outlived stop()."""
+        current = [self.proc.pid, *_descendants(self.proc.pid)] if self.proc is not None else []
+        return [p for p in dict.fromkeys(current + self.stopped_pids) if _alive(p)]
 
     def stop(self) -> None:
-        """Stop the listener and every session it forked; reap them."""
+        """Stop the listener and every session it forked, and wait until they are gone.
+
+        The session processes are listed first: once the listener dies they are reparented and
+        can no longer be found as its descendants."""
         if self.proc is None:
             return
-        for pid in reversed(self.pids()):
+        pids = self.pids()
+        self.stopped_pids.extend(pids)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in reversed(pids):
+                if _alive(pid):
+                    try:
+                        os.kill(pid, sig)
+                    except ProcessLookupError:
+                        pass
             try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-        # Session children reparented to init once the listener died: wait until they are gone.
-        deadline = time.monotonic() + 10
-        for pid in _descendants(self.proc.pid):
-            while _alive(pid) and time.monotonic() < deadline:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                continue
+            deadline = time.monotonic() + 10
+            while any(_alive(p) for p in pids) and time.monotonic() < deadline:
                 time.sleep(0.05)
+            if not any(_alive(p) for p in pids):
+                break
         self.proc = None
 
-    def restart(self, authorized_keys: Path) -> None:
-        self.stop()
-        self.start(authorized_keys)
 
-
-def _host_key(path: Path, comment: str) -> str:
+def _keygen(path: Path, comment: str) -> str:
+    """A new ed25519 key pair at ``path``; returns the public key as \"type base64\"."""
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
                    check=True, stdin=subprocess.DEVNULL)
     kind, blob = Path(str(path) + ".pub").read_text().split()[:2]
@@ -272,9 +266,6 @@ class TestHosts:
         self.known_hosts.write_text("".join(h.known_hosts_line + "\n" for h in self.hosts))
         self.known_hosts.chmod(0o600)
 
-    def restart(self, host: TestHost) -> None:
-        host.restart(self.authorized_keys)
-
     def stop(self) -> None:
         for host in self.hosts:
             host.stop()
@@ -290,7 +281,7 @@ def start_hosts(root: Path, count: int, *, first: int = FIRST_ADDRESS,
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
     root.mkdir(parents=True, exist_ok=True)
     hosts = TestHosts(root)
-    pub = _keygen_client(hosts.client_key)
+    pub = _keygen(hosts.client_key, "hgtrain-test-client")
     hosts.authorized_keys.write_text(pub + "\n")
     try:
         for i in range(count):
@@ -298,7 +289,7 @@ def start_hosts(root: Path, count: int, *, first: int = FIRST_ADDRESS,
                             extra_config=(extra_config or {}).get(i, ()))
             host.bin_dir.mkdir(parents=True)
             host.home.mkdir(mode=0o700)
-            host.host_key_line = _host_key(host.dir / "ssh_host_ed25519_key", host.name)
+            host.host_key_line = _keygen(host.dir / "ssh_host_ed25519_key", host.name)
             hosts.hosts.append(host)
             host.start(hosts.authorized_keys)
         hosts.write_known_hosts()
@@ -306,9 +297,3 @@ def start_hosts(root: Path, count: int, *, first: int = FIRST_ADDRESS,
         hosts.stop()
         raise
     return hosts
-
-
-def _keygen_client(path: Path) -> str:
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "hgtrain-test-client",
-                    "-f", str(path)], check=True, stdin=subprocess.DEVNULL)
-    return Path(str(path) + ".pub").read_text().strip()
