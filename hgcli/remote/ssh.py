@@ -138,25 +138,29 @@ class SshTransport:
             return self._hops[-1]
 
     def _open(self) -> None:
+        """Connect hop by hop: each jump host of ``proxy_jump`` (comma-separated, as OpenSSH), then
+        the node through a tunnel from the previous hop. Jump hosts get the same host-key policy
+        and the same keys as the node (the ssh-config merge resolves their aliases beforehand)."""
         node = self.node
         user = node.user or getpass.getuser()
+        hops = [(f"jump host {host}: ", host, port, jump_user or user)
+                for jump_user, host, port in (parse_jump(spec.strip())
+                                              for spec in (node.proxy_jump or "").split(",") if spec.strip())]
+        hops.append(("", node.address, node.port, user))
         sock: socket.socket | paramiko.Channel | None = None
-        for spec in filter(None, (node.proxy_jump or "").split(",")):
-            jump_user, jump_host, jump_port = parse_jump(spec.strip())
-            hop = self._handshake(f"jump host {jump_host}: ", jump_host, jump_port, jump_user or user, sock)
-            self._hops.append(hop)
-            sock = self._tunnel(hop, jump_host)
-        self._hops.append(self._handshake("", node.address, node.port, user, sock))
+        for i, (where, address, port, hop_user) in enumerate(hops):
+            if i:
+                sock = self._tunnel(self._hops[-1], hops[i - 1][1], address, port)
+            self._hops.append(self._handshake(where, address, port, hop_user, sock))
 
-    def _tunnel(self, hop: paramiko.Transport, jump_host: str) -> paramiko.Channel:
-        """The next hop's socket: a direct-tcpip channel from the jump host to the node."""
-        target = (self.node.address, self.node.port)
+    def _tunnel(self, hop: paramiko.Transport, jump_host: str, address: str, port: int) -> paramiko.Channel:
+        """The next hop's socket: a direct-tcpip channel from the jump host to it."""
         try:
-            return hop.open_channel("direct-tcpip", target, ("127.0.0.1", 0), timeout=self._timeout)
+            return hop.open_channel("direct-tcpip", (address, port), ("127.0.0.1", 0), timeout=self._timeout)
         except paramiko.ChannelException as exc:
-            raise self._fail(f"jump host {jump_host} cannot reach {target[0]}:{target[1]}: {exc.text}") from None
+            raise self._fail(f"jump host {jump_host} cannot reach {address}:{port}: {exc.text}") from None
         except (paramiko.SSHException, OSError) as exc:
-            raise self._fail(f"jump host {jump_host}: no tunnel to {target[0]}:{target[1]} within "
+            raise self._fail(f"jump host {jump_host}: no tunnel to {address}:{port} within "
                              f"{self._timeout:g} s ({exc})") from None
 
     def _tcp(self, where: str, address: str, port: int) -> socket.socket:

@@ -398,6 +398,19 @@ def test_proxy_jump_through_another_test_host(make_hosts):
     assert wanted in jump.log.read_text()
 
 
+def test_proxy_jump_chain_of_two_jump_hosts(make_hosts):
+    hosts = make_hosts(3, extra_config={1: ("LogLevel DEBUG1",)})
+    first, second, target = hosts[0], hosts[1], hosts[2]
+    chain = f"root@{first.address}:{first.port},root@{second.address}:{second.port}"
+    with SshTransport(hosts.nodes([target], proxy_jump=chain)[0], hosts.ssh_settings()) as t:
+        assert t.run(["echo", "two hops"], timeout=30).stdout == "two hops\n"
+    deadline = time.monotonic() + 10
+    wanted = f"target {target.address} port {target.port}"   # the second hop opened the last tunnel
+    while wanted not in second.log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert wanted in second.log.read_text()
+
+
 def test_proxy_jump_refusing_forwarding_is_reported(make_hosts):
     hosts = make_hosts(2, extra_config={0: ("AllowTcpForwarding no",)})
     jump, target = hosts[0], hosts[1]

@@ -3,7 +3,11 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from hgcli.remote.ssh import SshTransport
+
+pytestmark = pytest.mark.sshd
 
 
 def test_setenv_gives_each_host_its_own_path_and_home(make_hosts, monkeypatch):
