@@ -55,3 +55,15 @@ def _comm(pid: int) -> str:
     except OSError:
         return ""
 
+
+
+def test_missing_sshd_fails_under_ci_and_skips_elsewhere(monkeypatch):
+    from tests.integration import conftest
+
+    monkeypatch.setattr(conftest, "sshd_available", lambda: False)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="sshd"):
+        conftest.require_sshd()
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception):
+        conftest.require_sshd()
