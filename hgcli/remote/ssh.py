@@ -82,6 +82,14 @@ def _resolve(address: str, port: int, timeout: float) -> list[tuple]:
     return box["infos"]  # type: ignore[return-value]
 
 
+def _drop(channel: paramiko.Channel) -> None:
+    """Close a channel; on a connection that is already gone that is not an error."""
+    try:
+        channel.close()
+    except (EOFError, OSError, paramiko.SSHException):
+        pass
+
+
 class SshProcess:
     """A command started with ``SshTransport.start``; closing drops its channel (stdin EOF)."""
 
@@ -97,7 +105,7 @@ class SshProcess:
         return self._channel.recv_exit_status()
 
     def close(self) -> None:
-        self._channel.close()
+        _drop(self._channel)
 
 
 class SshTransport:
@@ -337,13 +345,13 @@ class SshTransport:
             channel = self._connection().open_session(timeout=self._timeout)
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise self._fail(f"cannot open a session: {exc or type(exc).__name__}") from None
-        watchdog = threading.Timer(watchdog_s or self._timeout, channel.close)
+        watchdog = threading.Timer(watchdog_s or self._timeout, _drop, args=(channel,))
         watchdog.daemon = True
         watchdog.start()
         try:
             channel.exec_command(line)
         except (paramiko.SSHException, OSError, EOFError) as exc:
-            channel.close()
+            _drop(channel)
             raise self._fail(f"the server did not start {argv[0]}: {exc or type(exc).__name__}") from None
         finally:
             watchdog.cancel()
@@ -380,17 +388,21 @@ class SshTransport:
                 while channel.recv_stderr_ready():
                     err.append(channel.recv_stderr(65536))
                 if finished:
-                    if not channel.exit_status_ready() and not self._hops[-1].is_active():
-                        raise self._fail(f"connection lost while running {argv[0]}")
                     break
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise self._fail(f"timed out after {timeout:g} s running {shlex.join(argv[:3])} "
                                      "(the command did not finish)")
                 select.select([channel], [], [], min(remaining, 1.0))
-            code = channel.recv_exit_status()
+            code = channel.recv_exit_status()   # -1: the server sent none (a signal, or a lost link)
+            if code == -1:
+                # paramiko closes the channels of a dead connection just before it marks the
+                # connection inactive: give its thread a moment to finish before deciding.
+                self._hops[-1].join(1.0)
+                if not self._hops[-1].is_active():
+                    raise self._fail(f"connection lost while running {shlex.join(argv[:3])}")
         finally:
-            channel.close()
+            _drop(channel)
             writer.join(1.0)
         return Completed(code, b"".join(out).decode("utf-8", "replace"),
                          b"".join(err).decode("utf-8", "replace"))

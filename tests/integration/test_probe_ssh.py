@@ -33,11 +33,13 @@ EMULATE = EmulateSpec(devices=("NVIDIA A100-SXM4-40GB", "Tesla T4"), speed=(1.0,
 def hosts(tmp_path_factory):
     require_sshd()
     hosts = start_hosts(tmp_path_factory.mktemp("probe-hosts"), len(SCENARIOS))
-    for host, scenario in zip(hosts, SCENARIOS):
-        host.set_gpus(scenario)
-    hosts[0].set_rc_noise(NOISE_OUT, NOISE_ERR)   # login-shell noise on stdout and stderr
-    yield hosts
-    hosts.stop()
+    try:
+        for host, scenario in zip(hosts, SCENARIOS):
+            host.set_gpus(scenario)
+        hosts[0].set_rc_noise(NOISE_OUT, NOISE_ERR)   # login-shell noise on stdout and stderr
+        yield hosts
+    finally:
+        hosts.stop()
     assert not hosts.leftover_pids()
 
 

@@ -72,6 +72,19 @@ def test_stalled_command_times_out(make_hosts):
         assert t.run(["echo", "still usable"], timeout=30).stdout == "still usable\n"
 
 
+def test_node_dying_mid_command_is_reported_not_waited_for(make_hosts):
+    hosts = make_hosts(1)
+    with SshTransport(hosts.nodes()[0], hosts.ssh_settings()) as t:
+        t.run(["true"], timeout=30)
+        killer = threading.Timer(0.5, hosts.stop)
+        killer.start()
+        start = time.monotonic()
+        with pytest.raises(RemoteError, match="connection lost while running sleep"):
+            t.run(["sleep", "120"], timeout=100)
+        killer.join()
+        assert time.monotonic() - start < BOUND
+
+
 def test_started_process_streams_and_sees_eof_on_close(make_hosts, tmp_path):
     hosts = make_hosts(1)
     marker = tmp_path / "saw-eof"
