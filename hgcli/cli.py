@@ -70,16 +70,57 @@ def cli(ctx: click.Context, debug: bool) -> None:
 @cluster_option
 @json_option
 def probe(cluster_file: Path | None, as_json: bool) -> None:
-    """Report every node's GPUs, CPU, memory, Python and torch."""
-    not_yet("probe")
+    """Report every node's GPUs, CPU, memory, Python and torch.
+
+    Exit code 0 when every node answered, 4 when any failed (the others are still reported).
+    """
+    from .errors import EXIT_NODES_FAILED
+    from .model import to_json
+    from .probe import probe_cluster
+    from .render.probe import probe_progress, render_inventory
+
+    cluster = load_cluster_arg(cluster_file)
+    with probe_progress([n.name for n in cluster.nodes]) as on_done:
+        inventory = probe_cluster(cluster, on_done=on_done)
+    if as_json:
+        click.echo(to_json(inventory))
+    else:
+        render_inventory(inventory)
+    if inventory.failed:
+        names = ", ".join(n.name for n in inventory.failed)
+        raise HgError(f"{len(inventory.failed)} of {len(inventory.nodes)} node(s) failed: {names}",
+                      exit_code=EXIT_NODES_FAILED)
 
 
 @cli.command()
 @cluster_option
 @json_option
-def bench(cluster_file: Path | None, as_json: bool) -> None:
+@click.option("--quick", is_flag=True, help="Smaller sizes and fewer repeats: seconds per device.")
+@click.option("--model", "model_spec", metavar="SPEC",
+              help="Model whose training step is timed: MODULE:FACTORY, FILE.py:FACTORY or a built-in "
+                   "name, optionally @BATCH,BATCH,... Default: the bundled example (mlp). See docs/bench.md.")
+def bench(cluster_file: Path | None, as_json: bool, quick: bool, model_spec: str | None) -> None:
     """Measure each device and the links between nodes; store the profiles."""
-    not_yet("bench")
+    from .bench import bench_cluster, failure_summary, inventory_for
+    from .errors import EXIT_NODES_FAILED
+    from .model import to_json
+
+    cluster = load_cluster_arg(cluster_file)
+    inventory = inventory_for(cluster)
+    if as_json:
+        profiles = bench_cluster(cluster, inventory, quick=quick, model_spec=model_spec)
+        click.echo(to_json(profiles))
+    else:
+        from rich.console import Console
+
+        from .render.bench import BenchProgress, render_profiles
+
+        with BenchProgress() as progress:
+            profiles = bench_cluster(cluster, inventory, quick=quick, model_spec=model_spec, on_event=progress)
+        render_profiles(profiles, Console())
+    failed = failure_summary(profiles)
+    if failed:
+        raise HgError(failed, exit_code=EXIT_NODES_FAILED)
 
 
 @cli.command()

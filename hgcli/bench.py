@@ -1,0 +1,182 @@
+"""The bench stage: Inventory -> Profiles. Every node at once, the devices of a node one at a time.
+
+Nodes run concurrently (fan-out); on a node, devices are benched in turn, one node-side process each
+(``hgcli.node.bench``), so emulated devices sharing one CPU do not slow each other down and a failed
+device cannot poison the next. Then the links (``bench_links``). The result is stored in the state
+directory for ``plan``.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from .bench_links import bench_links
+from .errors import RemoteError, UsageError
+from .model import (Cluster, DeviceProfile, Inventory, ModelSpec, NodeInfo, NodeSpec, Profiles,
+                    from_dict)
+from .node import modelspec
+from .profiles import store_profiles
+from .remote.fanout import fanout, open_transport
+from .remote.node_program import NodeProgram
+from .remote.transport import Transport
+from .state import cluster_dir, read_json
+
+# Bounds per device, the torch import on a loaded node included.
+DEVICE_TIMEOUT_S = {True: 300.0, False: 1800.0}
+# A node with no profile of its own (unreachable, or failed in the inventory) is listed under this
+# device name with its error, so the failure is in the profiles and not silently missing.
+NODE_DEVICE = "node"
+
+
+@dataclass(frozen=True)
+class BenchEvent:
+    """Progress for the display: ``subject`` is a node name or "a<->b" for a link."""
+
+    subject: str
+    device: str
+    stage: str
+
+
+OnEvent = Callable[[BenchEvent], None]
+
+
+@dataclass(frozen=True)
+class DeviceTarget:
+    """One device to bench, as the inventory describes it."""
+
+    device: str                     # "gpu0"... or "cpu"
+    name: str | None
+    emulated: bool
+    speed: float | None
+    memory_mib: int | None
+
+    def args(self) -> list[str]:
+        out = ["--device", self.device]
+        if self.name:
+            out += ["--name", self.name]
+        if self.emulated:
+            out += ["--emulate-speed", repr(self.speed if self.speed is not None else 1.0)]
+        if self.memory_mib is not None:
+            out += ["--memory-mib", str(self.memory_mib)]
+        return out
+
+
+def device_targets(node: NodeInfo) -> tuple[DeviceTarget, ...]:
+    """Its GPUs (real or emulated); a node without GPUs benches its CPU as device "cpu"."""
+    if node.gpus:
+        return tuple(DeviceTarget(f"gpu{g.index}", g.name, g.emulated, g.speed, g.memory_total_mib)
+                     for g in node.gpus)
+    return (DeviceTarget("cpu", node.cpu_model, False, None, node.memory_total_mib),)
+
+
+def bench_cluster(cluster: Cluster, inventory: Inventory, *, quick: bool,
+                  model_spec: str | None = None, on_event: OnEvent | None = None) -> Profiles:
+    """Profiles of every device and link of ``cluster``; stored, then returned.
+
+    ``model_spec`` is the model whose step time is measured (docs/bench.md); without one the
+    bundled example model is. Raises UsageError for a malformed spec before contacting any node.
+    """
+    model_spec = model_spec or modelspec.DEFAULT_SPEC
+    try:
+        modelspec.parse_spec(model_spec)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    emit = on_event or (lambda event: None)
+    infos = {n.name: n for n in inventory.nodes}
+    result = fanout(cluster.nodes, lambda node: _bench_node(cluster, node, infos.get(node.name),
+                                                            quick, model_spec, emit))
+    devices: list[DeviceProfile] = []
+    model: ModelSpec | None = None
+    for r in result.results:
+        if r.value is None:
+            devices.append(_node_failure(r.node, r.error or "failed"))
+            continue
+        node_devices, node_model = r.value
+        devices.extend(node_devices)
+        model = model or node_model
+    links = bench_links(cluster, inventory, quick=quick,
+                        on_event=lambda pair, stage: emit(BenchEvent(pair, "link", stage)))
+    profiles = Profiles(cluster=inventory.cluster, devices=tuple(devices), links=links, model=model,
+                        measured_at=time.time())
+    store_profiles(profiles)
+    return profiles
+
+
+def failure_summary(profiles: Profiles) -> str | None:
+    """One line saying how many devices and links failed, or None when none did."""
+    bad_devices = sum(1 for d in profiles.devices if d.error)
+    bad_links = sum(1 for link in profiles.links if link.error)
+    if not bad_devices and not bad_links:
+        return None
+    return (f"{bad_devices} of {len(profiles.devices)} devices and {bad_links} of {len(profiles.links)} "
+            "links failed; their errors are in the profiles")
+
+
+def _bench_node(cluster: Cluster, node: NodeSpec, info: NodeInfo | None, quick: bool, spec: str,
+                emit: OnEvent) -> tuple[list[DeviceProfile], ModelSpec | None]:
+    if info is None or not info.ok:
+        reason = info.error if info is not None else "not in the inventory"
+        return [_node_failure(node, f"not probed: {reason}")], None
+    profiles, model = [], None
+    with open_transport(node, cluster.ssh) as transport:
+        for target in device_targets(info):
+            profile, parameters = _bench_device(transport, node, target, quick, spec, emit)
+            profiles.append(profile)
+            if parameters is not None:
+                model = ModelSpec(name=spec, parameters=parameters)
+    return profiles, model
+
+
+def _bench_device(transport: Transport, node: NodeSpec, target: DeviceTarget, quick: bool, spec: str,
+                  emit: OnEvent) -> tuple[DeviceProfile, int | None]:
+    args = ["--node", node.name, *target.args(), "--model", spec, "--lifeline"] + (["--quick"] if quick else [])
+    deadline = time.monotonic() + DEVICE_TIMEOUT_S[quick]
+    emit(BenchEvent(node.name, target.device, "starting"))
+    profile, parameters = None, None
+    try:
+        # PCI bus order makes torch's cuda:N the GPU nvidia-smi (and so the inventory) calls N.
+        with NodeProgram(transport, "bench", args, env={"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}) as program:
+            for frame in program.frames(deadline):
+                kind = frame.get("type")
+                if kind == "progress":
+                    emit(BenchEvent(node.name, target.device, str(frame.get("stage"))))
+                elif kind == "model":
+                    parameters = int(frame["parameters"])
+                elif kind == "profile":
+                    profile = from_dict(DeviceProfile, frame["profile"])
+            code = program.finish(deadline)
+            if profile is None:
+                profile = _device_failure(node, target, program.failure(code))
+    except RemoteError as exc:
+        profile = _device_failure(node, target, exc.reason)
+    except (ValueError, KeyError) as exc:  # a frame of the wrong shape: a version mismatch on the node
+        profile = _device_failure(node, target, f"bad result from the node: {exc}")
+    emit(BenchEvent(node.name, target.device, "failed" if profile.error else "done"))
+    return profile, parameters
+
+
+def _device_failure(node: NodeSpec, target: DeviceTarget, error: str) -> DeviceProfile:
+    return DeviceProfile(node=node.name, device=target.device, name=target.name or target.device,
+                         emulated=target.emulated, speed=target.speed or 1.0,
+                         memory_total_mib=target.memory_mib, error=error)
+
+
+def _node_failure(node: NodeSpec, error: str) -> DeviceProfile:
+    return DeviceProfile(node=node.name, device=NODE_DEVICE, name=node.address, emulated=False, speed=1.0,
+                         memory_total_mib=None, error=error)
+
+
+def inventory_for(cluster: Cluster) -> Inventory:
+    """The stored inventory of this cluster, or a fresh probe when none (or an unusable one) is stored."""
+    data = read_json(cluster_dir(cluster.fingerprint()) / "inventory.json")
+    if data is not None:
+        try:
+            inventory = from_dict(Inventory, data)
+        except ValueError:
+            inventory = None
+        if inventory is not None and inventory.cluster == cluster.fingerprint():
+            return inventory
+    from .probe import probe_cluster
+
+    return probe_cluster(cluster)

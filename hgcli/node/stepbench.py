@@ -1,0 +1,108 @@
+"""Training-step time of a model at several batch sizes, with peak memory: the planner's time(batch).
+
+A step is forward + loss + backward + optimizer step (SGD with momentum: one state tensor per
+parameter, like most data-parallel recipes). Peak memory on a GPU is the CUDA caching allocator's
+``max_memory_allocated``; on a CPU (and so on emulated devices) it is counted from the tensors a step
+keeps alive (see ``accounted_step_bytes``), because the CPU allocator keeps no peak statistics.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+from ..model import StepSample
+from .failure import is_oom
+from .modelspec import LoadedModel
+from .timing import summarize, time_repeats
+
+MIB = 1 << 20
+
+
+class OutOfMemory(Exception):
+    """A batch did not fit: a real allocation failure, or over an emulated device's capacity."""
+
+
+def step_samples(torch: Any, loaded: LoadedModel, device: Any, batch_sizes: tuple[int, ...], *,
+                 warmup: int, repeats: int, sync: Callable[[], object],
+                 memory_cap_mib: int | None,
+                 on_batch: Callable[[int], None]) -> Iterator[StepSample]:
+    """One StepSample per batch size, smallest first; raises OutOfMemory at the first that fails.
+
+    ``memory_cap_mib`` (emulated devices) is checked against the accounted peak before timing, so
+    an emulated 16 GiB card refuses a batch a 16 GiB card could not hold.
+    """
+    model = loaded.model.to(device)
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    loss_fn = loaded.loss_fn or _default_loss(torch)
+    on_gpu = device.type == "cuda"
+    for batch_size in sorted(batch_sizes):
+        on_batch(batch_size)
+        try:
+            inputs, targets = loaded.make_batch(batch_size, device)
+            args = inputs if isinstance(inputs, tuple) else (inputs,)
+
+            def step() -> None:
+                optimizer.zero_grad(set_to_none=True)
+                loss_fn(model(*args), targets).backward()
+                optimizer.step()
+
+            if on_gpu:
+                torch.cuda.reset_peak_memory_stats(device)
+            else:
+                peak = accounted_step_bytes(torch, model, optimizer, args, targets, loss_fn)
+                if memory_cap_mib is not None and peak > memory_cap_mib * MIB:
+                    raise OutOfMemory(f"out of memory at batch {batch_size}: a step needs "
+                                      f"{peak / MIB:.1f} MiB, the emulated device has {memory_cap_mib} MiB")
+            seconds = time_repeats(step, warmup=warmup, repeats=repeats, sync=sync)
+            if on_gpu:
+                peak = torch.cuda.max_memory_allocated(device)
+        except RuntimeError as exc:
+            if not is_oom(exc):
+                raise
+            if on_gpu:
+                torch.cuda.empty_cache()
+            raise OutOfMemory(f"out of memory at batch {batch_size}") from exc
+        yield StepSample(batch_size=batch_size, seconds=summarize(seconds), memory_mib=-(-peak // MIB))
+
+
+def accounted_step_bytes(torch: Any, model: Any, optimizer: Any, args: tuple[Any, ...], targets: Any,
+                         loss_fn: Callable[[Any, Any], Any]) -> int:
+    """Bytes of the distinct tensor storages one step keeps alive: parameters, gradients, optimizer
+    state, the batch, and every tensor autograd saves for backward (the activations).
+
+    It runs one real, untimed step. Temporaries freed inside an operator and allocator overhead are
+    not counted, so this is a lower bound of the true peak; documented as an estimate.
+    """
+    # Keyed by address, holding the storage itself: a storage freed mid-step (an activation after
+    # backward) could otherwise hand its address to a gradient and be counted once for two.
+    storages: dict[int, Any] = {}
+
+    def note(t: Any) -> Any:
+        if isinstance(t, torch.Tensor):
+            storage = t.untyped_storage()
+            storages[storage.data_ptr()] = storage
+        return t
+
+    for t in (*args, targets):
+        note(t)
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autograd.graph.saved_tensors_hooks(note, lambda t: t):
+        loss = loss_fn(model(*args), targets)
+    loss.backward()
+    optimizer.step()
+    for p in model.parameters():
+        note(p)
+        note(p.grad)
+    for state in optimizer.state.values():
+        for value in state.values():
+            note(value)
+    return sum(storage.nbytes() for storage in storages.values())
+
+
+def _default_loss(torch: Any) -> Callable[[Any, Any], Any]:
+    def loss(output: Any, targets: Any) -> Any:
+        if targets.dtype in (torch.int64, torch.int32):
+            return torch.nn.functional.cross_entropy(output, targets)
+        return torch.nn.functional.mse_loss(output, targets)
+
+    return loss

@@ -1,0 +1,128 @@
+"""hgtrain bench end to end on local nodes: real node processes, real torch, real gloo links.
+
+Remote nodes take the same path through the SSH transport; only open_transport differs.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hgcli.bench import NODE_DEVICE, bench_cluster
+from hgcli.cli import main
+from hgcli.config import default_cluster, load_cluster
+from hgcli.model import Inventory, Profiles, from_dict
+from hgcli.profiles import load_profiles, profile_is_stale
+from tests.bench_inventory import inventory_of, store_inventory
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+
+CLUSTER_TOML = """
+[[nodes]]
+name = "a"
+host = "localhost"
+emulate = { devices = ["Tesla T4", "Tesla T4"], speed = [0.5, 0.5], memory_mib = [15360, 4] }
+
+[[nodes]]
+name = "b"
+host = "localhost"
+"""
+
+
+@pytest.fixture
+def two_nodes(tmp_path):
+    path = tmp_path / "cluster.toml"
+    path.write_text(CLUSTER_TOML)
+    cluster = load_cluster(path)
+    store_inventory(inventory_of(cluster))
+    return path, cluster
+
+
+def test_cli_bench_json_reports_a_failed_device_and_still_stores_everything(two_nodes, capsys):
+    path, cluster = two_nodes
+    assert main(["bench", "-c", str(path), "--json", "--quick"]) == 4
+    out, err = capsys.readouterr()
+    profiles = from_dict(Profiles, json.loads(out))          # stdout is only the JSON
+    assert "1 of 3 devices and 0 of 1 links failed" in err
+    by_device = {(d.node, d.device): d for d in profiles.devices}
+    assert list(by_device) == [("a", "gpu0"), ("a", "gpu1"), ("b", "cpu")]
+    oom = by_device["a", "gpu1"]
+    assert oom.emulated and oom.error.startswith("out of memory at batch 16")
+    for key in (("a", "gpu0"), ("b", "cpu")):
+        d = by_device[key]
+        assert d.error is None and d.matmul_tflops["fp32"].median > 0 and len(d.steps) == 3
+    assert by_device["a", "gpu0"].emulated and by_device["a", "gpu0"].speed == 0.5
+    assert not by_device["b", "cpu"].emulated
+    (link,) = profiles.links
+    assert (link.a, link.b, link.backend, link.error) == ("a", "b", "gloo", None)
+    assert link.bandwidth_gbs.median > 0 and link.latency_s.median > 0
+    assert profiles.model.name == "mlp" and profiles.model.parameters == 669706
+    assert load_profiles(cluster.fingerprint()) == profiles
+    assert profile_is_stale(profiles, inventory_of(cluster)) is None
+
+
+def test_devices_of_a_node_run_in_turn_and_unreachable_nodes_are_listed(two_nodes):
+    _, cluster = two_nodes
+    inventory = inventory_of(cluster)
+    b_down = Inventory(cluster=inventory.cluster, nodes=(
+        inventory.nodes[0], from_dict(type(inventory.nodes[1]), {"name": "b", "host": "localhost", "ok": False,
+                                                                  "error": "connection refused"})))
+    events = []
+    profiles = bench_cluster(cluster, b_down, quick=True, model_spec="mlp@8", on_event=events.append)
+    a_events = [(e.device, e.stage) for e in events if e.subject == "a"]
+    # gpu1 starts only after gpu0 has finished.
+    assert a_events.index(("gpu0", "done")) < a_events.index(("gpu1", "starting"))
+    assert [s.batch_size for s in profiles.devices[0].steps] == [8]
+    node_b = [d for d in profiles.devices if d.node == "b"]
+    assert [(d.device, d.error) for d in node_b] == [(NODE_DEVICE, "not probed: connection refused")]
+    assert profiles.links == ()                              # no link to a node that is down
+
+
+def test_cli_bench_default_local_cluster_quick(capsys):
+    cluster = default_cluster()
+    store_inventory(inventory_of(cluster))
+    code = main(["bench", "--json", "--quick"])
+    out, err = capsys.readouterr()
+    profiles = from_dict(Profiles, json.loads(out))
+    assert code == 0, err
+    assert profiles.cluster == cluster.fingerprint()
+    assert all(d.error is None and d.steps for d in profiles.devices)
+    if cluster.nodes[0].emulate is not None:
+        assert [d.name for d in profiles.devices] == list(cluster.nodes[0].emulate.devices)
+        assert all(d.emulated for d in profiles.devices)
+
+
+# The controller itself must run without torch (a laptop driving remote GPU nodes): block the import
+# in the controller process only; node programs are separate processes and import it as they must.
+NO_TORCH_CONTROLLER = """
+import sys
+class NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("torch imported by the controller")
+sys.meta_path.insert(0, NoTorch())
+from hgcli.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_cli_bench_human_output_without_torch_in_the_controller(two_nodes):
+    path, _ = two_nodes
+    proc = subprocess.run([sys.executable, "-c", NO_TORCH_CONTROLLER, "bench", "-c", str(path), "--quick",
+                           "--model", "mlp@8"], capture_output=True, text=True, timeout=280,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "250"})
+    assert proc.returncode == 4, proc.stderr
+    assert "EMULATED x0.5" in proc.stdout and "out of memory at batch 8" in proc.stdout and "Links" in proc.stdout
+    assert "hgtrain: error: 1 of 3 devices" in proc.stderr
+
+
+def test_malformed_model_spec_is_a_usage_error_before_any_node_runs(two_nodes, capsys):
+    path, cluster = two_nodes
+    assert main(["bench", "-c", str(path), "--model", "resnet"]) == 2
+    assert "expected MODULE:FACTORY" in capsys.readouterr().err
+    assert load_profiles(cluster.fingerprint()) is None

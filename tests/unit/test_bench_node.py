@@ -1,0 +1,136 @@
+"""The node-side device benchmark as the controller runs it: a real subprocess, real torch, on the CPU."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hgcli.model import DeviceProfile, from_dict
+from hgcli.node import modelspec
+from hgcli.node.frames import decode
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_node_bench(*args: str, cwd: Path = ROOT) -> list[dict]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "hgcli.node.bench", "--node", "n1", "--quick", *args],
+                          capture_output=True, text=True, env=env, timeout=240, cwd=cwd)
+    assert proc.returncode == 0, proc.stderr
+    # split("\n"), not splitlines(): the frame marker \x1e is a line boundary to splitlines.
+    return [f for f in map(decode, proc.stdout.split("\n")) if f is not None]
+
+
+def profile_of(frames: list[dict]) -> DeviceProfile:
+    (frame,) = [f for f in frames if f["type"] == "profile"]
+    return from_dict(DeviceProfile, frame["profile"])
+
+
+def test_cpu_device_measures_matmul_bandwidth_and_steps():
+    frames = run_node_bench("--device", "cpu")
+    p = profile_of(frames)
+    assert (p.node, p.device, p.emulated, p.speed, p.error) == ("n1", "cpu", False, 1.0, None)
+    fp32 = p.matmul_tflops["fp32"]
+    assert 0 < fp32.min <= fp32.median <= fp32.max and fp32.repeats >= 3
+    assert p.mem_bandwidth_gbs is not None and p.mem_bandwidth_gbs.median > 0
+    assert p.h2d_bandwidth_gbs is None                    # no host-to-device copy on a CPU
+    assert [s.batch_size for s in p.steps] == [16, 64, 256]
+    assert all(s.seconds.median > 0 and s.memory_mib > 0 for s in p.steps)
+    # Activations grow with the batch, so the accounted peak does too.
+    assert p.steps[-1].memory_mib > p.steps[0].memory_mib
+    assert p.torch_version and p.memory_total_mib and p.memory_total_mib > 0
+    (model,) = [f for f in frames if f["type"] == "model"]
+    assert model["parameters"] == 784 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10
+    assert any(f["type"] == "progress" and f["stage"] == "batch 64" for f in frames)
+
+
+def test_emulated_device_is_marked_and_scaled():
+    frames = run_node_bench("--device", "gpu1", "--name", "Tesla T4", "--emulate-speed", "0.25",
+                            "--memory-mib", "15360")
+    p = profile_of(frames)
+    assert (p.device, p.name, p.emulated, p.speed, p.memory_total_mib, p.error) == \
+        ("gpu1", "Tesla T4", True, 0.25, 15360, None)
+    assert any(f["type"] == "note" and "emulated" in f["message"] and "x0.25" in f["message"] for f in frames)
+    assert p.driver_version is None and p.h2d_bandwidth_gbs is None
+
+
+def test_emulation_factor_is_applied_to_what_was_measured():
+    """The same CPU measured as itself and as a x1e-6 device: rates shrink and times grow by a
+    factor far beyond the run-to-run noise of a busy machine (which stays within 1000x)."""
+    real = profile_of(run_node_bench("--device", "cpu"))
+    slow = profile_of(run_node_bench("--device", "gpu0", "--emulate-speed", "1e-6", "--memory-mib", "15360"))
+    assert slow.matmul_tflops["fp32"].median < real.matmul_tflops["fp32"].median / 1000
+    assert slow.mem_bandwidth_gbs.median < real.mem_bandwidth_gbs.median / 1000
+    assert slow.steps[0].seconds.median > real.steps[0].seconds.median * 1000
+    assert slow.steps[0].memory_mib == real.steps[0].memory_mib   # memory is not scaled
+
+
+def test_step_over_emulated_memory_is_out_of_memory_and_keeps_smaller_batches():
+    # Learn the accounted peaks, then cap the memory between batch 64 and batch 256: deterministic,
+    # because the accounting counts tensor storages, not timing.
+    peaks = {s.batch_size: s.memory_mib for s in profile_of(run_node_bench("--device", "cpu")).steps}
+    assert peaks[64] < peaks[256]
+    p = profile_of(run_node_bench("--device", "gpu0", "--emulate-speed", "1", "--memory-mib", str(peaks[64])))
+    assert [s.batch_size for s in p.steps] == [16, 64]
+    assert p.error.startswith("out of memory at batch 256")
+    assert f"the emulated device has {peaks[64]} MiB" in p.error
+    assert p.matmul_tflops["fp32"].median > 0                # measured before the failure: kept
+
+
+def test_missing_gpu_is_the_device_error():
+    p = profile_of(run_node_bench("--device", "gpu0"))      # no --emulate-speed: a real GPU is wanted
+    if p.error is None:
+        pytest.skip("this machine has a CUDA GPU")
+    assert "CUDA" in p.error and p.device == "gpu0" and p.steps == ()
+
+
+def test_model_from_a_file_spec_with_own_batch_sizes(tmp_path):
+    (tmp_path / "mymodel.py").write_text(
+        "import torch\n"
+        "def build():\n"
+        "    model = torch.nn.Linear(8, 2)\n"
+        "    def batch(n, device):\n"
+        "        return torch.randn(n, 8, device=device), torch.randn(n, 2, device=device)\n"
+        "    return model, batch, torch.nn.functional.l1_loss\n")
+    frames = run_node_bench("--device", "cpu", "--model", "mymodel.py:build@4,8", cwd=tmp_path)
+    p = profile_of(frames)
+    assert p.error is None and [s.batch_size for s in p.steps] == [4, 8]
+    assert [f["parameters"] for f in frames if f["type"] == "model"] == [18]
+
+
+def test_model_that_cannot_load_is_the_device_error(tmp_path):
+    p = profile_of(run_node_bench("--device", "cpu", "--model", "nosuch_module_xyz:build"))
+    assert p.error.startswith("cannot load model nosuch_module_xyz:build: ModuleNotFoundError")
+    assert p.matmul_tflops["fp32"].median > 0 and p.steps == ()
+
+
+@pytest.mark.parametrize("spec, target, factory, is_file, batches", [
+    ("mlp", "hgcli.examples.models", "mlp", False, None),
+    ("mlp@8,32", "hgcli.examples.models", "mlp", False, (8, 32)),
+    ("pkg.models:resnet", "pkg.models", "resnet", False, None),
+    ("./m.py:build@2", "./m.py", "build", True, (2,)),
+    ("dir/m:build", "dir/m", "build", True, None),
+])
+def test_parse_spec(spec, target, factory, is_file, batches):
+    ref = modelspec.parse_spec(spec)
+    assert (ref.spec, ref.target, ref.factory, ref.is_file, ref.batch_sizes) == (spec, target, factory, is_file, batches)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("resnet", "expected MODULE:FACTORY"),
+    ("pkg.models:", "is not a function name"),
+    ("pkg models:f", "neither a module name"),
+    ("mlp@0,8", "batch sizes must be positive"),
+])
+def test_parse_spec_rejects(spec, message):
+    with pytest.raises(ValueError, match=message):
+        modelspec.parse_spec(spec)
+
+
+def test_bad_device_argument_is_a_usage_error():
+    proc = subprocess.run([sys.executable, "-m", "hgcli.node.bench", "--node", "n", "--device", "tpu0"],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert proc.returncode == 2 and "gpuN or cpu" in proc.stderr

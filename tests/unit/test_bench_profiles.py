@@ -1,0 +1,78 @@
+"""Stored profiles: round trip through the state directory, private files, staleness reasons."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import stat
+
+import pytest
+
+from hgcli.errors import StateError
+from hgcli.model import (SCHEMA_VERSION, DeviceProfile, GpuInfo, Inventory, LinkProfile, Measurement,
+                         ModelSpec, NodeInfo, Profiles, StepSample)
+from hgcli.profiles import load_profiles, profile_is_stale, profiles_path, store_profiles
+
+M = Measurement(1.0, 0.9, 1.2, 5)
+
+
+def inventory() -> Inventory:
+    return Inventory(cluster="c0ffee", nodes=(
+        NodeInfo("g", "10.0.0.1", True, gpus=(GpuInfo(0, "NVIDIA A100-SXM4-40GB", driver_version="550.54.15"),
+                                              GpuInfo(1, "Tesla T4", driver_version="550.54.15")),
+                 torch_version="2.3.0"),
+        NodeInfo("c", "10.0.0.2", True, torch_version="2.3.0"),
+        NodeInfo("down", "10.0.0.3", False, error="connection refused"),
+    ))
+
+
+def profiles() -> Profiles:
+    def dev(node, device, name, driver=None):
+        return DeviceProfile(node=node, device=device, name=name, emulated=False, speed=1.0, memory_total_mib=1000,
+                             matmul_tflops={"fp32": M}, steps=(StepSample(8, M, 100),), torch_version="2.3.0",
+                             driver_version=driver)
+    return Profiles(cluster="c0ffee", devices=(
+        dev("g", "gpu0", "NVIDIA A100-SXM4-40GB", "550.54.15"), dev("g", "gpu1", "Tesla T4", "550.54.15"),
+        dev("c", "cpu", "EPYC")), links=(LinkProfile("g", "c", "gloo", M, M),),
+        model=ModelSpec("mlp", 669706), measured_at=1.0)
+
+
+def test_store_and_load_round_trip_private(private_state_dir):
+    p = profiles()
+    path = store_profiles(p)
+    assert path == profiles_path("c0ffee") and path.parent.parent.parent == private_state_dir
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert load_profiles("c0ffee") == p
+    assert load_profiles("other") is None
+
+
+def test_fresh_profiles_are_not_stale():
+    assert profile_is_stale(profiles(), inventory()) is None
+
+
+@pytest.mark.parametrize("change, reason", [
+    (lambda p, i: (dataclasses.replace(p, version=SCHEMA_VERSION + 1), i), "schema"),
+    (lambda p, i: (dataclasses.replace(p, cluster="beef"), i), "cluster beef"),
+    (lambda p, i: (dataclasses.replace(p, devices=p.devices[1:]), i), "g/gpu0 has no profile"),
+    (lambda p, i: (p, dataclasses.replace(i, nodes=(dataclasses.replace(
+        i.nodes[0], gpus=(i.nodes[0].gpus[0], GpuInfo(1, "Tesla V100", driver_version="550.54.15"))),
+        *i.nodes[1:]))), "g/gpu1 was 'Tesla T4', is now 'Tesla V100'"),
+    (lambda p, i: (p, dataclasses.replace(i, nodes=(dataclasses.replace(
+        i.nodes[0], gpus=tuple(dataclasses.replace(g, driver_version="560.1") for g in i.nodes[0].gpus)),
+        *i.nodes[1:]))), "driver was 550.54.15, is now 560.1"),
+    (lambda p, i: (p, dataclasses.replace(i, nodes=(i.nodes[0], dataclasses.replace(i.nodes[1], torch_version="2.4.0"),
+                                                    i.nodes[2]))), "c torch was 2.3.0, is now 2.4.0"),
+])
+def test_staleness_names_what_changed(change, reason):
+    p, i = change(profiles(), inventory())
+    stale = profile_is_stale(p, i)
+    assert stale is not None and reason in stale
+
+
+def test_corrupt_or_foreign_profiles_are_state_errors():
+    path = store_profiles(profiles())
+    path.write_text("{not json")
+    with pytest.raises(StateError, match="profiles.json"):
+        load_profiles("c0ffee")
+    path.write_text(json.dumps({"cluster": "c0ffee", "devices": "?", "version": 99}))
+    with pytest.raises(StateError, match="schema 99"):
+        load_profiles("c0ffee")
