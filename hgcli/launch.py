@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue
 import signal
 import threading
 import time
@@ -26,6 +25,7 @@ from .launch_events import Dispatcher, Event, JobEnded, JobStarted, RootCause, S
 from .launch_loop import Interrupt, JobController, Outcome
 from .launch_metrics import MetricsBoard, predictions
 from .launch_record import JobBook
+from .mailbox import Mailbox
 from .launch_spec import NodeLaunch, agent_spec, forwarded_env, parse_assignment, read_env_file
 from .model import Cluster, JobRecord, JobSpec, JobState, NodeSpec, Plan, RankRecord, to_json
 from .node import frames
@@ -191,7 +191,7 @@ def _run(request: LaunchRequest, plan: Plan, job_id: str, env: dict[str, str], m
                 return _not_started(book, emit, prepared.failed, interrupt, started)
             launches = {r.node.name: r.value[0] for r in prepared.results}
             port = next(r.value[1] for r in prepared.results if r.node.name == rank0_node)
-            inbox: queue.SimpleQueue[Inbound] = queue.SimpleQueue()
+            inbox: Mailbox[Inbound] = Mailbox()
             links = [AgentLink(transports[n], inbox) for n in node_names]
             specs = {n: agent_spec(plan=plan, job_id=job_id, node=launches[n], command=request.command,
                                    user_env=env, master_addr=master_addr, master_port=port,

@@ -7,10 +7,11 @@ queue and goes on draining the agents, so a slow terminal can never back-pressur
 from __future__ import annotations
 
 import dataclasses
-import queue
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+from .mailbox import Mailbox
 
 
 @dataclass(frozen=True)
@@ -174,26 +175,26 @@ class Dispatcher:
 
     def __init__(self, sink: Callable[[Event], None]) -> None:
         self._sink = sink
-        self._queue: queue.SimpleQueue[Event | None] = queue.SimpleQueue()
+        self._box: Mailbox[Event | None] = Mailbox()
         self._thread = threading.Thread(target=self._run, name="hgtrain-console", daemon=True)
         self._thread.start()
         self.error: BaseException | None = None
 
     def put(self, event: Event) -> None:
-        self._queue.put(event)
+        self._box.put(event)
 
     def _run(self) -> None:
         while True:
-            event = self._queue.get()
-            if event is None:
-                return
-            if self.error is not None:
-                continue   # a broken console (closed pipe) must not stop the job's bookkeeping
-            try:
-                self._sink(event)
-            except BaseException as exc:   # noqa: BLE001 - reported by close()
-                self.error = exc
+            for event in self._box.take(None):
+                if event is None:
+                    return
+                if self.error is not None:
+                    continue   # a broken console (closed pipe) must not stop the job's bookkeeping
+                try:
+                    self._sink(event)
+                except BaseException as exc:   # noqa: BLE001 - reported by close()
+                    self.error = exc
 
     def close(self, timeout: float | None = None) -> None:
-        self._queue.put(None)
+        self._box.put(None)
         self._thread.join(timeout)

@@ -15,7 +15,6 @@ frames in arrival order and the root cause is the first failure that reached us.
 from __future__ import annotations
 
 import collections
-import queue
 import signal
 import threading
 import time
@@ -28,6 +27,7 @@ from .launch_events import (
 )
 from .launch_metrics import MetricsBoard
 from .launch_record import JobBook
+from .mailbox import Mailbox
 from .model import JobState, Plan, RankState
 from .stream import AgentLink, Inbound
 
@@ -83,7 +83,7 @@ class Outcome:
 
 class JobController:
     def __init__(self, *, job_id: str, plan: Plan, links: list[AgentLink],
-                 inbox: "queue.SimpleQueue[Inbound]", book: JobBook, board: MetricsBoard,
+                 inbox: Mailbox[Inbound], book: JobBook, board: MetricsBoard,
                  emit: Callable[[Event], None], interrupt: Interrupt, grace_s: float,
                  heartbeat_timeout_s: float, detach: bool, jobs_root: str) -> None:
         self.job_id = job_id
@@ -116,16 +116,8 @@ class JobController:
 
     def run(self) -> Outcome:
         while not self._finished():
-            try:
-                item: Inbound | None = self.inbox.get(timeout=POLL_S)
-            except queue.Empty:
-                item = None
-            while item is not None:       # drain what is there before the periodic checks
+            for item in self.inbox.take(POLL_S):   # everything there is, before the periodic checks
                 self._handle(item)
-                try:
-                    item = self.inbox.get_nowait()
-                except queue.Empty:
-                    item = None
             self._check_interrupt()
             self._check_silence()
             self.book.tick()

@@ -20,6 +20,7 @@ from .errors import StateError
 from .model import JobRecord, JobState, RankRecord, RankState
 
 RECORD_EVERY_S = 2.0
+FLUSH_EVERY_S = 0.5
 
 
 def _open_private(path: Path) -> IO[str]:
@@ -38,7 +39,10 @@ class JobBook:
         self._metrics: IO[str] | None = None
         self._dirty = False
         self._saved_at = 0.0
+        self._flushed_at = 0.0
         self.save()
+        for r in record.ranks:   # every rank has its log from the start, even one that prints nothing
+            _open_private(self.log_path(r.rank)).close()
 
     # -- record ------------------------------------------------------------------------------------
 
@@ -63,11 +67,15 @@ class JobBook:
         self._saved_at = time.monotonic()
 
     def tick(self) -> None:
-        """Flush what is buffered; save metric-only changes at most every RECORD_EVERY_S."""
-        for fh in self._logs.values():
-            fh.flush()
-        if self._metrics is not None:
-            self._metrics.flush()
+        """Flush the files at most every FLUSH_EVERY_S (readers such as `hgtrain logs -f` see lines
+        that late at worst); save metric-only changes at most every RECORD_EVERY_S."""
+        now = time.monotonic()
+        if now - self._flushed_at >= FLUSH_EVERY_S:
+            self._flushed_at = now
+            for fh in self._logs.values():
+                fh.flush()
+            if self._metrics is not None:
+                self._metrics.flush()
         if self._dirty and time.monotonic() - self._saved_at >= RECORD_EVERY_S:
             self.save()
 

@@ -1,33 +1,31 @@
 """One node's agent as the controller sees it: a connection, a reader thread per stream, heartbeats.
 
-Readers never wait for anyone: each frame goes straight onto the controller's inbox (an unbounded
-queue), so a busy controller or a slow terminal never stops the agent's output from being drained
+Readers never wait for anyone: each frame goes straight into the controller's inbox (an unbounded
+mailbox), so a busy controller or a slow terminal never stops the agent's output from being drained
 (the agent paces its sends to the connection; a stalled reader would make it fall back to files).
 Protocol: docs/agent.md.
 """
 from __future__ import annotations
 
 import collections
-import queue
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import HgError
 from .node import frames
 from .node.spec import AgentSpec
 from .model import to_dict
+from .mailbox import Mailbox
 from .remote.transport import RemoteProcess, Transport, node_module_argv
 
 
-@dataclass(frozen=True)
-class Inbound:
-    """A frame from ``node``'s agent; ``frame is None`` means its connection ended (EOF)."""
+class Inbound(NamedTuple):
+    """A frame from ``node``'s agent; ``frame is None`` means its connection ended (EOF).
+    A tuple, not a dataclass: one is made per log line."""
 
     node: str
     frame: dict[str, Any] | None
-    at: float
 
 
 class AgentLink:
@@ -35,7 +33,7 @@ class AgentLink:
 
     STDERR_LINES = 20   # the agent's own stderr (a traceback, "python3: not found") kept for errors
 
-    def __init__(self, transport: Transport, inbox: "queue.SimpleQueue[Inbound]") -> None:
+    def __init__(self, transport: Transport, inbox: Mailbox[Inbound]) -> None:
         self.transport = transport
         self.node = transport.node.name
         self._inbox = inbox
@@ -58,17 +56,18 @@ class AgentLink:
 
     def _read_frames(self) -> None:
         assert self._proc is not None
+        decode, monotonic, put, node = frames.decode, time.monotonic, self._inbox.put, self.node
         try:
             for raw in self._proc.stdout:
                 if self._stop.is_set():
                     break
-                frame = frames.decode(raw.decode("utf-8", "replace"))
+                frame = decode(raw.decode("utf-8", "replace"))
                 if frame is not None:
-                    self.last_heard = time.monotonic()
-                    self._inbox.put(Inbound(self.node, frame, self.last_heard))
+                    self.last_heard = monotonic()
+                    put(Inbound(node, frame))
         except (OSError, ValueError, EOFError):
             pass   # the connection was dropped under us: that is the EOF below
-        self._inbox.put(Inbound(self.node, None, time.monotonic()))
+        self._inbox.put(Inbound(self.node, None))
 
     def _read_stderr(self) -> None:
         assert self._proc is not None

@@ -1,0 +1,115 @@
+"""Log throughput: one rank printing N lines (default 1,000,000) through a real sshd test host.
+
+    PYTHONPATH=. python3 benchmarks/log_throughput.py [--lines 1000000]
+
+- hgtrain: ``hgtrain launch`` (plain output to a pipe, as in CI) of one rank on the test host that
+  writes lines ``"<i> <padding>"``; every line received on hgtrain's stdout is checked: none lost,
+  none repeated, in order; its rank log file on the controller is checked the same way.
+- ssh cat: ``ssh host cat FILE`` of exactly the bytes the rank printed (OpenSSH client, same host).
+Rates are lines over the time from the command to the last line received. The host shares the 2
+cores with the client, so compare within one run. Prints a table, then one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from hgcli.model import Cluster, GroupPlan, Plan, RankPlan, Role, Strategy  # noqa: E402
+from hgcli.plan_io import write_plan  # noqa: E402
+from tests.launch.hg import cluster_toml  # noqa: E402
+from tests.sshhosts import start_hosts  # noqa: E402
+
+PAD = "x" * 40   # ~50-byte lines, a typical log line
+
+
+def printer(lines: int) -> str:
+    return (f"import sys\nw = sys.stdout.write\nfor i in range({lines}):\n    w(f'{{i}} {PAD}\\n')\n")
+
+
+def check(lines: list[str], expected: int, prefix: str) -> tuple[int, bool]:
+    """(lines received, all present in order) for lines ``<prefix><i> <PAD>``."""
+    got = [line[len(prefix):] for line in lines if line.startswith(prefix) and line]
+    ok = len(got) == expected and all(line == f"{i} {PAD}" for i, line in enumerate(got))
+    return len(got), ok
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lines", type=int, default=1_000_000)
+    args = parser.parse_args()
+    n = args.lines
+    with tempfile.TemporaryDirectory(prefix="hg-logs-") as tmp_name:
+        tmp = Path(tmp_name)
+        hosts = start_hosts(tmp / "hosts", 1, first=61)
+        try:
+            node = hosts.nodes()[0]
+            node = dataclasses.replace(node, python=sys.executable)
+            cluster = Cluster(nodes=(node,), ssh=hosts.ssh_settings())
+            ctoml = cluster_toml(tmp / "cluster.toml", cluster, known_hosts=str(hosts.known_hosts))
+            plan = Plan(strategy=Strategy.ALLREDUCE, world_size=1, groups=(GroupPlan(id=0, ranks=(0,)),),
+                        ranks=(RankPlan(rank=0, role=Role.WORKER, node=node.name, device="gpu0", group=0,
+                                        batch_size=1, emulated=True),),
+                        predicted_samples_per_s={}, global_batch=1, cluster=cluster.fingerprint())
+            write_plan(tmp / "plan.json", plan)
+            script = tmp / "printer.py"
+            script.write_text(printer(n))
+            env = {"PYTHONPATH": str(REPO), "HOME": str(tmp), "HGTRAIN_STATE_DIR": str(tmp / "state"),
+                   "PATH": "/usr/bin:/bin"}
+            base = [sys.executable, "-m", "hgcli", "launch", "-c", str(ctoml), "--plan", str(tmp / "plan.json"),
+                    "--", sys.executable, str(script)]
+            warm = {**env, "HGTRAIN_STATE_DIR": str(tmp / "warm-state")}
+            subprocess.run(base[:-2] + [sys.executable, "-c", "pass"], env=warm, check=True,
+                           capture_output=True, timeout=300)   # warm-up: ships the package once
+            t0 = time.perf_counter()
+            done = subprocess.run(base, env=env, capture_output=True, timeout=1800)
+            hg_s = time.perf_counter() - t0
+            if done.returncode != 0:
+                raise RuntimeError(done.stderr.decode()[-2000:])
+            out = done.stdout.decode().split("\n")
+            hg_received, hg_ok = check(out, n, f"{node.name}:0 | ")
+            (job,) = (tmp / "state" / "jobs").iterdir()
+            file_received, file_ok = check((job / "rank0.log").read_text().split("\n"), n, "")
+
+            data = tmp / "lines.txt"
+            data.write_text("".join(f"{i} {PAD}\n" for i in range(n)))
+            config = tmp / "ssh_config"
+            config.write_text(f"Host h\n  HostName {node.address}\n  Port {node.port}\n  User root\n"
+                              f"  IdentityFile {hosts.client_key}\n  IdentitiesOnly yes\n"
+                              f"  UserKnownHostsFile {hosts.known_hosts}\n  StrictHostKeyChecking yes\n"
+                              "  BatchMode yes\n  LogLevel ERROR\n")
+            t0 = time.perf_counter()
+            cat = subprocess.run(["ssh", "-F", str(config), "h", "cat", str(data)], capture_output=True,
+                                 timeout=600)
+            cat_s = time.perf_counter() - t0
+            cat_received, cat_ok = check(cat.stdout.decode().split("\n"), n, "")
+        finally:
+            hosts.stop()
+    figures = {
+        "lines": n, "bytes": n * (len(PAD) + 2 + len(str(n // 2))),
+        "hgtrain_s": round(hg_s, 3), "hgtrain_lines_per_s": round(n / hg_s),
+        "hgtrain_received": hg_received, "hgtrain_in_order_none_lost": hg_ok,
+        "hgtrain_log_file_in_order_none_lost": file_ok and file_received == n,
+        "ssh_cat_s": round(cat_s, 3), "ssh_cat_lines_per_s": round(n / cat_s),
+        "ssh_cat_in_order_none_lost": cat_ok,
+        "ratio": round(cat_s / hg_s, 4), "goal_ratio": 0.5,
+    }
+    figures["ok"] = figures["ratio"] >= 0.5 and hg_ok
+    print(f"{'':<10}{'seconds':>10}{'lines/s':>12}  complete+ordered")
+    print(f"{'hgtrain':<10}{hg_s:>10.2f}{n / hg_s:>12,.0f}  {hg_ok} (stdout), {figures['hgtrain_log_file_in_order_none_lost']} (rank0.log)")
+    print(f"{'ssh cat':<10}{cat_s:>10.2f}{n / cat_s:>12,.0f}  {cat_ok}")
+    print(f"ratio hgtrain/ssh-cat: {figures['ratio']:.3f} (goal >= 0.5)")
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
