@@ -1,0 +1,75 @@
+"""What `hgtrain launch` shows: root cause first, tags, filters, the live table, JSON only JSON."""
+from __future__ import annotations
+
+import io
+import json
+
+from rich.console import Console
+
+from hgcli.launch_events import (
+    BoardView, GroupView, JobEnded, JobStarted, LogLine, Metric, Progress, RankExited, RootCause, Summary,
+)
+from hgcli.render.launch import JsonSink, PlainSink, RichSink
+
+CAUSE = RootCause(node="gpu-b", rank=3, exit_code=137, signal="SIGKILL",
+                  reason="killed by SIGKILL: out of memory (the OOM killer)", oom=True,
+                  last_lines=("allocating 40 GiB", "step 12"))
+SUMMARY = Summary(elapsed_s=12.5, samples=6400, samples_per_s=512.0, predicted_samples_per_s=640.0,
+                  ideal_samples_per_s=800.0, accuracy=0.93, groups={"0": 400.0, "1": 112.0})
+
+
+def ended(cause=CAUSE, summary=SUMMARY, state="failed", code=137) -> JobEnded:
+    return JobEnded(job_id="j", state=state, exit_code=code, root_cause=cause, summary=summary, job_dir="/s/j")
+
+
+def test_plain_ending_puts_the_root_cause_first_with_its_last_lines_and_memory():
+    out, err = io.StringIO(), io.StringIO()
+    sink = PlainSink(None, out, err)
+    sink(RankExited("j", 1, "gpu-a", "worker", "stopped", 143, "SIGTERM", "killed by SIGTERM", None))
+    sink(ended())
+    lines = err.getvalue().splitlines()
+    start = lines.index("hgtrain: root cause: gpu-b:3 killed by SIGKILL: out of memory (the OOM killer)")
+    assert "likely out of memory" in lines[start + 1]
+    assert lines[start + 3:start + 5] == ["hgtrain:     allocating 40 GiB", "hgtrain:     step 12"]
+    rest = "\n".join(lines[start:])
+    assert "512 samples/s" in rest and "640 (80%)" in rest and "800 (64%)" in rest and "0.9300" in rest
+    assert lines[-1].endswith("job j failed (exit code 137); logs and metrics in /s/j")
+    assert out.getvalue() == ""
+
+
+def test_plain_lines_are_tagged_and_filtered():
+    out, err = io.StringIO(), io.StringIO()
+    sink = PlainSink(frozenset({0, 3}), out, err)
+    for rank, role in ((0, "worker"), (1, "worker"), (3, "ps")):
+        sink(LogLine("j", rank, "n1", role, "out", f"hello {rank}"))
+    assert out.getvalue().splitlines() == ["n1:0 | hello 0", "n1:3 ps | hello 3"]
+
+
+def test_json_sink_prints_one_object_per_event_and_skips_progress():
+    out = io.StringIO()
+    sink = JsonSink(frozenset({1}), out)
+    sink(JobStarted("j", "hybrid", 2, ("a",), ("python",), "/s/j", "127.0.0.1:1", False, 10.0, 12.0))
+    sink(Metric("j", 0, "a", "worker", {"step": 1}))          # filtered
+    sink(Metric("j", 1, "a", "worker", {"step": 1}))
+    sink(Progress("j", BoardView((), None, None, None, None)))
+    sink(ended())
+    events = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [e["event"] for e in events] == ["job_started", "metric", "job_ended"]
+    assert all(e["job_id"] == "j" for e in events)
+    assert events[-1]["root_cause"]["last_lines"] == ["allocating 40 GiB", "step 12"]
+
+
+def test_rich_sink_shows_coloured_lines_the_live_table_and_the_ending():
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=120, color_system="standard")
+    sink = RichSink(None, console)
+    sink(LogLine("j", 2, "n1", "worker", "out", "[bold]not markup[/bold]"))
+    view = BoardView((GroupView("0", (0, 1), 41, 0.25, 300.0), GroupView("1", (2,), 9, 0.5, None)),
+                     300.0, 600.0, 750.0, 0.91)
+    sink(Progress("j", view))
+    sink(ended(cause=None, state="succeeded", code=0))
+    text = buf.getvalue()
+    assert "n1:2" in text and "[bold]not markup[/bold]" in text      # literal, not interpreted
+    assert "\x1b[" in text                                              # coloured
+    assert "0,1" in text and "41" in text and "0.2500" in text and "300" in text and "(50%)" in text
+    assert "job j succeeded (exit code 0)" in text
