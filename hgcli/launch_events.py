@@ -171,16 +171,28 @@ def event_dict(event: Event) -> dict[str, Any]:
 
 
 class Dispatcher:
-    """Calls ``sink`` for every event on its own thread, in order; ``close`` waits for the backlog."""
+    """Calls ``sink`` for every event on its own thread, in order; ``close`` waits for the backlog.
+
+    A console that cannot keep up with a flood (a slow terminal) would make the backlog grow without
+    bound: past ``MAX_BACKLOG`` waiting events, log lines are not shown (they are all in the rank
+    files) and a notice says how many were skipped. Every other event is always shown."""
+
+    MAX_BACKLOG = 100_000
 
     def __init__(self, sink: Callable[[Event], None]) -> None:
         self._sink = sink
         self._box: Mailbox[Event | None] = Mailbox()
+        self._skipped = 0
+        self._job_id = ""
         self._thread = threading.Thread(target=self._run, name="hgtrain-console", daemon=True)
         self._thread.start()
         self.error: BaseException | None = None
 
     def put(self, event: Event) -> None:
+        if isinstance(event, LogLine) and len(self._box) > self.MAX_BACKLOG:
+            self._skipped += 1
+            self._job_id = event.job_id
+            return
         self._box.put(event)
 
     def _run(self) -> None:
@@ -188,12 +200,19 @@ class Dispatcher:
             for event in self._box.take(None):
                 if event is None:
                     return
-                if self.error is not None:
-                    continue   # a broken console (closed pipe) must not stop the job's bookkeeping
-                try:
-                    self._sink(event)
-                except BaseException as exc:   # noqa: BLE001 - reported by close()
-                    self.error = exc
+                if self._skipped and not isinstance(event, LogLine):
+                    skipped, self._skipped = self._skipped, 0
+                    self._show(Notice(self._job_id, None, f"{skipped} log lines not shown: the console "
+                                                          "could not keep up (every line is in the rank files)"))
+                self._show(event)
+
+    def _show(self, event: Event) -> None:
+        if self.error is not None:
+            return   # a broken console (closed pipe) must not stop the job's bookkeeping
+        try:
+            self._sink(event)
+        except BaseException as exc:   # noqa: BLE001 - reported by close()
+            self.error = exc
 
     def close(self, timeout: float | None = None) -> None:
         self._box.put(None)

@@ -23,6 +23,9 @@ class Mailbox(Generic[T]):
         if len(self._items) == 1:   # was empty: the consumer may be asleep
             self._wake.set()
 
+    def __len__(self) -> int:
+        return len(self._items)
+
     def take(self, timeout: float | None) -> list[T]:
         """Everything queued, waiting up to ``timeout`` for the first item; [] when none came.
 

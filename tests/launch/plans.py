@@ -19,18 +19,20 @@ def local_cluster(names: Sequence[str] = ("local",)) -> Cluster:
 
 
 def make_plan(cluster: Cluster, groups: Sequence[Sequence[str]], *, ps: Sequence[str] = (),
-              batch: int = 16, strategy: Strategy | None = None,
-              predicted: float | None = None) -> Plan:
-    """``groups``: per group, the node of each of its workers; ``ps``: the node of each PS rank."""
+              batch: int = 16, strategy: Strategy | None = None, predicted: float | None = None,
+              speeds: Sequence[float] | None = None) -> Plan:
+    """``groups``: per group, the node of each of its workers; ``ps``: the node of each PS rank;
+    ``speeds``: the emulated speed of each group's devices (default 1.0)."""
     ranks: list[RankPlan] = []
     local: dict[str, int] = {}
     group_plans = []
 
     def add(node: str, role: Role, group: int | None) -> int:
         r = len(ranks)
+        speed = speeds[group] if speeds and group is not None else 1.0
         ranks.append(RankPlan(rank=r, role=role, node=node, device="cpu" if role is Role.PS else f"emu{r}",
                               group=group, batch_size=batch if role is Role.WORKER else None,
-                              local_rank=local.get(node, 0), emulated=role is Role.WORKER, speed=1.0))
+                              local_rank=local.get(node, 0), emulated=role is Role.WORKER, speed=speed))
         local[node] = local.get(node, 0) + 1
         return r
 

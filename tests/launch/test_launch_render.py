@@ -73,3 +73,29 @@ def test_rich_sink_shows_coloured_lines_the_live_table_and_the_ending():
     assert "\x1b[" in text                                              # coloured
     assert "0,1" in text and "41" in text and "0.2500" in text and "300" in text and "(50%)" in text
     assert "job j succeeded (exit code 0)" in text
+
+
+def test_a_console_that_cannot_keep_up_skips_lines_never_other_events():
+    import threading
+
+    from hgcli.launch_events import Dispatcher
+
+    gate = threading.Event()
+    seen = []
+
+    def slow_sink(event):
+        gate.wait(30)
+        seen.append(event)
+
+    d = Dispatcher(slow_sink)
+    d.MAX_BACKLOG = 10
+    for i in range(100):
+        d.put(LogLine("j", 0, "n", "worker", "out", f"line {i}"))
+    d.put(ended(cause=None, state="succeeded", code=0))
+    gate.set()
+    d.close(30)
+    lines = [e.line for e in seen if isinstance(e, LogLine)]
+    assert 10 <= len(lines) < 100 and lines == sorted(lines, key=lambda s: int(s.split()[1]))
+    notice = next(e for e in seen if type(e).__name__ == "Notice")
+    assert f"{100 - len(lines)} log lines not shown" in notice.message
+    assert isinstance(seen[-1], JobEnded)
