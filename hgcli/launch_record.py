@@ -41,8 +41,9 @@ class JobBook:
         self._saved_at = 0.0
         self._flushed_at = 0.0
         self.save()
-        for r in record.ranks:   # every rank has its log from the start, even one that prints nothing
-            _open_private(self.log_path(r.rank)).close()
+        if not record.detached:   # a detached job has no controller copy: `logs` asks the nodes
+            for r in record.ranks:   # every rank has its log from the start, even a silent one
+                _open_private(self.log_path(r.rank)).close()
 
     # -- record ------------------------------------------------------------------------------------
 

@@ -64,7 +64,7 @@ def test_unmodified_torchrun_style_script_under_allreduce(hg, tmp_path):
     code, out, err = hg.run("-c", str(ctoml), "--plan", str(plan_file(tmp_path, plan)), "--",
                             PY, "-m", "hgcli.examples.torchrun_style", timeout=600)
     assert code == 0, err + out[-3000:]
-    finals = sorted(line for line in out.splitlines() if "checksum" in line)
+    finals = sorted(line for line in out.splitlines() if ": accuracy " in line and " checksum " in line)
     assert len(finals) == 3
     # DDP keeps every replica identical: the same checksum on every rank
     assert len({line.rsplit("checksum", 1)[1] for line in finals}) == 1
