@@ -86,6 +86,8 @@ class JobBook:
         return self.dir / f"rank{rank}.log"
 
     def write_line(self, rank: int, line: str, partial: bool) -> None:
+        if self.record.detached:
+            return   # only the first lines would be here: the complete logs stay on the nodes
         fh = self._logs.get(rank)
         if fh is None:
             fh = self._logs[rank] = _open_private(self.log_path(rank))

@@ -231,6 +231,7 @@ def test_detach_returns_at_once_and_the_agent_stop_ends_only_that_job(hg, tmp_pa
         assert events[-1]["detached"] is True
         started.append(events[-1]["job_id"])
         assert hg.record(started[-1])["state"] == "running" and hg.record(started[-1])["detached"]
+        assert not list(hg.job_dir(started[-1]).glob("rank*.log"))   # the logs live on the nodes
     for job_id in started:
         wait_until(lambda: len(job_pids(job_id)) == 3, what="the detached ranks")
     from tests.agent.harness import transport
