@@ -69,3 +69,22 @@ def test_unmodified_torchrun_style_script_under_allreduce(hg, tmp_path):
     # DDP keeps every replica identical: the same checksum on every rank
     assert len({line.rsplit("checksum", 1)[1] for line in finals}) == 1
     assert [line.split(" | ")[0] for line in finals] == ["a:0", "a:1", "b:2"]
+
+
+def test_main_job_probes_benches_plans_and_trains_on_the_embedded_cluster(hg, tmp_path):
+    """The README's main command, with no cluster file: probe -> bench -> plan -> launch -> summary."""
+    pytest.importorskip("hgcli.pipeline")
+    code, out, err = hg.run("--json", "--", "python3", "-m", "hgcli.examples.train", "--epochs", "1",
+                            "--max-steps", "30", timeout=900)
+    events = [json.loads(line) for line in out.splitlines()]
+    assert code == 0, err + out[-3000:]
+    stages = [e["stage"] for e in events if e["event"] == "stage"]
+    assert "probe" in stages and "bench" in stages and "plan" in stages
+    started = next(e for e in events if e["event"] == "job_started")
+    assert started["nodes"] == ["local"] and started["world_size"] >= 4
+    ended = events[-1]
+    assert ended["event"] == "job_ended" and ended["state"] == "succeeded"
+    summary = ended["summary"]
+    assert summary["samples_per_s"] > 0 and summary["predicted_samples_per_s"] > 0
+    assert summary["ideal_samples_per_s"] >= summary["predicted_samples_per_s"]
+    assert 0 < summary["accuracy"] <= 1
