@@ -120,19 +120,30 @@ def bench(cluster_file: Path | None, as_json: bool, quick: bool, model_spec: str
 @json_option
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the plan as JSON to this file (mode 0644).")
+@click.option("--skip-failed", is_flag=True,
+              help="Plan on the healthy nodes/devices when some fail to probe or bench (default: exit 4).")
 def plan(cluster_file: Path | None, strategy: str, global_batch: int | None, ps_ranks: int | None,
-         staleness: int | None, params: int | None, as_json: bool, output: Path | None) -> None:
-    """Build a heterogeneous placement plan and predict its throughput."""
+         staleness: int | None, params: int | None, as_json: bool, output: Path | None,
+         skip_failed: bool) -> None:
+    """Build a heterogeneous placement plan and predict its throughput.
+
+    Uses the stored inventory and profiles; probes and benches (quick) first when they are missing,
+    stale or old (docs/cli.md), showing each stage on stderr.
+    """
     from .model import JobSpec, ModelSpec, Strategy, to_json
-    from .plan import make_plan
-    from .plan_io import stored_inputs, write_plan
+    from .pipeline import prepare_plan
+    from .plan_io import write_plan
 
     cluster = load_cluster_arg(cluster_file)
-    inventory, profiles = stored_inputs(cluster)
     model = ModelSpec(name=f"{params:,} parameters", parameters=params) if params else None
     job = JobSpec(strategy=Strategy(strategy), global_batch=global_batch, ps_ranks=ps_ranks,
                   staleness=staleness, model=model)
-    result = make_plan(inventory, profiles, job)
+    on_stage = None
+    if not as_json:
+        from .render.stages import stage_printer
+
+        on_stage = stage_printer()
+    result = prepare_plan(cluster, job, quick=True, skip_failed=skip_failed, on_stage=on_stage)
     if output is not None:
         write_plan(output, result)
     if as_json:
