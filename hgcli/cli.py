@@ -167,22 +167,97 @@ def launch(cluster_file: Path | None, as_json: bool, command: tuple[str, ...]) -
 @click.argument("job", required=False)
 @json_option
 def status(job: str | None, as_json: bool) -> None:
-    """What runs where: each rank's state, step, loss and throughput."""
-    not_yet("status")
+    """What runs where: each rank's state, step, loss and throughput.
+
+    Without JOB: every recorded job, newest first; running ones are asked live. With JOB: that job's
+    ranks. A node that cannot be reached is shown as unknown (docs/cli.md).
+    """
+    import json
+
+    from .status import job_status, list_status, status_dict
+
+    if job is not None:
+        one = job_status(job)
+        if as_json:
+            click.echo(json.dumps(status_dict(one), indent=2))
+        else:
+            from .render.status import render_job
+
+            render_job(one)
+        return
+    statuses = list_status()
+    if as_json:
+        click.echo(json.dumps({"jobs": [status_dict(s) for s in statuses]}, indent=2))
+    else:
+        from .render.status import render_status
+
+        render_status(statuses)
 
 
 @cli.command()
 @click.argument("job")
-def logs(job: str) -> None:
-    """Print or follow a job's logs."""
-    not_yet("logs")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends (Ctrl-C: stop watching).")
+@click.option("--ranks", metavar="LIST", help="Only these ranks, e.g. 0,2-3.")
+@json_option
+def logs(job: str, follow: bool, ranks: str | None, as_json: bool) -> None:
+    """Print or follow a job's logs (also of a detached job), tagged node:rank.
+
+    Ctrl-C while following exits 130 and leaves the job running.
+    """
+    import json
+
+    from . import jobs
+    from .errors import EXIT_NODES_FAILED
+    from .joblogs import NodeLogs, has_local_logs, local_lines, parse_ranks
+
+    record = jobs.load(job)
+    chosen = parse_ranks(ranks, record)
+    if as_json:
+        def show(item) -> None:
+            click.echo(json.dumps({"event": "log", "job_id": record.id, "node": item.node, "rank": item.rank,
+                                   "stream": item.stream, "line": item.line, "partial": item.partial}))
+    else:
+        from .render.logs import LogPrinter
+
+        show = LogPrinter()
+    if not follow and has_local_logs(record, chosen):
+        for item in local_lines(record, chosen):
+            show(item)
+        return
+    with NodeLogs(record, chosen, follow=follow) as node_logs:
+        for item in node_logs.lines():
+            show(item)
+    if node_logs.failed:
+        if not as_json:
+            from .render.logs import log_failures
+
+            log_failures(node_logs.failed)
+        names = ", ".join(node_logs.failed)
+        raise HgError(f"logs of job {record.id} are incomplete: node(s) {names} could not be read",
+                      exit_code=EXIT_NODES_FAILED)
 
 
 @cli.command()
 @click.argument("job")
-def stop(job: str) -> None:
-    """Stop a running job on every node."""
-    not_yet("stop")
+@json_option
+def stop(job: str, as_json: bool) -> None:
+    """Stop a running job on every node (only that job). Exit 4 names nodes that did not confirm."""
+    from .model import to_dict
+    from .stop import stop_job, unconfirmed_error
+
+    result = stop_job(job)
+    if as_json:
+        import json
+
+        click.echo(json.dumps({"job_id": result.record.id, "state": result.record.state.value,
+                               "nodes": to_dict(result.nodes), "record": to_dict(result.record)}, indent=2))
+    else:
+        from .render.stop import render_stop
+
+        render_stop(result)
+    error = unconfirmed_error(result)
+    if error is not None:
+        raise error
 
 
 def main(argv: list[str] | None = None) -> int:

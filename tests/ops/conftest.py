@@ -1,0 +1,42 @@
+"""A private node-side HOME (so the agents' default jobs root is the test's), and a registry of the
+jobs a test started that stops them afterwards and fails the test if any process survived."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.agent.harness import job_pids
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def node_home(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))   # subprocesses (CLI runs) use this checkout
+    return home
+
+
+@pytest.fixture
+def started_jobs():
+    """Append job ids; each is stopped on this host afterwards and must leave no process behind."""
+    started: list[str] = []
+    yield started
+    leaked = {}
+    for job in started:
+        if job_pids(job):
+            subprocess.run([sys.executable, "-m", "hgcli.node.agent", "--stop", job], capture_output=True,
+                           timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        pids = job_pids(job)
+        if pids:
+            leaked[job] = pids
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
+    assert not leaked, f"processes left behind: {leaked}"
