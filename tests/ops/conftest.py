@@ -26,13 +26,16 @@ def node_home(tmp_path, monkeypatch):
 
 @pytest.fixture
 def started_jobs():
-    """Append job ids; each is stopped on this host afterwards and must leave no process behind."""
-    started: list[str] = []
+    """Append job ids (or ``(job id, jobs root)`` for agents under another HOME, e.g. a test host);
+    each is stopped on this host afterwards and must leave no process behind."""
+    started: list[str | tuple[str, Path]] = []
     yield started
     leaked = {}
-    for job in started:
+    for entry in started:
+        job, root = entry if isinstance(entry, tuple) else (entry, None)
         if job_pids(job):
-            subprocess.run([sys.executable, "-m", "hgcli.node.agent", "--stop", job], capture_output=True,
+            where = ["--jobs-root", str(root)] if root else []
+            subprocess.run([sys.executable, "-m", "hgcli.node.agent", "--stop", job, *where], capture_output=True,
                            timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
         pids = job_pids(job)
         if pids:

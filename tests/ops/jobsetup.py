@@ -18,7 +18,7 @@ from hgcli.model import (GroupPlan, JobRecord, JobState, NodeSpec, Plan, RankPla
 from hgcli.node import frames
 from hgcli.node.spec import AgentSpec, RankSpec
 from hgcli.remote.local import LocalTransport
-from hgcli.remote.transport import node_module_argv
+from hgcli.remote.transport import Transport, node_module_argv
 from tests.agent.harness import WAIT_S, job_pids, new_job_id, wait_until
 
 PY = sys.executable
@@ -44,10 +44,11 @@ def make_plan(cluster_fp: str, nodes: list[str]) -> Plan:
                 global_batch=8 * len(ranks), cluster=cluster_fp)
 
 
-def start_detached(job_id: str, node: str, ranks: dict[int, tuple[str, ...]], *, grace_s: float = 2.0) -> int:
+def start_detached(job_id: str, node: str, ranks: dict[int, tuple[str, ...]], *, grace_s: float = 2.0,
+                   transport: Transport | None = None) -> int:
     """Start one node's agent detached (``detach: true``) and wait until it reports the job running;
-    returns the detached agent's pid."""
-    transport = LocalTransport(NodeSpec(name=node, host="localhost", python=PY))
+    returns the detached agent's pid. Local unless a transport (SSH) is given."""
+    transport = transport or LocalTransport(NodeSpec(name=node, host="localhost", python=PY))
     argv, env = node_module_argv(transport, "agent")
     proc = transport.start(argv, env=env)
     spec = AgentSpec(job_id=job_id, node=node, ranks=tuple(RankSpec(rank=r, argv=a) for r, a in ranks.items()),
