@@ -17,7 +17,7 @@ fewer devices than the user declared would hide a broken node until the job is s
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Callable, TypeVar
 
 from .errors import EXIT_NODES_FAILED, HgError, StateError
 from .model import Cluster, Inventory, JobSpec, Plan, Profiles
@@ -26,6 +26,7 @@ from .model import Cluster, Inventory, JobSpec, Plan, Profiles
 INVENTORY_MAX_AGE_S = 3600.0
 
 OnStage = Callable[[str, str], None]
+T = TypeVar("T")
 
 
 class NodesFailedError(HgError):
@@ -61,32 +62,50 @@ def inventory_unusable(inventory: Inventory | None, cluster: Cluster, *, skip_fa
     return None
 
 
+def _stored_or_fresh(stage: str, what: str, load: Callable[[], T | None],
+                     unusable: Callable[[T | None], str | None], measure: Callable[[str], T],
+                     describe: Callable[[T], str], say: OnStage) -> T:
+    """The stored value when ``unusable`` finds nothing wrong with it, else ``measure(why)``.
+    An unreadable stored file is one more reason to measure again (the stage overwrites it)."""
+    try:
+        stored = load()
+    except StateError as exc:
+        return measure(f"stored {what} unreadable ({exc})")
+    why = unusable(stored)
+    if stored is None or why is not None:
+        return measure(why or f"no stored {what}")
+    say(stage, f"using stored {what} ({describe(stored)})")
+    return stored
+
+
+def _failures(stage: str, failed: list[str], kind: str, skip_failed: bool, say: OnStage) -> None:
+    """Refuse (exit 4, names listed) unless failures are to be skipped, then say what is skipped."""
+    if not failed:
+        return
+    if not skip_failed:
+        raise NodesFailedError(f"{stage} failed on {len(failed)} {kind}(s): {'; '.join(failed)}; fix them "
+                               f"or pass --skip-failed to plan on the healthy {kind}s")
+    say(stage, f"skipping failed {kind}(s): {'; '.join(failed)}")
+
+
 def ensure_inventory(cluster: Cluster, *, skip_failed: bool = False,
                      on_stage: OnStage | None = None) -> Inventory:
     """The stored inventory when reusable, else a fresh probe (stored by the probe stage)."""
     from .probe import load_inventory, probe_cluster
 
     say = on_stage or _quiet
-    try:
-        stored = load_inventory(cluster)
-    except StateError as exc:
-        stored, why = None, f"stored inventory unreadable ({exc})"
-    else:
-        why = inventory_unusable(stored, cluster, skip_failed=skip_failed)
-    if stored is not None and why is None:
-        say("probe", f"using stored inventory ({len(stored.nodes)} node(s), probed "
-                     f"{_ago(time.time() - stored.probed_at)})")
-        inventory = stored
-    else:
+
+    def probe(why: str) -> Inventory:
         say("probe", f"probing {len(cluster.nodes)} node(s): {why}")
-        inventory = probe_cluster(cluster)
-        say("probe", f"{len(inventory.succeeded)} of {len(inventory.nodes)} node(s) ok")
-    if inventory.failed:
-        failed = "; ".join(f"{n.name} ({n.error})" for n in inventory.failed)
-        if not skip_failed:
-            raise NodesFailedError(f"probe failed on {len(inventory.failed)} node(s): {failed}; fix them "
-                                   "or pass --skip-failed to plan on the healthy nodes")
-        say("probe", f"skipping failed node(s): {failed}")
+        fresh = probe_cluster(cluster)
+        say("probe", f"{len(fresh.succeeded)} of {len(fresh.nodes)} node(s) ok")
+        return fresh
+
+    inventory = _stored_or_fresh("probe", "inventory", lambda: load_inventory(cluster),
+                                 lambda stored: inventory_unusable(stored, cluster, skip_failed=skip_failed),
+                                 probe, lambda stored: f"{len(stored.nodes)} node(s), probed "
+                                                       f"{_ago(time.time() - stored.probed_at)}", say)
+    _failures("probe", [f"{n.name} ({n.error})" for n in inventory.failed], "node", skip_failed, say)
     return inventory
 
 
@@ -118,26 +137,18 @@ def ensure_profiles(cluster: Cluster, inventory: Inventory, *, quick: bool = Tru
     from .profiles import load_profiles
 
     say = on_stage or _quiet
-    try:
-        stored = load_profiles(inventory.cluster)
-    except StateError as exc:
-        stored, why = None, f"stored profiles unreadable ({exc})"
-    else:
-        why = profiles_unusable(stored, inventory, skip_failed=skip_failed)
-    if stored is not None and why is None:
-        say("bench", f"using stored profiles ({len(stored.devices)} device(s), measured "
-                     f"{_ago(time.time() - stored.measured_at)})")
-        profiles = stored
-    else:
+
+    def bench(why: str) -> Profiles:
         say("bench", f"benching{' (quick)' if quick else ''}: {why}")
-        profiles = bench_cluster(cluster, inventory, quick=quick)
-        say("bench", f"measured {len(profiles.devices)} device(s) and {len(profiles.links)} link(s)")
-    failed = _failed_devices(profiles, inventory)
-    if failed:
-        if not skip_failed:
-            raise NodesFailedError(f"bench failed on {len(failed)} device(s): {'; '.join(failed)}; fix them "
-                                   "or pass --skip-failed to plan on the healthy devices")
-        say("bench", "skipping failed device(s): " + "; ".join(failed))
+        fresh = bench_cluster(cluster, inventory, quick=quick)
+        say("bench", f"measured {len(fresh.devices)} device(s) and {len(fresh.links)} link(s)")
+        return fresh
+
+    profiles = _stored_or_fresh("bench", "profiles", lambda: load_profiles(inventory.cluster),
+                                lambda stored: profiles_unusable(stored, inventory, skip_failed=skip_failed),
+                                bench, lambda stored: f"{len(stored.devices)} device(s), measured "
+                                                      f"{_ago(time.time() - stored.measured_at)}", say)
+    _failures("bench", _failed_devices(profiles, inventory), "device", skip_failed, say)
     return profiles
 
 
