@@ -30,13 +30,14 @@ def started_jobs():
     each is stopped on this host afterwards and must leave no process behind."""
     started: list[str | tuple[str, Path]] = []
     yield started
-    leaked = {}
-    for entry in started:
-        job, root = entry if isinstance(entry, tuple) else (entry, None)
+    entries = [entry if isinstance(entry, tuple) else (entry, None) for entry in started]
+    for job, root in entries:
         if job_pids(job):
             where = ["--jobs-root", str(root)] if root else []
             subprocess.run([sys.executable, "-m", "hgcli.node.agent", "--stop", job, *where], capture_output=True,
                            timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    leaked = {}
+    for job in dict.fromkeys(job for job, _ in entries):
         pids = job_pids(job)
         if pids:
             leaked[job] = pids
