@@ -39,7 +39,10 @@ def _quiet(stage: str, message: str) -> None:
     del stage, message
 
 
-def _ago(seconds: float) -> str:
+def _ago(when: float) -> str:
+    if not when:
+        return "at an unknown time"
+    seconds = time.time() - when
     if seconds < 90:
         return f"{seconds:.0f} s ago"
     if seconds < 5400:
@@ -104,7 +107,7 @@ def ensure_inventory(cluster: Cluster, *, skip_failed: bool = False,
     inventory = _stored_or_fresh("probe", "inventory", lambda: load_inventory(cluster),
                                  lambda stored: inventory_unusable(stored, cluster, skip_failed=skip_failed),
                                  probe, lambda stored: f"{len(stored.nodes)} node(s), probed "
-                                                       f"{_ago(time.time() - stored.probed_at)}", say)
+                                                       f"{_ago(stored.probed_at)}", say)
     _failures("probe", [f"{n.name} ({n.error})" for n in inventory.failed], "node", skip_failed, say)
     return inventory
 
@@ -147,7 +150,7 @@ def ensure_profiles(cluster: Cluster, inventory: Inventory, *, quick: bool = Tru
     profiles = _stored_or_fresh("bench", "profiles", lambda: load_profiles(inventory.cluster),
                                 lambda stored: profiles_unusable(stored, inventory, skip_failed=skip_failed),
                                 bench, lambda stored: f"{len(stored.devices)} device(s), measured "
-                                                      f"{_ago(time.time() - stored.measured_at)}", say)
+                                                      f"{_ago(stored.measured_at)}", say)
     _failures("bench", _failed_devices(profiles, inventory), "device", skip_failed, say)
     return profiles
 

@@ -72,7 +72,9 @@ def test_too_big_global_batch_is_one_line_and_exit_2(capsys):
     assert main(["plan", "--global-batch", "1000000"]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert "does not fit in device memory" in captured.err and len(captured.err.strip().splitlines()) == 1
+    *stages, error = captured.err.strip().splitlines()     # the stage lines, then the one-line error
+    assert "does not fit in device memory" in error and error.startswith("hgtrain: error:")
+    assert [line.split()[0] for line in stages] == ["probe", "bench", "plan"]
 
 
 def test_plan_does_not_import_torch():
