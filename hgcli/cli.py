@@ -70,8 +70,26 @@ def cli(ctx: click.Context, debug: bool) -> None:
 @cluster_option
 @json_option
 def probe(cluster_file: Path | None, as_json: bool) -> None:
-    """Report every node's GPUs, CPU, memory, Python and torch."""
-    not_yet("probe")
+    """Report every node's GPUs, CPU, memory, Python and torch.
+
+    Exit code 0 when every node answered, 4 when any failed (the others are still reported).
+    """
+    from .errors import EXIT_NODES_FAILED
+    from .model import to_json
+    from .probe import probe_cluster
+    from .render.probe import probe_progress, render_inventory
+
+    cluster = load_cluster_arg(cluster_file)
+    with probe_progress([n.name for n in cluster.nodes]) as on_done:
+        inventory = probe_cluster(cluster, on_done=on_done)
+    if as_json:
+        click.echo(to_json(inventory))
+    else:
+        render_inventory(inventory)
+    if inventory.failed:
+        names = ", ".join(n.name for n in inventory.failed)
+        raise HgError(f"{len(inventory.failed)} of {len(inventory.nodes)} node(s) failed: {names}",
+                      exit_code=EXIT_NODES_FAILED)
 
 
 @cli.command()

@@ -1,0 +1,109 @@
+"""Pure parts of the SSH transport and the shipper: remote quoting, ProxyJump specs, package files."""
+from __future__ import annotations
+
+import io
+import shlex
+import subprocess
+import tarfile
+import threading
+
+import pytest
+
+from hgcli.errors import RemoteError
+from hgcli.remote import ship
+from hgcli.remote.local import LocalTransport
+from hgcli.remote.ssh import command_line, parse_jump
+from hgcli.model import NodeSpec
+
+
+@pytest.mark.parametrize("argv", [["echo", "a b", "it's", "$HOME", "`x`", ";", "", "~", "*"]])
+def test_command_line_round_trips_through_a_shell(argv):
+    line = command_line(argv, {"A": "x y", "B": "$HOME"})
+    assert shlex.split(line) == ["env", "A=x y", "B=$HOME", *argv]
+    out = subprocess.run(["sh", "-c", command_line(["printf", "%s|", *argv])], capture_output=True,
+                         text=True, check=True).stdout
+    assert out == "".join(f"{a}|" for a in argv)
+
+
+def test_command_line_rejects_bad_env_names():
+    with pytest.raises(ValueError):
+        command_line(["true"], {"A; rm -rf /": "x"})
+
+
+@pytest.mark.parametrize("spec,expected", [
+    ("jump", (None, "jump", 22)),
+    ("me@jump", ("me", "jump", 22)),
+    ("me@jump:2222", ("me", "jump", 2222)),
+    ("[::1]:2200", (None, "::1", 2200)),
+    ("me@fe80::1", ("me", "fe80::1", 22)),
+])
+def test_parse_jump(spec, expected):
+    assert parse_jump(spec) == expected
+
+
+@pytest.mark.parametrize("spec", ["", "me@", "jump:port"])
+def test_parse_jump_rejects_garbage(spec):
+    with pytest.raises(RemoteError):
+        parse_jump(spec)
+
+
+def test_package_files_are_sources_only():
+    names = [n for n, _ in ship.package_files()]
+    assert "hgcli/__init__.py" in names and "hgcli/py.typed" in names and "hgcli/remote/ship.py" in names
+    assert all(n.endswith(".py") or n.endswith("py.typed") for n in names)
+    assert not any("__pycache__" in n for n in names)
+    assert len(ship.package_digest()) == 16 and int(ship.package_digest(), 16) >= 0
+
+
+def test_tar_holds_exactly_the_package_files():
+    with tarfile.open(fileobj=io.BytesIO(ship.package_tar()), mode="r:gz") as tar:
+        contents = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+    assert contents == dict(ship.package_files())
+
+
+def test_ship_through_local_transport(tmp_path, monkeypatch):
+    # The same scripts the SSH transport runs, through local subprocesses with a private HOME:
+    # the first call ships, concurrent calls all end with the one complete copy.
+    monkeypatch.setenv("HOME", str(tmp_path))
+    transport = LocalTransport(NodeSpec(name="local", host="localhost"))
+    roots: list[str] = []
+    threads = [threading.Thread(target=lambda: roots.append(ship.ensure_package(transport))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    expected = tmp_path / ".cache" / "hgtrain" / f"pkg-{ship.package_digest()}"
+    assert roots == [str(expected)] * 3
+    assert (expected / "hgcli" / "remote" / "ship.py").read_bytes() == \
+        dict(ship.package_files())["hgcli/remote/ship.py"]
+    assert [p.name for p in expected.parent.iterdir()] == [expected.name]
+
+
+def test_missing_interpreter_is_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    transport = LocalTransport(NodeSpec(name="n1", host="localhost", python="/nonexistent/python9"))
+    with pytest.raises(RemoteError, match="python9"):
+        ship.ensure_package(transport)
+
+
+def test_remembered_roots_are_per_target_and_per_version(monkeypatch):
+    ship.remember_root("root@gpu1:22", "/home/r/.cache/hgtrain/pkg-x")
+    assert ship.remembered_root("root@gpu1:22") == "/home/r/.cache/hgtrain/pkg-x"
+    assert ship.remembered_root("root@gpu1:2222") is None
+    monkeypatch.setattr(ship, "package_digest", lambda: "another-version")
+    assert ship.remembered_root("root@gpu1:22") is None
+
+
+def test_guard_runs_the_command_only_when_the_package_is_there(tmp_path):
+    from hgcli.remote.transport import Completed
+
+    def guarded(root):
+        proc = subprocess.run(["sh", "-c", ship.GUARD_SCRIPT, "sh", str(root), "echo", "ran"],
+                              capture_output=True, text=True)
+        return Completed(proc.returncode, proc.stdout, proc.stderr)
+
+    missing = guarded(tmp_path)
+    assert ship.says_missing(missing) and "ran" not in missing.stdout
+    (tmp_path / "hgcli").mkdir()
+    present = guarded(tmp_path)
+    assert present.stdout == "ran\n" and not ship.says_missing(present)
