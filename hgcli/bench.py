@@ -8,7 +8,7 @@ directory for ``plan``.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from .bench_links import bench_links
@@ -16,6 +16,7 @@ from .errors import RemoteError, UsageError
 from .model import (Cluster, DeviceProfile, Inventory, ModelSpec, NodeInfo, NodeSpec, Profiles,
                     from_dict)
 from .node import modelspec
+from .node.timing import scaled
 from .profiles import store_profiles
 from .remote.fanout import fanout, open_transport
 from .remote.node_program import NodeProgram
@@ -119,13 +120,46 @@ def _bench_node(cluster: Cluster, node: NodeSpec, info: NodeInfo | None, quick: 
         reason = info.error if info is not None else "not in the inventory"
         return [_node_failure(node, f"not probed: {reason}")], None
     profiles, model = [], None
+    targets = device_targets(info)
+    real = [t for t in targets if not t.emulated]
+    emulated = [t for t in targets if t.emulated]
     with open_transport(node, cluster.ssh) as transport:
-        for target in device_targets(info):
-            profile, parameters = _bench_device(transport, node, target, quick, spec, emit)
-            profiles.append(profile)
-            if parameters is not None:
-                model = ModelSpec(name=spec, parameters=parameters)
+        measured = [_bench_device(transport, node, t, quick, spec, emit) for t in real]
+        if emulated:
+            # Emulated devices of a node share one CPU: measure it once (at speed 1, under the largest
+            # declared memory) and derive each device from that, so their ratios are exactly the
+            # declared speeds instead of whatever load the CPU saw during each device's turn.
+            base_target = max(emulated, key=lambda t: t.memory_mib or 0)
+            base, parameters = _bench_device(transport, node, replace(base_target, speed=1.0), quick,
+                                             spec, emit)
+            measured += [(emulated_profile(base, t), parameters) for t in emulated]
+    by_device = {p.device: (p, n) for p, n in measured}
+    for target in targets:
+        profile, parameters = by_device[target.device]
+        profiles.append(profile)
+        if parameters is not None:
+            model = ModelSpec(name=spec, parameters=parameters)
     return profiles, model
+
+
+def emulated_profile(base: DeviceProfile, target: DeviceTarget) -> DeviceProfile:
+    """``target``'s profile from its node's CPU measured at speed 1: rates x speed, times / speed;
+    a batch whose measured memory exceeds the device's declared memory is its out-of-memory."""
+    speed = target.speed if target.speed is not None else 1.0
+    cap = target.memory_mib
+    steps, error = [], base.error
+    for s in base.steps:
+        if cap is not None and s.memory_mib is not None and s.memory_mib > cap:
+            error = error or (f"out of memory at batch {s.batch_size}: a step needs {s.memory_mib} MiB, "
+                              f"the emulated device has {cap} MiB")
+            break
+        steps.append(replace(s, seconds=scaled(s.seconds, 1.0 / speed)))
+    return replace(
+        base, device=target.device, name=target.name or target.device, emulated=True, speed=speed,
+        memory_total_mib=cap, steps=tuple(steps), error=error,
+        matmul_tflops={k: scaled(v, speed) for k, v in base.matmul_tflops.items()},
+        mem_bandwidth_gbs=scaled(base.mem_bandwidth_gbs, speed) if base.mem_bandwidth_gbs else None,
+    )
 
 
 def _bench_device(transport: Transport, node: NodeSpec, target: DeviceTarget, quick: bool, spec: str,

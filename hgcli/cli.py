@@ -138,19 +138,30 @@ def bench(cluster_file: Path | None, as_json: bool, quick: bool, model_spec: str
 @json_option
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the plan as JSON to this file (mode 0644).")
+@click.option("--skip-failed", is_flag=True,
+              help="Plan on the healthy nodes/devices when some fail to probe or bench (default: exit 4).")
 def plan(cluster_file: Path | None, strategy: str, global_batch: int | None, ps_ranks: int | None,
-         staleness: int | None, params: int | None, as_json: bool, output: Path | None) -> None:
-    """Build a heterogeneous placement plan and predict its throughput."""
+         staleness: int | None, params: int | None, as_json: bool, output: Path | None,
+         skip_failed: bool) -> None:
+    """Build a heterogeneous placement plan and predict its throughput.
+
+    Uses the stored inventory and profiles; probes and benches (quick) first when they are missing,
+    stale or old (docs/cli.md), showing each stage on stderr.
+    """
     from .model import JobSpec, ModelSpec, Strategy, to_json
-    from .plan import make_plan
-    from .plan_io import stored_inputs, write_plan
+    from .pipeline import prepare_plan
+    from .plan_io import write_plan
 
     cluster = load_cluster_arg(cluster_file)
-    inventory, profiles = stored_inputs(cluster)
     model = ModelSpec(name=f"{params:,} parameters", parameters=params) if params else None
     job = JobSpec(strategy=Strategy(strategy), global_batch=global_batch, ps_ranks=ps_ranks,
                   staleness=staleness, model=model)
-    result = make_plan(inventory, profiles, job)
+    on_stage = None
+    if not as_json:
+        from .render.stages import stage_printer
+
+        on_stage = stage_printer()
+    result = prepare_plan(cluster, job, quick=True, skip_failed=skip_failed, on_stage=on_stage)
     if output is not None:
         write_plan(output, result)
     if as_json:
@@ -214,22 +225,97 @@ def launch(ctx: click.Context, cluster_file: Path | None, plan_file: Path | None
 @click.argument("job", required=False)
 @json_option
 def status(job: str | None, as_json: bool) -> None:
-    """What runs where: each rank's state, step, loss and throughput."""
-    not_yet("status")
+    """What runs where: each rank's state, step, loss and throughput.
+
+    Without JOB: every recorded job, newest first; running ones are asked live. With JOB: that job's
+    ranks. A node that cannot be reached is shown as unknown (docs/cli.md).
+    """
+    import json
+
+    from .status import job_status, list_status, status_dict
+
+    if job is not None:
+        one = job_status(job)
+        if as_json:
+            click.echo(json.dumps(status_dict(one), indent=2))
+        else:
+            from .render.status import render_job
+
+            render_job(one)
+        return
+    statuses = list_status()
+    if as_json:
+        click.echo(json.dumps({"jobs": [status_dict(s) for s in statuses]}, indent=2))
+    else:
+        from .render.status import render_status
+
+        render_status(statuses)
 
 
 @cli.command()
 @click.argument("job")
-def logs(job: str) -> None:
-    """Print or follow a job's logs."""
-    not_yet("logs")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends (Ctrl-C: stop watching).")
+@click.option("--ranks", metavar="LIST", help="Only these ranks, e.g. 0,2-3.")
+@json_option
+def logs(job: str, follow: bool, ranks: str | None, as_json: bool) -> None:
+    """Print or follow a job's logs (also of a detached job), tagged node:rank.
+
+    Ctrl-C while following exits 130 and leaves the job running.
+    """
+    import json
+
+    from . import jobs
+    from .errors import EXIT_NODES_FAILED
+    from .joblogs import NodeLogs, has_local_logs, local_lines, parse_ranks
+
+    record = jobs.load(job)
+    chosen = parse_ranks(ranks, record)
+    if as_json:
+        def show(item) -> None:
+            click.echo(json.dumps({"event": "log", "job_id": record.id, "node": item.node, "rank": item.rank,
+                                   "stream": item.stream, "line": item.line, "partial": item.partial}))
+    else:
+        from .render.logs import LogPrinter
+
+        show = LogPrinter()
+    if not follow and has_local_logs(record, chosen):
+        for item in local_lines(record, chosen):
+            show(item)
+        return
+    with NodeLogs(record, chosen, follow=follow) as node_logs:
+        for item in node_logs.lines():
+            show(item)
+    if node_logs.failed:
+        if not as_json:
+            from .render.logs import log_failures
+
+            log_failures(node_logs.failed)
+        names = ", ".join(node_logs.failed)
+        raise HgError(f"logs of job {record.id} are incomplete: node(s) {names} could not be read",
+                      exit_code=EXIT_NODES_FAILED)
 
 
 @cli.command()
 @click.argument("job")
-def stop(job: str) -> None:
-    """Stop a running job on every node."""
-    not_yet("stop")
+@json_option
+def stop(job: str, as_json: bool) -> None:
+    """Stop a running job on every node (only that job). Exit 4 names nodes that did not confirm."""
+    from .model import to_dict
+    from .stop import stop_job, unconfirmed_error
+
+    result = stop_job(job)
+    if as_json:
+        import json
+
+        click.echo(json.dumps({"job_id": result.record.id, "state": result.record.state.value,
+                               "nodes": to_dict(result.nodes), "record": to_dict(result.record)}, indent=2))
+    else:
+        from .render.stop import render_stop
+
+        render_stop(result)
+    error = unconfirmed_error(result)
+    if error is not None:
+        raise error
 
 
 def main(argv: list[str] | None = None) -> int:

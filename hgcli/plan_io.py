@@ -1,42 +1,13 @@
-"""The I/O around the pure planner: its stored inputs, and plan files users write and launch from."""
+"""The I/O around the pure planner: plan files users write and launch from (its stored inputs are
+``pipeline.py``'s job)."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TypeVar
 
 from . import state
-from .errors import ConfigError, StateError, UsageError
-from .model import SCHEMA_VERSION, Cluster, Inventory, Plan, Profiles, from_dict, to_json
-
-T = TypeVar("T")
-
-
-def stored_inputs(cluster: Cluster) -> tuple[Inventory, Profiles]:
-    """The inventory and profiles stored for this cluster.
-
-    For now a missing one is an error telling the user which stage to run; this is the one place to
-    swap for an automatic quick probe/bench.
-    """
-    folder = state.cluster_dir(cluster.fingerprint())
-    where = f" -c {cluster.source}" if cluster.source else ""
-    inventory = _stored(folder / "inventory.json", Inventory)
-    if inventory is None:
-        raise UsageError(f"no stored inventory for this cluster: run 'hgtrain probe{where}' first")
-    profiles = _stored(folder / "profiles.json", Profiles)
-    if profiles is None:
-        raise UsageError(f"no stored profiles for this cluster: run 'hgtrain bench{where}' first")
-    return inventory, profiles
-
-
-def _stored(path: Path, cls: type[T]) -> T | None:
-    data = state.read_json(path)
-    if data is None:
-        return None
-    try:
-        return from_dict(cls, data)
-    except (ValueError, TypeError) as exc:
-        raise StateError(f"{path}: {exc}; run the stage that writes it again") from exc
+from .errors import ConfigError
+from .model import SCHEMA_VERSION, Cluster, Plan, from_dict, to_json
 
 
 def write_plan(path: Path, plan: Plan) -> None:

@@ -76,3 +76,20 @@ def test_corrupt_or_foreign_profiles_are_state_errors():
     path.write_text(json.dumps({"cluster": "c0ffee", "devices": "?", "version": 99}))
     with pytest.raises(StateError, match="schema 99"):
         load_profiles("c0ffee")
+
+
+def test_emulated_profile_scales_exactly_by_declared_speed_and_caps_memory():
+    from hgcli.bench import DeviceTarget, emulated_profile
+    from hgcli.model import DeviceProfile, Measurement, StepSample
+
+    m = lambda v: Measurement(v, v, v, 3)  # noqa: E731
+    base = DeviceProfile(node="a", device="gpu0", name="A100", emulated=True, speed=1.0, memory_total_mib=100,
+                         matmul_tflops={"fp32": m(2.0)}, mem_bandwidth_gbs=m(10.0),
+                         steps=(StepSample(8, m(0.01), 10), StepSample(64, m(0.05), 50)))
+    slow = emulated_profile(base, DeviceTarget("gpu3", "Tesla T4", True, 0.25, 20))
+    assert (slow.device, slow.name, slow.speed, slow.memory_total_mib) == ("gpu3", "Tesla T4", 0.25, 20)
+    assert slow.matmul_tflops["fp32"].median == 0.5 and slow.mem_bandwidth_gbs.median == 2.5
+    assert [(s.batch_size, s.seconds.median) for s in slow.steps] == [(8, 0.04)]
+    assert slow.error == "out of memory at batch 64: a step needs 50 MiB, the emulated device has 20 MiB"
+    fast = emulated_profile(base, DeviceTarget("gpu1", "A100", True, 1.0, 100))
+    assert fast.steps == base.steps and fast.error is None

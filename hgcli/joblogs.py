@@ -1,0 +1,162 @@
+"""``hgtrain logs JOB``: a job's log lines, tagged by node and rank, from wherever they are.
+
+- The controller's copy: launch writes every rank's output to ``jobs.job_dir(id)/rank<N>.log``. When
+  that exists for every rank asked for and we are not following, it is printed as is (it survives
+  the nodes).
+- Otherwise (a detached job has no controller copy, and ``-f`` follows a running job) the lines come
+  from the nodes: ``agent --tail JOB --node NODE [--follow]`` on every node of the job at once, each
+  over its own connection. A follow ends when the job ends on every node, or when the caller closes
+  the tails (Ctrl-C): closing a tail is stdin EOF to it and never touches the job.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from . import jobs
+from .errors import UsageError
+from .jobnodes import AgentTail, JobNodes, job_nodes
+from .model import JobRecord
+
+POLL_S = 0.5     # how often the main thread wakes while waiting for lines (keeps Ctrl-C prompt)
+
+
+@dataclass(frozen=True)
+class LogLine:
+    node: str
+    rank: int
+    stream: str          # "out" | "err" from a node; "log" from the controller's copy
+    line: str
+    partial: bool = False   # a piece of a line longer than 64 KiB; the rest follows
+
+
+@dataclass(frozen=True)
+class _NodeDone:
+    node: str
+    error: str | None
+
+
+def parse_ranks(text: str | None, record: JobRecord) -> tuple[int, ...]:
+    """``0,2-3`` -> (0, 2, 3), checked against the job's ranks; None or empty -> every rank."""
+    known = sorted({r.rank for r in (record.ranks or record.plan.ranks)})
+    if not text:
+        return tuple(known)
+    chosen: set[int] = set()
+    for item in text.split(","):
+        lo, sep, hi = item.strip().partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise UsageError(f"--ranks {text!r}: expected numbers and ranges like 0,2-3")
+        first, last = int(lo), int(hi) if sep else int(lo)
+        if last < first:
+            raise UsageError(f"--ranks {text!r}: range {item} runs backwards")
+        chosen.update(range(first, last + 1))
+    unknown = sorted(chosen - set(known))
+    if unknown:
+        raise UsageError(f"job {record.id} has no rank {', '.join(map(str, unknown))} "
+                         f"(ranks 0-{known[-1] if known else 0})")
+    return tuple(sorted(chosen))
+
+
+def _rank_nodes(record: JobRecord) -> dict[int, str]:
+    return {r.rank: r.node for r in (record.ranks or record.plan.ranks)}
+
+
+def local_log(record: JobRecord, rank: int) -> Path:
+    return jobs.job_dir(record.id) / f"rank{rank}.log"
+
+
+def has_local_logs(record: JobRecord, ranks: tuple[int, ...]) -> bool:
+    return bool(ranks) and all(local_log(record, r).is_file() for r in ranks)
+
+
+def local_lines(record: JobRecord, ranks: tuple[int, ...]) -> Iterator[LogLine]:
+    """The controller's copy, rank by rank (each file is one rank's output in order)."""
+    nodes = _rank_nodes(record)
+    for rank in ranks:
+        data = local_log(record, rank).read_bytes()
+        text = data.decode("utf-8", "backslashreplace")
+        lines = text.split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+        for line in lines:
+            yield LogLine(nodes[rank], rank, "log", line)
+
+
+class NodeLogs:
+    """Tails on every node holding a chosen rank; ``lines()`` merges them as they arrive.
+
+    After ``lines()`` is exhausted, ``failed`` names each node whose tail did not end normally."""
+
+    def __init__(self, record: JobRecord, ranks: tuple[int, ...], *, follow: bool,
+                 where: JobNodes | None = None) -> None:
+        self.record = record
+        self.ranks = frozenset(ranks)
+        self.follow = follow
+        self.where = where or job_nodes(record)
+        rank_nodes = _rank_nodes(record)
+        wanted = {rank_nodes[r] for r in ranks}
+        self.failed: dict[str, str] = {n: "no longer declared in the cluster's node source"
+                                       for n in self.where.missing if n in wanted}
+        self._nodes = [n for n in self.where.nodes if n.name in wanted]
+        self._queue: queue.Queue[LogLine | _NodeDone] = queue.Queue()
+        self._tails: list[AgentTail] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _read(self, node) -> None:
+        error: str | None = "the connection ended before the end of the logs"
+        try:
+            tail = AgentTail(self.where.cluster, node, self.record.id, follow=self.follow)
+            with self._lock:
+                if self._closed:
+                    tail.close()
+                    return
+                self._tails.append(tail)
+            for frame in tail.frames():
+                kind = frame.get("type")
+                if kind == "log" and frame.get("rank") in self.ranks:
+                    self._queue.put(LogLine(node.name, int(frame["rank"]), str(frame.get("stream")),
+                                            str(frame.get("line", "")), bool(frame.get("partial"))))
+                elif kind == "tail_end":
+                    error = None
+                elif kind == "error":
+                    error = str(frame.get("message"))
+        except Exception as exc:   # RemoteError (unreachable) or a dropped stream: that node's failure
+            error = getattr(exc, "reason", None) or str(exc) or type(exc).__name__
+        finally:
+            self._queue.put(_NodeDone(node.name, error))
+
+    def lines(self) -> Iterator[LogLine]:
+        threads = [threading.Thread(target=self._read, args=(n,), daemon=True, name=f"tail-{n.name}")
+                   for n in self._nodes]
+        for t in threads:
+            t.start()
+        running = len(threads)
+        while running:
+            try:
+                item = self._queue.get(timeout=POLL_S)
+            except queue.Empty:
+                continue
+            if isinstance(item, _NodeDone):
+                running -= 1
+                if item.error is not None and not self._closed:
+                    self.failed[item.node] = item.error
+                continue
+            yield item
+
+    def close(self) -> None:
+        """Hang up every tail (a follow on the node ends; the job keeps running)."""
+        with self._lock:
+            self._closed = True
+            tails, self._tails = self._tails, []
+        for tail in tails:
+            tail.close()
+
+    def __enter__(self) -> "NodeLogs":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,126 @@
+"""`hgtrain logs` and `hgtrain stop` against real detached agents, found again from their job records."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from hgcli import jobs
+from hgcli.cli import main
+from hgcli.config import load_cluster
+from hgcli.model import JobState, RankState
+from tests.ops.conftest import ROOT
+from tests.ops.jobsetup import (WAIT_S, job_id, job_pids, py, start_detached, two_node_cluster_file, wait_gone,
+                                wait_until, write_record)
+
+SLEEPER = py("import time\nprint('up', flush=True)\ntime.sleep(600)")
+# Prints a numbered line every 0.2 s until the file "release" appears, then a last line, and exits.
+TICKER = ("import os, sys, time\nn = 0\nwhile not os.path.exists(sys.argv[1]):\n"
+          "    print('tick', n, flush=True); n += 1; time.sleep(0.2)\nprint('last line', flush=True)\n")
+
+
+def detached_job(tmp_path, started_jobs, ranks_a, ranks_b=None):
+    path = two_node_cluster_file(tmp_path)
+    job = job_id()
+    started_jobs.append(job)
+    start_detached(job, "a", ranks_a)
+    nodes = ["a"] * len(ranks_a)
+    if ranks_b:
+        start_detached(job, "b", ranks_b)
+        nodes += ["b"] * len(ranks_b)
+    write_record(job, load_cluster(path).fingerprint(), str(path), nodes)
+    return job
+
+
+def test_logs_of_a_finished_detached_job_come_from_the_nodes_tagged(tmp_path, started_jobs, capsys):
+    job = detached_job(tmp_path, started_jobs, {0: py("print('zero a'); print('zero b')")},
+                       {1: py("import sys; print('one out'); print('one err', file=sys.stderr)")})
+    wait_gone(job)
+    assert main(["logs", job]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line for line in out if line.startswith("a:0")] == ["a:0| zero a", "a:0| zero b"]
+    assert "b:1| one out" in out and "b:1! one err" in out
+    assert main(["logs", job, "--ranks", "1", "--json"]) == 0
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert {(e["node"], e["rank"], e["stream"], e["line"]) for e in events} == {
+        ("b", 1, "out", "one out"), ("b", 1, "err", "one err")}
+    assert all(e["event"] == "log" and e["job_id"] == job for e in events)
+
+
+def test_controller_copy_is_printed_when_it_exists(tmp_path, started_jobs, capsys):
+    job = detached_job(tmp_path, started_jobs, {0: py("print('from the node')")})
+    wait_gone(job)
+    (jobs.job_dir(job) / "rank0.log").write_bytes(b"from the controller\nbad \xff byte\n")
+    assert main(["logs", job]) == 0
+    assert capsys.readouterr().out.splitlines() == ["a:0| from the controller", "a:0| bad \\xff byte"]
+    assert main(["logs", job, "--ranks", "0-2"]) == 2          # the job has rank 0 only
+    assert "no rank 1, 2" in capsys.readouterr().err
+
+
+def test_follow_reattaches_to_a_detached_job_until_it_ends(tmp_path, started_jobs):
+    release = tmp_path / "release"
+    job = detached_job(tmp_path, started_jobs, {0: py(TICKER) + (str(release),)})
+    proc = subprocess.Popen([sys.executable, "-m", "hgcli", "logs", job, "-f"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    first = proc.stdout.readline()
+    assert first == "a:0| tick 0\n", first + proc.stderr.read()
+    release.touch()
+    out, err = proc.communicate(timeout=WAIT_S)
+    assert proc.returncode == 0, err
+    lines = [first] + out.splitlines(keepends=True)
+    ticks = [int(line.split()[-1]) for line in lines if "tick" in line]
+    assert ticks == list(range(len(ticks))) and lines[-1] == "a:0| last line\n"   # every line, in order
+
+
+def test_ctrl_c_on_follow_exits_130_and_leaves_the_job_running(tmp_path, started_jobs):
+    job = detached_job(tmp_path, started_jobs, {0: SLEEPER})
+    pids = wait_until(lambda: job_pids(job), what="the rank")
+    proc = subprocess.Popen([sys.executable, "-m", "hgcli", "logs", job, "-f"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stdout.readline() == "a:0| up\n"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=WAIT_S)
+    assert proc.returncode == 130 and "interrupted" in err
+    time.sleep(1.0)   # give a wrongly propagated stop time to act
+    assert set(pids) <= set(job_pids(job))
+    assert jobs.load(job).state is JobState.RUNNING
+
+
+def test_stop_stops_one_job_and_leaves_the_other_running(tmp_path, started_jobs, capsys):
+    keep = detached_job(tmp_path, started_jobs, {0: SLEEPER}, {1: SLEEPER})
+    stop = detached_job(tmp_path, started_jobs, {0: SLEEPER}, {1: SLEEPER})
+    kept = wait_until(lambda: len(job_pids(keep)) == 2 and job_pids(keep), what="job to keep")
+    wait_until(lambda: len(job_pids(stop)) == 2, what="job to stop")
+    assert main(["stop", stop, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["job_id"] == stop and data["state"] == "stopped"
+    assert [(n["node"], n["ok"], n["agent"]) for n in data["nodes"]] == [("a", True, "stopped"), ("b", True, "stopped")]
+    assert job_pids(stop) == []
+    assert sorted(job_pids(keep)) == sorted(kept)
+    record = jobs.load(stop)
+    assert record.state is JobState.STOPPED and record.ended_at
+    assert [r.state for r in record.ranks] == [RankState.STOPPED, RankState.STOPPED]
+    assert jobs.load(keep).state is JobState.RUNNING
+    assert main(["status", stop, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["live"] is None        # ended: nobody asked
+    assert main(["stop", keep]) == 0
+    assert "is stopped" in capsys.readouterr().out and job_pids(keep) == []
+
+
+def test_stop_with_an_unreachable_node_names_it_and_exits_4(tmp_path, started_jobs, capsys):
+    path = two_node_cluster_file(tmp_path, '\n[[nodes]]\nname = "c"\nhost = "127.0.0.1"\nport = 1\n')
+    job = job_id()
+    started_jobs.append(job)
+    start_detached(job, "a", {0: SLEEPER})
+    write_record(job, load_cluster(path).fingerprint(), str(path), ["a", "c"])
+    wait_until(lambda: job_pids(job), what="the rank")
+    assert main(["stop", job]) == 4
+    captured = capsys.readouterr()
+    assert "not confirmed stopped on 1 node(s): c (" in captured.err
+    assert job_pids(job) == []
+    record = jobs.load(job)
+    assert record.state is JobState.RUNNING                        # node c may still run its rank
+    assert [r.state for r in record.ranks] == [RankState.STOPPED, RankState.UNKNOWN]

@@ -1,0 +1,127 @@
+"""probe -> bench -> plan in one call (`hgtrain plan` on a fresh cluster), and reuse of what is stored.
+
+Real probes and quick benches of this machine through the local transport; which stages ran is read
+from the ``on_stage`` events the plan command shows on stderr.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+
+import pytest
+
+from hgcli import state
+from hgcli.cli import main
+from hgcli.config import default_cluster, load_cluster
+from hgcli.model import Inventory, JobSpec, NodeInfo, Plan, Profiles, from_dict, to_dict
+from hgcli.pipeline import INVENTORY_MAX_AGE_S, inventory_unusable, prepare_plan, profiles_unusable
+from hgcli.profiles import load_profiles, store_profiles
+
+pytestmark = pytest.mark.slow
+
+
+class Stages:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+
+    def __call__(self, stage: str, message: str) -> None:
+        self.events.append((stage, message))
+
+    def said(self, stage: str, start: str) -> bool:
+        return any(s == stage and m.startswith(start) for s, m in self.events)
+
+
+def test_fresh_cluster_in_one_step_then_reuse_then_stale_profiles_rebenched():
+    cluster = default_cluster()
+    first = Stages()
+    plan = prepare_plan(cluster, JobSpec(), quick=True, on_stage=first)
+    assert first.said("probe", "probing") and first.said("bench", "benching (quick): no stored profiles")
+    assert [s for s, _ in first.events][-1] == "plan"
+    assert plan.cluster == cluster.fingerprint() and plan.world_size >= 1
+    measured_at = load_profiles(cluster.fingerprint()).measured_at
+
+    second = Stages()
+    again = prepare_plan(cluster, JobSpec(), quick=True, on_stage=second)
+    assert second.said("probe", "using stored inventory") and second.said("bench", "using stored profiles")
+    assert not second.said("probe", "probing") and not second.said("bench", "benching")
+    assert load_profiles(cluster.fingerprint()).measured_at == measured_at          # not benched again
+    assert to_dict(again) == to_dict(plan)
+
+    # The stored profiles describe another device than the one probed now: stale, benched again.
+    profiles = load_profiles(cluster.fingerprint())
+    first_device = dataclasses.replace(profiles.devices[0], name="a device this node does not have")
+    store_profiles(dataclasses.replace(profiles, devices=(first_device, *profiles.devices[1:])))
+    third = Stages()
+    prepare_plan(cluster, JobSpec(), quick=True, on_stage=third)
+    assert third.said("probe", "using stored inventory")
+    assert third.said("bench", "benching (quick): stored profiles are stale")
+    assert load_profiles(cluster.fingerprint()).measured_at > measured_at
+
+
+def test_plan_command_shows_stages_on_stderr_and_only_json_on_stdout(capsys):
+    assert main(["plan", "--json"]) == 0
+    out, err = capsys.readouterr()
+    plan = from_dict(Plan, json.loads(out))
+    assert plan.cluster == default_cluster().fingerprint()
+    assert err == ""                     # --json: nothing but the plan, stages are human output
+    assert main(["plan"]) == 0
+    out, err = capsys.readouterr()
+    assert "probe  using stored inventory" in err and "bench  using stored profiles" in err
+    assert "plan   allreduce" in err or "plan   hybrid" in err or "plan   ps" in err
+    assert "why:" in out
+
+
+def test_corrupt_stored_profiles_are_benched_again():
+    cluster = default_cluster()
+    prepare_plan(cluster, JobSpec(), quick=True)
+    path = state.cluster_dir(cluster.fingerprint()) / "profiles.json"
+    path.write_text('{"cluster": 3}')
+    stages = Stages()
+    prepare_plan(cluster, JobSpec(), quick=True, on_stage=stages)
+    assert stages.said("bench", "benching (quick): stored profiles unreadable")
+    assert from_dict(Profiles, json.loads(path.read_text())).cluster == cluster.fingerprint()
+
+
+def test_failed_node_is_refused_with_exit_4_unless_skipped(tmp_path, capsys):
+    path = tmp_path / "cluster.toml"
+    # Node c is on a port where nothing listens: a real refused connection.
+    path.write_text('[[nodes]]\nname = "a"\nhost = "localhost"\n\n'
+                    '[[nodes]]\nname = "c"\nhost = "127.0.0.1"\nport = 1\n')
+    assert main(["plan", "-c", str(path), "--json"]) == 4
+    captured = capsys.readouterr()
+    assert captured.out == "" and "probe failed on 1 node(s): c (" in captured.err
+    assert "--skip-failed" in captured.err and len(captured.err.strip().splitlines()) == 1
+    assert main(["plan", "-c", str(path), "--json", "--skip-failed"]) == 0
+    plan = from_dict(Plan, json.loads(capsys.readouterr().out))
+    assert {r.node for r in plan.ranks} == {"a"} and "c" in plan.reason
+
+
+def _inventory(cluster, *, age: float = 0.0, failed: bool = False) -> Inventory:
+    nodes = (NodeInfo(name="local", host="localhost", ok=not failed, error="down" if failed else None),)
+    return Inventory(cluster=cluster.fingerprint(), nodes=nodes, probed_at=time.time() - age)
+
+
+def test_inventory_reuse_rules():
+    cluster = default_cluster()
+    assert inventory_unusable(None, cluster, skip_failed=False) == "no stored inventory"
+    assert inventory_unusable(_inventory(cluster), cluster, skip_failed=False) is None
+    assert "old" in inventory_unusable(_inventory(cluster, age=INVENTORY_MAX_AGE_S + 60), cluster, skip_failed=False)
+    other = dataclasses.replace(_inventory(cluster), cluster="another")
+    assert "of cluster another" in inventory_unusable(other, cluster, skip_failed=False)
+    assert "failed nodes: local" in inventory_unusable(_inventory(cluster, failed=True), cluster, skip_failed=False)
+    assert inventory_unusable(_inventory(cluster, failed=True), cluster, skip_failed=True) is None
+
+
+def test_profiles_with_a_failed_device_are_benched_again_unless_skipped(tmp_path):
+    from hgcli.model import DeviceProfile, GpuInfo
+
+    cluster = default_cluster()
+    inventory = Inventory(cluster=cluster.fingerprint(), nodes=(
+        NodeInfo(name="local", host="localhost", ok=True, gpus=(GpuInfo(0, "Tesla T4"),)),))
+    broken = Profiles(cluster=cluster.fingerprint(), devices=(
+        DeviceProfile(node="local", device="gpu0", name="Tesla T4", emulated=True, speed=1.0, memory_total_mib=1,
+                      error="out of memory at batch 8"),))
+    assert "failed devices: gpu0@local (out of memory" in profiles_unusable(broken, inventory, skip_failed=False)
+    assert profiles_unusable(broken, inventory, skip_failed=True) is None
+    assert profiles_unusable(None, inventory, skip_failed=False) == "no stored profiles"
