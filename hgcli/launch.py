@@ -170,7 +170,7 @@ def launch(request: LaunchRequest, on_event: Callable[[Event], None]) -> LaunchR
 
 def _run(request: LaunchRequest, plan: Plan, job_id: str, env: dict[str, str], master_addr: str,
          emit: Callable[[Event], None]) -> LaunchResult:
-    record = JobRecord(id=job_id, cluster=request.cluster.fingerprint(), cluster_source=request.cluster.source,
+    record = JobRecord(id=job_id, cluster=request.cluster.fingerprint(), cluster_source=_source(request.cluster),
                        command=request.command, plan=plan, started_at=time.time(), detached=request.detach,
                        ranks=tuple(RankRecord(rank=r.rank, node=r.node, role=r.role) for r in plan.ranks))
     book = JobBook(record)
@@ -224,6 +224,14 @@ def _run(request: LaunchRequest, plan: Plan, job_id: str, env: dict[str, str], m
         for t in transports.values():
             t.close()
     return _finish(book, board, emit, outcome, started, request.detach)
+
+
+def _source(cluster: Cluster) -> str | None:
+    """The node source as `status`/`stop` must read it again from any directory: a file made absolute."""
+    source = cluster.source
+    if source is not None and Path(source).is_file():
+        return str(Path(source).resolve())
+    return source
 
 
 def _stop_detached(links: list[AgentLink], job_id: str, jobs_root: str) -> None:

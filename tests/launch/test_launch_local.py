@@ -313,3 +313,28 @@ def test_floods_long_lines_and_bad_bytes_arrive_complete_and_in_order(hg, tmp_pa
         assert lines[50000:] == ["x" * 200000, "bad \\xff bytes", "no newline", ""]
         shown = [line for line in out.split("\n") if line.startswith(f"{node}:{rank} | rank")]
         assert len(shown) == 50000
+
+
+def test_detached_job_is_seen_by_status_and_ended_by_stop_from_another_directory(hg, tmp_path):
+    import subprocess
+
+    _, plan, ctoml, pfile = setup(tmp_path)
+    code, out, err = hg.run("-c", "cluster.toml", "--plan", str(pfile), "--detach", "--json", "--grace", "2",
+                            "--", PY, "-c", "import time; print('detached rank up', flush=True); time.sleep(600)")
+    assert code == 0, err
+    job_id = json.loads(out.splitlines()[-1])["job_id"]
+    assert hg.record(job_id)["cluster_source"] == str(ctoml)     # absolute: readable from anywhere
+    wait_until(lambda: len(job_pids(job_id)) == 3, what="the detached ranks")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+
+    def hgtrain(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([PY, "-m", "hgcli", *args], capture_output=True, text=True, env=hg.env(),
+                              cwd=elsewhere, timeout=180)
+
+    status = hgtrain("status", job_id, "--json")
+    assert status.returncode == 0, status.stderr
+    assert job_id in status.stdout and "running" in status.stdout
+    stop = hgtrain("stop", job_id)
+    assert stop.returncode == 0, stop.stderr + stop.stdout
+    assert job_pids(job_id) == []
