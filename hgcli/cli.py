@@ -207,12 +207,10 @@ def launch(ctx: click.Context, cluster_file: Path | None, plan_file: Path | None
     """
     from .launch import LaunchRequest, launch as run_launch
     from .model import JobSpec, Strategy
-    from .render.launch import make_sink, parse_ranks
+    from .ranklist import parse_rank_list
+    from .render.launch import make_sink
 
-    try:
-        shown = parse_ranks(ranks)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    shown = parse_rank_list(ranks) if ranks else None
     request = LaunchRequest(
         cluster=load_cluster_arg(cluster_file), command=command, plan_file=plan_file,
         job=JobSpec(strategy=Strategy(strategy), global_batch=global_batch), env=env, env_file=env_file,

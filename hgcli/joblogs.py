@@ -20,6 +20,7 @@ from . import jobs
 from .errors import UsageError
 from .jobnodes import AgentTail, JobNodes, job_nodes
 from .model import JobRecord
+from .ranklist import parse_rank_list
 
 POLL_S = 0.5     # how often the main thread wakes while waiting for lines (keeps Ctrl-C prompt)
 
@@ -44,15 +45,7 @@ def parse_ranks(text: str | None, record: JobRecord) -> tuple[int, ...]:
     known = sorted({r.rank for r in (record.ranks or record.plan.ranks)})
     if not text:
         return tuple(known)
-    chosen: set[int] = set()
-    for item in text.split(","):
-        lo, sep, hi = item.strip().partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise UsageError(f"--ranks {text!r}: expected numbers and ranges like 0,2-3")
-        first, last = int(lo), int(hi) if sep else int(lo)
-        if last < first:
-            raise UsageError(f"--ranks {text!r}: range {item} runs backwards")
-        chosen.update(range(first, last + 1))
+    chosen = parse_rank_list(text)
     unknown = sorted(chosen - set(known))
     if unknown:
         raise UsageError(f"job {record.id} has no rank {', '.join(map(str, unknown))} "

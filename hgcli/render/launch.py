@@ -30,23 +30,6 @@ COLOURS = ("cyan", "green", "yellow", "magenta", "blue", "bright_red", "bright_c
            "bright_yellow", "bright_magenta", "bright_blue", "red")
 
 
-def parse_ranks(text: str | None) -> frozenset[int] | None:
-    """``"0,2-3"`` -> {0, 2, 3}; None or empty: every rank. ValueError on anything else."""
-    if not text:
-        return None
-    ranks: set[int] = set()
-    for part in text.split(","):
-        part = part.strip()
-        lo, sep, hi = part.partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise ValueError(f"--ranks: {part!r} is not a rank or a range like 2-3")
-        first, last = int(lo), int(hi) if sep else int(lo)
-        if last < first:
-            raise ValueError(f"--ranks: {part!r} is an empty range")
-        ranks.update(range(first, last + 1))
-    return frozenset(ranks)
-
-
 def _shown(event: Event, ranks: frozenset[int] | None) -> bool:
     return ranks is None or not isinstance(event, (LogLine, Metric)) or event.rank in ranks
 

@@ -11,8 +11,22 @@ import signal
 import pytest
 
 from tests.agent.harness import job_pids
+from tests.integration.conftest import require_sshd
+from tests.sshhosts import start_hosts
 
 from .hg import Hg
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    """Three real sshd test hosts for a test module (127.0.0.41-43); none may be left afterwards."""
+    require_sshd()
+    hosts = start_hosts(tmp_path_factory.mktemp("launch-hosts"), 3, first=41)
+    try:
+        yield hosts
+    finally:
+        hosts.stop()
+    assert not hosts.leftover_pids()
 
 
 @pytest.fixture

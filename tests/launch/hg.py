@@ -139,3 +139,27 @@ class Hg:
 
     def node_dir(self, job_id: str, node: str, home: Path | None = None) -> Path:
         return (home or self.home) / ".cache" / "hgtrain" / "jobs" / job_id / node
+
+
+def assert_not_in_any_cmdline(secret: str) -> None:
+    """No process on this machine (every test host lives here) has ``secret`` on its command line."""
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                cmdline = open(f"/proc/{name}/cmdline", "rb").read()
+            except OSError:
+                continue
+            assert secret.encode() not in cmdline, f"pid {name}"
+
+
+def text_under(*roots: Path) -> str:
+    """Every file below ``roots``, as text: where a secret must not appear."""
+    seen = []
+    for root in roots:
+        for dirpath, _, names in os.walk(root):
+            for f in names:
+                try:
+                    seen.append(open(os.path.join(dirpath, f), "rb").read().decode("utf-8", "replace"))
+                except OSError:
+                    pass
+    return "\n".join(seen)

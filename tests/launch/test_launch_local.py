@@ -6,11 +6,10 @@ import json
 import os
 import signal
 import sys
-import time
 
 from tests.agent.harness import job_pids, wait_until
 
-from .hg import cluster_toml
+from .hg import assert_not_in_any_cmdline, cluster_toml, text_under
 from .plans import local_cluster, make_plan, plan_file
 
 PY = sys.executable
@@ -156,12 +155,17 @@ def test_controller_sigkilled_leaves_the_agents_to_clean_up(hg, tmp_path):
     wait_until(lambda: job_pids(job_id) == [], what="the agents to stop their ranks")
 
 
-def test_lost_agent_fails_the_job_naming_its_node(hg, tmp_path):
+def sleepers_and_agent_of_b(hg, tmp_path, *, grace: str, heartbeat_timeout: str):
+    """A running 3-rank job on nodes a and b, and the pid of node b's agent."""
     _, plan, ctoml, pfile = setup(tmp_path)
-    run = hg.start("-c", str(ctoml), "--plan", str(pfile), "--grace", "2", "--heartbeat-timeout", "5",
-                   "--json", "--", PY, "-c", "import time; time.sleep(600)")
+    run = hg.start("-c", str(ctoml), "--plan", str(pfile), "--grace", grace, "--heartbeat-timeout",
+                   heartbeat_timeout, "--json", "--", PY, "-c", "import time; time.sleep(600)")
     run.wait_all_started(3)
-    agent = json.loads((hg.node_dir(run.job_id, "b") / "agent.json").read_text())["agent"]["pid"]
+    return run, json.loads((hg.node_dir(run.job_id, "b") / "agent.json").read_text())["agent"]["pid"]
+
+
+def test_lost_agent_fails_the_job_naming_its_node(hg, tmp_path):
+    run, agent = sleepers_and_agent_of_b(hg, tmp_path, grace="2", heartbeat_timeout="5")
     os.kill(agent, signal.SIGKILL)
     assert run.finish() == 4, run.stderr
     cause = run.events()[-1]["root_cause"]
@@ -202,20 +206,11 @@ def test_secret_env_values_never_reach_logs_records_or_command_lines(hg, tmp_pat
                    env=hg.env(HGTRAIN_WANDB_KEY=secret))
     run.wait_all_started(3)
     run.wait_event(lambda ev: sum(e["event"] == "log" and e["line"] == "token ok" for e in ev) == 3)
-    for name in os.listdir("/proc"):      # every command line on the machine while the job runs
-        if name.isdigit():
-            try:
-                assert secret.encode() not in open(f"/proc/{name}/cmdline", "rb").read()
-            except OSError:
-                pass
+    assert_not_in_any_cmdline(secret)     # while the job runs
     run.proc.send_signal(signal.SIGINT)
     assert run.finish() == 130
-    seen = "\n".join(run.lines) + run.stderr
     (tmp_path / "secret.env").unlink()
-    for root in (hg.state_dir, hg.home):
-        for dirpath, _, files in os.walk(root):
-            for f in files:
-                seen += open(os.path.join(dirpath, f), "rb").read().decode("utf-8", "replace")
+    seen = "\n".join(run.lines) + run.stderr + text_under(hg.state_dir, hg.home)
     assert "token ok" in seen and secret not in seen
 
 
@@ -273,11 +268,7 @@ def test_bad_inputs_are_refused_before_anything_starts(hg, tmp_path):
 
 def test_silent_agent_is_lost_after_the_heartbeat_timeout(hg, tmp_path):
     """An agent that stops answering (SIGSTOP: like a link cut without FIN) is lost within the timeout."""
-    _, plan, ctoml, pfile = setup(tmp_path)
-    run = hg.start("-c", str(ctoml), "--plan", str(pfile), "--grace", "1", "--heartbeat-timeout", "4",
-                   "--json", "--", PY, "-c", "import time; time.sleep(600)")
-    run.wait_all_started(3)
-    agent = json.loads((hg.node_dir(run.job_id, "b") / "agent.json").read_text())["agent"]["pid"]
+    run, agent = sleepers_and_agent_of_b(hg, tmp_path, grace="1", heartbeat_timeout="4")
     os.kill(agent, signal.SIGSTOP)
     try:
         assert run.finish() == 4, run.stderr

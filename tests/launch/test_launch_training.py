@@ -11,25 +11,12 @@ import pytest
 
 from hgcli.model import Cluster
 from tests.agent.harness import job_pids
-from tests.integration.conftest import require_sshd
-from tests.sshhosts import start_hosts
 
 from .hg import cluster_toml
 from .plans import local_cluster, make_plan, plan_file
 
 PY = sys.executable
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def hosts(tmp_path_factory):
-    require_sshd()
-    hosts = start_hosts(tmp_path_factory.mktemp("train-hosts"), 3, first=51)
-    try:
-        yield hosts
-    finally:
-        hosts.stop()
-    assert not hosts.leftover_pids()
 
 
 @pytest.mark.sshd

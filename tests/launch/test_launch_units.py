@@ -9,7 +9,7 @@ from hgcli.launch_loop import rank_exit_code
 from hgcli.launch_metrics import MetricsBoard
 from hgcli.launch_spec import NodeLaunch, agent_spec, cuda_visible_devices, forwarded_env, read_env_file
 from hgcli.model import Cluster, NodeSpec, RankPlan, Role
-from hgcli.render.launch import parse_ranks
+from hgcli.ranklist import parse_rank_list
 
 from .plans import local_cluster, make_plan
 
@@ -44,12 +44,11 @@ def test_request_validation():
     assert LaunchRequest(cluster=local_cluster(), command=("x",), heartbeat_timeout_s=8).heartbeat_interval_s == 2
 
 
-def test_parse_ranks():
-    assert parse_ranks("0,2-3") == {0, 2, 3}
-    assert parse_ranks(None) is None
-    for bad in ("a", "3-1", "1-", "-1"):
-        with pytest.raises(ValueError):
-            parse_ranks(bad)
+def test_parse_rank_list():
+    assert parse_rank_list("0,2-3") == {0, 2, 3}
+    for bad in ("a", "3-1", "1-", "-1", ""):
+        with pytest.raises(UsageError, match="--ranks"):
+            parse_rank_list(bad)
 
 
 def test_cuda_visible_devices_per_rank():
