@@ -21,7 +21,6 @@ from .profiles import store_profiles
 from .remote.fanout import fanout, open_transport
 from .remote.node_program import NodeProgram
 from .remote.transport import Transport
-from .state import cluster_dir, read_json
 
 # Bounds per device, the torch import on a loaded node included.
 DEVICE_TIMEOUT_S = {True: 300.0, False: 1800.0}
@@ -199,18 +198,3 @@ def _device_failure(node: NodeSpec, target: DeviceTarget, error: str) -> DeviceP
 def _node_failure(node: NodeSpec, error: str) -> DeviceProfile:
     return DeviceProfile(node=node.name, device=NODE_DEVICE, name=node.address, emulated=False, speed=1.0,
                          memory_total_mib=None, error=error)
-
-
-def inventory_for(cluster: Cluster) -> Inventory:
-    """The stored inventory of this cluster, or a fresh probe when none (or an unusable one) is stored."""
-    data = read_json(cluster_dir(cluster.fingerprint()) / "inventory.json")
-    if data is not None:
-        try:
-            inventory = from_dict(Inventory, data)
-        except ValueError:
-            inventory = None
-        if inventory is not None and inventory.cluster == cluster.fingerprint():
-            return inventory
-    from .probe import probe_cluster
-
-    return probe_cluster(cluster)

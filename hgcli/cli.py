@@ -101,12 +101,14 @@ def probe(cluster_file: Path | None, as_json: bool) -> None:
                    "name, optionally @BATCH,BATCH,... Default: the bundled example (mlp). See docs/bench.md.")
 def bench(cluster_file: Path | None, as_json: bool, quick: bool, model_spec: str | None) -> None:
     """Measure each device and the links between nodes; store the profiles."""
-    from .bench import bench_cluster, failure_summary, inventory_for
+    from .bench import bench_cluster, failure_summary
     from .errors import EXIT_NODES_FAILED
     from .model import to_json
+    from .pipeline import ensure_inventory
 
     cluster = load_cluster_arg(cluster_file)
-    inventory = inventory_for(cluster)
+    # Failed nodes are kept: bench lists each one with its probe error instead of refusing.
+    inventory = ensure_inventory(cluster, skip_failed=True)
     if as_json:
         profiles = bench_cluster(cluster, inventory, quick=quick, model_spec=model_spec)
         click.echo(to_json(profiles))

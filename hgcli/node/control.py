@@ -6,7 +6,6 @@ environment marker, so stopping one job can never touch another job or an unrela
 """
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import threading

@@ -20,7 +20,7 @@ from . import frames, procs
 from .jobdir import AGENT_LOG, record_path
 from .logs import Follower, log_frames, metric_frames, open_private_append
 from .output import FrameWriter
-from .ranks import STREAMS, Rank, log_path, signal_name
+from .ranks import STREAMS, Rank, signal_name
 from .secrets import redact_env
 from .spec import AgentSpec
 from ..errors import StateError

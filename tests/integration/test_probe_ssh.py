@@ -17,7 +17,7 @@ import pytest
 
 from hgcli.model import Cluster, EmulateSpec
 from hgcli.probe import inventory_path, load_inventory, probe_cluster
-from tests.integration.conftest import require_sshd
+from tests.conftest import require_sshd
 from tests.sshhosts import REPO, start_hosts
 
 pytestmark = pytest.mark.sshd

@@ -8,7 +8,6 @@ from hgcli.cli import main
 from hgcli.config import load_cluster
 from hgcli.model import JobState, RankState
 from hgcli.remote.fanout import open_transport
-from tests.integration.conftest import make_hosts  # noqa: F401  (the fixture)
 from tests.ops.jobsetup import job_id, job_pids, start_detached, wait_until, write_record
 
 SLEEPER = ("python3", "-u", "-c", "import time\nprint('up', flush=True)\ntime.sleep(600)")

@@ -13,7 +13,7 @@ import pytest
 
 from hgcli import state
 from hgcli.cli import main
-from hgcli.config import default_cluster, load_cluster
+from hgcli.config import default_cluster
 from hgcli.model import Inventory, JobSpec, NodeInfo, Plan, Profiles, from_dict, to_dict
 from hgcli.pipeline import INVENTORY_MAX_AGE_S, inventory_unusable, prepare_plan, profiles_unusable
 from hgcli.profiles import load_profiles, store_profiles

@@ -8,7 +8,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 from hypothesis import given, strategies as st
 
 from hgcli.bench_links import bench_link, link_backend, link_rounds
