@@ -11,7 +11,7 @@ import signal
 import pytest
 
 from tests.agent.harness import job_pids
-from tests.integration.conftest import require_sshd
+from tests.conftest import require_sshd
 from tests.sshhosts import start_hosts
 
 from .hg import Hg
