@@ -169,6 +169,7 @@ class JobController:
             who = f"rank {frame['rank']}: " if frame.get("rank") is not None else ""
             self._note(item.node, who + str(frame.get("message", "")))
         elif kind == "error":
+            node.ended = True   # the agent exits after this frame, having started nothing
             self._fail_node(item.node, f"its agent refused the job: {frame.get('message')}", EXIT_JOB)
 
     def _log(self, node: str, frame: dict[str, Any]) -> None:

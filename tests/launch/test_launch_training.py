@@ -75,3 +75,24 @@ def test_main_job_probes_benches_plans_and_trains_on_the_embedded_cluster(hg, tm
     assert summary["samples_per_s"] > 0 and summary["predicted_samples_per_s"] > 0
     assert summary["ideal_samples_per_s"] >= summary["predicted_samples_per_s"]
     assert 0 < summary["accuracy"] <= 1
+
+
+def test_rank_sigkilled_inside_a_collective_ends_every_rank_without_a_hang(hg, tmp_path):
+    import os
+    import signal
+    import time
+
+    cluster = local_cluster(("a", "b"))
+    plan = make_plan(cluster, [["a", "b", "b"]])
+    ctoml = cluster_toml(tmp_path / "cluster.toml", cluster)
+    run = hg.start("-c", str(ctoml), "--plan", str(plan_file(tmp_path, plan)), "--json", "--grace", "3",
+                   "--", PY, "-m", "hgcli.examples.train", "--epochs", "50")
+    pids = run.wait_all_started(3)
+    run.wait_event(lambda ev: any(e["event"] == "metric" and e["data"].get("step", 0) >= 5 for e in ev))
+    os.kill(pids[2], signal.SIGKILL)          # mid-training: its peers are inside all-reduces
+    killed_at = time.monotonic()
+    assert run.finish(timeout=120) == 137, run.stderr
+    assert time.monotonic() - killed_at < 60
+    cause = run.events()[-1]["root_cause"]
+    assert (cause["node"], cause["rank"], cause["signal"]) == ("b", 2, "SIGKILL")
+    assert job_pids(run.job_id) == []
