@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -32,17 +31,18 @@ from hgcli.config import default_cluster  # noqa: E402
 from hgcli.model import GroupPlan, Plan, RankPlan, Role, Strategy  # noqa: E402
 from hgcli.plan_io import write_plan  # noqa: E402
 
-TRIVIAL = "import os, time\nprint('up', os.environ['RANK'], repr(time.time()), flush=True)\n"
-FAILING = """import os, sys, time
-print('up', os.environ['RANK'], repr(time.time()), flush=True)
+# Each rank writes its clock to its own file (two ranks sharing a stdout interleave their bytes).
+TRIVIAL = """import os, time
+now = repr(time.time())
+open(os.path.join(os.environ['BENCH_OUT'], 'up-' + os.environ['RANK']), 'w').write(now)
+"""
+FAILING = TRIVIAL + """import sys
 if os.environ['RANK'] == '1':
     time.sleep(1.0)
-    print('dying', repr(time.time()), flush=True)
+    open(os.path.join(os.environ['BENCH_OUT'], 'dying'), 'w').write(repr(time.time()))
     sys.exit(1)
 time.sleep(120)
 """
-UP = re.compile(r"up (\d+) ([0-9.]+)")
-DYING = re.compile(r"dying ([0-9.]+)")
 
 
 def two_rank_plan() -> Plan:
@@ -85,44 +85,47 @@ class Tools:
         path.write_text(text)
         return path
 
-    def argv(self, tool: str, script: Path, marker: str) -> tuple[list[str], dict[str, str]]:
+    def argv(self, tool: str, script: Path, marker: str, out: Path) -> tuple[list[str], dict[str, str]]:
         if tool == "hgtrain":
             return ([sys.executable, "-m", "hgcli", "launch", "--plan", str(self.plan), "--grace", "5",
-                     "--env", f"BENCH_MARK={marker}", "--", sys.executable, str(script)], self.env)
+                     "--env", f"BENCH_MARK={marker}", "--env", f"BENCH_OUT={out}", "--", sys.executable,
+                     str(script)], self.env)
         return ([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script)],
-                {**self.env, "BENCH_MARK": marker, "OMP_NUM_THREADS": "1"})
+                {**self.env, "BENCH_MARK": marker, "BENCH_OUT": str(out), "OMP_NUM_THREADS": "1"})
+
+    def out_dir(self) -> Path:
+        path = self.work / f"out-{uuid.uuid4().hex[:8]}"
+        path.mkdir()
+        return path
 
     def start_and_end(self, tool: str) -> tuple[float, float]:
-        script = self.script(TRIVIAL)
-        argv, env = self.argv(tool, script, uuid.uuid4().hex)
+        script, out = self.script(TRIVIAL), self.out_dir()
+        argv, env = self.argv(tool, script, uuid.uuid4().hex, out)
         t0 = time.time()
         done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
         t_end = time.time()
-        ups = {int(r): float(t) for r, t in UP.findall(done.stdout)}
+        ups = {p.name: float(p.read_text()) for p in out.glob("up-*")}
         if done.returncode != 0 or len(ups) != 2:
             raise RuntimeError(f"{tool} failed ({done.returncode}): {done.stdout[-500:]} {done.stderr[-1500:]}")
         return max(ups.values()) - t0, t_end - t0
 
     def teardown(self, tool: str) -> tuple[float, int]:
-        script = self.script(FAILING)
+        script, out = self.script(FAILING), self.out_dir()
         marker = uuid.uuid4().hex
-        argv, env = self.argv(tool, script, marker)
-        out_path = self.work / f"out-{marker}.txt"
-        with open(out_path, "w") as out:
-            proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
-            gone = None
-            deadline = time.time() + 120
-            while time.time() < deadline:
-                text = out_path.read_text(errors="replace")
-                if DYING.search(text) and not marked_ranks(marker):
-                    gone = time.time()
-                    break
-                time.sleep(0.01)
-            code = proc.wait(120)
-        dying = DYING.search(out_path.read_text(errors="replace"))
-        if gone is None or dying is None:
-            raise RuntimeError(f"{tool}: teardown not observed: {out_path.read_text()[-1500:]}")
-        return gone - float(dying.group(1)), code
+        argv, env = self.argv(tool, script, marker, out)
+        dying = out / "dying"
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        gone = None
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if dying.exists() and dying.stat().st_size and not marked_ranks(marker):
+                gone = time.time()
+                break
+            time.sleep(0.01)
+        code = proc.wait(120)
+        if gone is None:
+            raise RuntimeError(f"{tool}: teardown not observed")
+        return gone - float(dying.read_text()), code
 
 
 def main() -> int:
