@@ -110,3 +110,23 @@ def test_metrics_board_rates_come_from_the_ranks_own_clock():
     summary = board.summary(elapsed_s=7.0)
     assert summary.samples == 110 and summary.accuracy == 0.9
     assert summary.groups == {"0": pytest.approx(20.0), "1": pytest.approx(5.0)}
+
+
+def test_the_controller_side_of_launch_never_imports_torch():
+    """torch takes seconds to import; the launcher only needs the runtime's environment contract."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from hgcli.cli import cli\n"
+            "import hgcli.launch, hgcli.render.launch\n"
+            "from tests.launch.plans import local_cluster, make_plan\n"
+            "from hgcli.launch_spec import NodeLaunch, agent_spec\n"
+            "c = local_cluster(('a',)); p = make_plan(c, [['a']], ps=['a'])\n"
+            "n = NodeLaunch(name='a', python='py', package_root='/p', job_dir='/j', plan_path='/j/p')\n"
+            "agent_spec(plan=p, job_id='j', node=n, command=('x',), user_env={}, master_addr='h',\n"
+            "           master_port=1, jobs_root='/r', grace_s=1, heartbeat_interval_s=1,\n"
+            "           heartbeat_timeout_s=4, detach=False)\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
