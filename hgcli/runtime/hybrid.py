@@ -96,6 +96,7 @@ class GroupSync:
             return                              # still accumulating: the optimizer sees no grads
         t0 = time.perf_counter()
         self._allreduce(self._acc)
+        t1 = time.perf_counter()
         total = float(self._acc[-1])
         grad = self._acc[:-1] / max(total, 1e-12)
         if not self.ps_ranks:
@@ -109,9 +110,10 @@ class GroupSync:
                 answers = self._call_shards(
                     "push", lambda s: (self.group_id, self._shard_flat(grad, s), total, lr))
                 self._set_params_from_shards(answers)
+            t2 = time.perf_counter()
             self._broadcast_params()
-            self.metrics.emit(event="sync", group=self.group_id, version=self.version,
-                              samples=total, sync_s=time.perf_counter() - t0)
+            self.metrics.emit(event="sync", group=self.group_id, version=self.version, samples=total,
+                              allreduce_s=t1 - t0, push_s=t2 - t1, broadcast_s=time.perf_counter() - t2)
         self._acc.zero_()
 
     def _after_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
