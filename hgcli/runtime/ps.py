@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import queue
 import sys
 import threading
@@ -81,6 +82,7 @@ class ShardServer:
         self.writer = threading.Thread(target=self._write_loop, daemon=True)
         self.writer.start()
         self.trace_fh = open(trace, "a", encoding="utf-8") if trace else None
+        self._trace("start", pid=os.getpid())
 
     # --- events ------------------------------------------------------------------------------
     def _trace(self, event: str, **fields: Any) -> None:
@@ -371,5 +373,4 @@ if __name__ == "__main__":
     code = _main()
     sys.stdout.flush()
     sys.stderr.flush()
-    import os
     os._exit(code)   # do not wait on RPC threads of a failed job
