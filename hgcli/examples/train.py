@@ -30,6 +30,7 @@ def main() -> int:
     parser.add_argument("--eval-every", type=int, default=20, help="steps between evaluations")
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--target", type=float, default=TARGET)
+    parser.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: no limit)")
     args = parser.parse_args()
 
     torch.set_num_threads(1)   # a model this small runs fastest on one thread; ranks share the CPU
@@ -42,6 +43,8 @@ def main() -> int:
     samples = 0
     reached = None
     for step, (xb, yb) in enumerate(ctx.shard((x, y), batch_size=args.batch, epochs=args.epochs)):
+        if step == args.max_steps > 0:
+            break
         loss = F.cross_entropy(model(xb), yb)
         opt.zero_grad()
         loss.backward()

@@ -1,7 +1,9 @@
 """Process groups and RPC for one job, created identically on every rank (workers and PS).
 
 Every rank joins the default gloo group (PS traffic and the final barrier), then every rank calls
-``new_group`` for every all-reduce group of the plan in plan order, as torch requires. A group whose
+``new_group`` for every all-reduce group of the plan in plan order, as torch requires. RPC uses
+TensorPipe's TCP transport only: its shared-memory transport failed with spurious EOFs on a busy
+machine, and PS tensors are CPU tensors anyway. A group whose
 ranks are all real GPUs uses NCCL; otherwise gloo. RPC (TensorPipe) is started only when the plan
 has parameter-server ranks. Every collective and RPC gets the job's timeout.
 """
@@ -47,7 +49,7 @@ def init_distributed(env: RankEnv, plan: model.Plan) -> dict[int, dist.ProcessGr
                 rpc.init_rpc(rpc_name(env.rank), rank=env.rank, world_size=env.world_size,
                              rpc_backend_options=rpc.TensorPipeRpcBackendOptions(
                                  init_method="env://", rpc_timeout=env.timeout_s,
-                                 num_worker_threads=8))
+                                 num_worker_threads=8, _transports=["uv"], _channels=["basic"]))
     except (RuntimeError, ValueError) as exc:
         raise TrainingError(f"rank {env.rank}: cannot join the job at "
                             f"MASTER_ADDR/MASTER_PORT within {env.timeout_s:g} s: {exc}") from exc

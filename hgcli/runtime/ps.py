@@ -258,11 +258,14 @@ class ShardServer:
         while not self.all_done.wait(1.0):
             with self.cv:
                 now = time.monotonic()
+                # 3/4 of the timeout: groups held back by the bound hear this reason before their
+                # own RPC timeout fires.
+                limit = 0.75 * self.timeout_s
                 silent = sorted(g for g in self.active if g not in self.waiting
-                                and now - self.last_seen[g] > self.timeout_s)
+                                and now - self.last_seen[g] > limit)
                 if silent:
                     msg = (f"PS shard {self.shard}: no message from group(s) {silent} for "
-                           f"{self.timeout_s:g} s; a worker probably died")
+                           f"{limit:g} s; a worker probably died")
                     self.failure = msg
                     for fut in [*self.waiting.values(), *self.finishing]:
                         fut.set_exception(TrainingError(msg))
