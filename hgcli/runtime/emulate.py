@@ -1,8 +1,12 @@
-"""Emulated devices: a rank declared slower than its CPU stretches each step's compute time.
+"""Emulated devices: a rank declared slower than its CPU stretches each step to compute / speed.
 
-Per step, the wall time since the previous step ended (data, forward, backward) is measured and the
-rank sleeps until it equals compute / speed (times a straggler factor on steps where this rank is the
-straggler). Only time changes, never the maths. Communication is not stretched: links are real.
+"Compute" is the CPU time the training thread spent on the step since the previous step ended
+(data, forward, backward; emulated ranks run torch on one thread, and CPU autograd runs on the
+calling thread). CPU time, not wall time: on a CPU shared by several ranks, wall time also counts
+the time the rank waited for a core, and stretching that would multiply the machine's noise. The
+rank then sleeps until the step's wall time reaches compute / speed (times a straggler factor on
+steps where it is the straggler). Only time changes, never the maths; communication is not
+stretched (links are real).
 """
 from __future__ import annotations
 
@@ -22,12 +26,7 @@ class Emulator:
         self.straggler_seed = straggler_seed
         self.compute_s = 0.0        # totals, for metrics and the benchmark's honesty check
         self.slept_s = 0.0
-        self._start = time.perf_counter()
-        self._untimed = 0.0
-
-    @property
-    def active(self) -> bool:
-        return self.speed < 1.0 or self.straggler_factor > 1.0
+        self.begin_compute()
 
     def is_straggler(self, step: int) -> bool:
         """Every rank agrees, without talking, which worker is slowed at local step ``step``."""
@@ -36,29 +35,33 @@ class Emulator:
         pick = random.Random(f"{self.straggler_seed}:{step}").randrange(self.n_workers)
         return pick == self.worker_index
 
+    def begin_compute(self) -> None:
+        """Called when the step's communication is done: the next step's compute starts now."""
+        self._wall0 = time.perf_counter()
+        self._cpu0 = time.thread_time()
+        self._untimed_wall = 0.0
+        self._untimed_cpu = 0.0
+
     def end_compute(self, step: int) -> float:
         """Called when the step's compute is done (before communication); returns the sleep taken."""
-        compute = time.perf_counter() - self._start - self._untimed
+        wall = time.perf_counter() - self._wall0 - self._untimed_wall
+        cpu = time.thread_time() - self._cpu0 - self._untimed_cpu
         factor = 1.0 / self.speed
         if self.is_straggler(step):
             factor *= self.straggler_factor
-        pause = max(0.0, compute * factor - compute) if factor > 1.0 else 0.0
+        pause = max(0.0, cpu * factor - wall) if factor > 1.0 else 0.0
         if pause:
             time.sleep(pause)
-        self.compute_s += compute
+        self.compute_s += cpu
         self.slept_s += pause
         return pause
-
-    def begin_compute(self) -> None:
-        """Called when the step's communication is done: the next step's compute starts now."""
-        self._start = time.perf_counter()
-        self._untimed = 0.0
 
     @contextlib.contextmanager
     def untimed(self) -> Iterator[None]:
         """Work that is not part of the device's step (evaluation, logging) is not stretched."""
-        t0 = time.perf_counter()
+        wall, cpu = time.perf_counter(), time.thread_time()
         try:
             yield
         finally:
-            self._untimed += time.perf_counter() - t0
+            self._untimed_wall += time.perf_counter() - wall
+            self._untimed_cpu += time.thread_time() - cpu

@@ -4,10 +4,10 @@ Each PS rank holds one shard of the parameters (whole tensors, balanced by size)
 state for it. Group leaders call it over torch RPC: ``push`` applies a group's gradient at once and
 answers with fresh parameters when the staleness rule allows (see docs/runtime.md):
 
-* staleness of a push = shard version now - version the group last received; the learning rate of
-  that update is lr * samples / global_batch / max(1, staleness): every sample weighs the same
-  whichever group computed it (as in one synchronous step over the global batch), and stale
-  updates weigh less;
+* staleness of a push = shard version now - version the group last received; the pushed gradient
+  is scaled by samples / global_batch / max(1, staleness) before the optimizer step: every sample
+  weighs the same whichever group computed it (as in one synchronous step over the global batch,
+  and momentum integrates the weighted gradients), and stale updates weigh less;
 * a group whose push count is more than S (plan.staleness_bound) ahead of the slowest unfinished group
   gets its answer only when the slowest catches up (the slowest group never waits: no deadlock).
 """
@@ -127,18 +127,18 @@ class ShardServer:
                 raise TrainingError(f"PS shard {self.shard}: push from group {group} before the seed")
             self.last_seen[group] = time.monotonic()
             staleness = self.version - self.base[group]
+            scale = (samples / self.global_batch if self.global_batch else 1.0) / max(1, staleness)
             offset = 0
             for p in self.params:
-                p.grad = grad[offset: offset + p.numel()].view_as(p)
+                p.grad = grad[offset: offset + p.numel()].view_as(p) * scale
                 offset += p.numel()
-            scale = (samples / self.global_batch if self.global_batch else 1.0) / max(1, staleness)
             for pg in self.opt.param_groups:
-                pg["lr"] = lr * scale
+                pg["lr"] = lr                  # follows the worker's LR scheduler
             self.opt.step()
             self.version += 1
             self.clock[group] += 1
             self._trace("push", group=group, clock=self.clock[group], base=self.base[group],
-                        version=self.version, staleness=staleness, samples=samples, lr=lr * scale,
+                        version=self.version, staleness=staleness, samples=samples, scale=scale,
                         clocks=dict(self.clock), active=sorted(self.active))
             self.metrics.emit(event="ps_push", shard=self.shard, group=group, version=self.version,
                               staleness=staleness)
