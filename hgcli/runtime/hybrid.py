@@ -66,11 +66,13 @@ class GroupSync:
             self._broadcast_params()
         else:
             if self.rank == self.first_worker:
-                self._call_shards("seed", lambda s: (self.group_id, self._shard_flat(self._flat_params(), s),
-                                                     self._shard_shapes(s), self._optimizer_spec()))
+                from . import ps
+
+                flat, spec = self._flat_params(), self._optimizer_spec()
+                self._call_shards(ps._seed, "seed", lambda s: (self.group_id, self._shard_flat(flat, s),
+                                                              self._shard_shapes(s), spec))
             if self.rank == self.leader:
-                answers = self._call_shards("pull", lambda s: (self.group_id,))
-                self._set_params_from_shards(answers)
+                self._set_params_from_shards(self._exchange(None, 0.0))
             self._broadcast_params()
         self.emulator.begin_compute()
 
@@ -106,10 +108,7 @@ class GroupSync:
                 offset += p.numel()
         else:
             if self.rank == self.leader:
-                lr = float(self.opt.param_groups[0]["lr"])
-                answers = self._call_shards(
-                    "push", lambda s: (self.group_id, self._shard_flat(grad, s), total, lr))
-                self._set_params_from_shards(answers)
+                self._set_params_from_shards(self._exchange(grad, total))
             t2 = time.perf_counter()
             self._broadcast_params()
             self.metrics.emit(event="sync", group=self.group_id, version=self.version, samples=total,
@@ -144,12 +143,29 @@ class GroupSync:
                 return
 
     # --- helpers --------------------------------------------------------------------------------
-    def _call_shards(self, what: str, args: Callable[[int], tuple[Any, ...]]) -> list[Any]:
+    def _exchange(self, grad: torch.Tensor | None, samples: float) -> list[tuple[int, torch.Tensor]]:
+        """Push ``grad`` (None: just start) to every shard; shard 0's answer may be held back by
+        the staleness rule and carries its parameters; then the other shards' parameters are pulled."""
         from . import ps
+
+        if grad is not None:
+            lr = float(self.opt.param_groups[0]["lr"])
+            answers = self._call_shards(ps._push, "push", lambda s: (self.group_id, self._shard_flat(grad, s),
+                                                                    samples, lr))
+        else:
+            answers = self._call_shards(ps._pull, "pull", lambda s: (self.group_id,), shards=[0])
+        if len(self.ps_ranks) > 1:
+            rest = self._call_shards(ps._pull, "pull", lambda s: (self.group_id,),
+                                     shards=range(1, len(self.ps_ranks)))
+            answers = [answers[0], *rest]
+        return answers
+
+    def _call_shards(self, fn: Any, what: str, args: Callable[[int], tuple[Any, ...]],
+                     shards: Any = None) -> list[Any]:
         from .groups import rpc_name
 
-        fn = {"seed": ps._seed, "pull": ps._pull, "push": ps._push}[what]
-        futs = [_rpc_async(rpc_name(r), fn, args(s), self.timeout_s) for s, r in enumerate(self.ps_ranks)]
+        shards = range(len(self.ps_ranks)) if shards is None else shards
+        futs = [_rpc_async(rpc_name(self.ps_ranks[s]), fn, args(s), self.timeout_s) for s in shards]
         return [self._wait(f, what) for f in futs]
 
     def _wait(self, fut: Any, what: str) -> Any:

@@ -8,8 +8,16 @@ answers with fresh parameters when the staleness rule allows (see docs/runtime.m
   is scaled by samples / global_batch / max(1, staleness) before the optimizer step: every sample
   weighs the same whichever group computed it (as in one synchronous step over the global batch,
   and momentum integrates the weighted gradients), and stale updates weigh less;
-* a group whose push count is more than S (plan.staleness_bound) ahead of the slowest unfinished group
-  gets its answer only when the slowest catches up (the slowest group never waits: no deadlock).
+* bounded staleness: every push is applied at most S (plan.staleness_bound, >= groups - 1) versions
+  after the version its gradient was computed on. Shard 0 (the coordinator; every push reaches it)
+  holds a group's answer back only when letting it compute again could make a group that is still
+  computing exceed S: it answers group g when, for every computing group h,
+  (version - base[h]) + (number of computing groups, g included, other than h) <= S. A push moves
+  its group from computing to waiting, so the left side never grows without a check; when every
+  group waits, the one with the oldest base is answered: no deadlock. A fast group may thus push
+  up to S - groups + 2 times per push of the slowest one before it waits.
+Other shards apply pushes and answer at once (an acknowledgement; the leader pulls their parameters
+after shard 0 answers), so one shard alone decides who waits and shards cannot deadlock each other.
 """
 from __future__ import annotations
 
@@ -64,11 +72,16 @@ class ShardServer:
         self.opt: torch.optim.Optimizer | None = None
         self.opt_spec: dict[str, Any] | None = None
         self.version = 0
+        if len(group_ids) > 1 and staleness_bound < len(group_ids) - 1:
+            raise TrainingError(f"plan staleness_bound {staleness_bound} is below groups - 1 = "
+                                f"{len(group_ids) - 1}: no schedule of the groups could respect it")
+        self.coordinator = shard == 0
         self.clock = {g: 0 for g in group_ids}
         self.base = {g: 0 for g in group_ids}
         self.active = set(group_ids)
+        self.computing: set[int] = set()               # answered, gradient not yet pushed
         self.last_seen = {g: time.monotonic() for g in group_ids}
-        self.waiting: dict[int, Future] = {}          # group -> answer held back by the bound
+        self.waiting: dict[int, Future] = {}          # group -> answer held back (coordinator)
         self.unseeded: list[tuple[int, Future]] = []  # pulls that arrived before the seed
         self.finishing: list[Future] = []
         self.failure: str | None = None
@@ -105,18 +118,19 @@ class ShardServer:
                 raise TrainingError(f"PS shard {self.shard}: the model does not match the "
                                     f"checkpointed parameters")
             for g, fut in self.unseeded:
-                self._answer(g, fut)
+                self._request(g, fut)
             self.unseeded.clear()
             return self.version
 
     def pull(self, group: int) -> Future:
+        """Parameters for a group (at its start; after shard 0 answered its push, on other shards)."""
         fut: Future = Future()
         with self.cv:
             self.last_seen[group] = time.monotonic()
             if self.params is None:
                 self.unseeded.append((group, fut))
             else:
-                self._answer(group, fut)
+                self._request(group, fut)
         return fut
 
     def push(self, group: int, grad: torch.Tensor, samples: float, lr: float) -> Future:
@@ -142,8 +156,11 @@ class ShardServer:
                         clocks=dict(self.clock), active=sorted(self.active))
             self.metrics.emit(event="ps_push", shard=self.shard, group=group, version=self.version,
                               staleness=staleness)
-            self.waiting[group] = fut
-            self._release()
+            self.computing.discard(group)
+            if self.coordinator:
+                self._request(group, fut)
+            else:
+                fut.set_result((self.version, None))
             schedule = self._checkpoint_due()
         if schedule is not None:
             self._schedule_everywhere(schedule)
@@ -156,6 +173,7 @@ class ShardServer:
             self.last_seen[group] = time.monotonic()
             if group in self.active:
                 self.active.discard(group)
+                self.computing.discard(group)
                 self._trace("done", group=group, clock=self.clock[group])
                 self._release()
             if not self.active:
@@ -178,14 +196,31 @@ class ShardServer:
                 self.finishing.remove(fut)
                 fut.set_result((False, self.version, None))
 
+    def _request(self, group: int, fut: Future) -> None:
+        if self.coordinator:
+            self.waiting[group] = fut
+            self._release()
+        else:
+            self._answer(group, fut)
+
+    def _may_answer(self, group: int) -> bool:
+        n = len(self.computing)         # computing groups once ``group`` joins them, minus one
+        return all(self.version - self.base[h] + n <= self.bound
+                   for h in self.computing if h != group)
+
     def _release(self) -> None:
-        slowest = min((self.clock[g] for g in self.active), default=None)
-        for g, fut in list(self.waiting.items()):
-            if slowest is None or self.clock[g] - slowest <= self.bound or g not in self.active:
-                del self.waiting[g]
-                self._trace("release", group=g, clock=self.clock[g], slowest=slowest,
-                            version=self.version)
-                self._answer(g, fut)
+        progress = True
+        while progress and self.waiting:
+            progress = False
+            for g in sorted(self.waiting, key=lambda g: (self.base[g], g)):   # oldest base first
+                if not self.computing or self._may_answer(g):
+                    fut = self.waiting.pop(g)
+                    self._trace("release", group=g, version=self.version,
+                                computing=sorted(self.computing),
+                                bases={str(h): self.base[h] for h in self.computing})
+                    self._answer(g, fut)
+                    progress = True
+                    break
         if not self.active:
             self.all_done.set()
             for fut in self.finishing:
@@ -194,6 +229,8 @@ class ShardServer:
 
     def _answer(self, group: int, fut: Future) -> None:
         self.base[group] = self.version
+        if group in self.active:
+            self.computing.add(group)
         fut.set_result((self.version, self._flat()))
 
     def _flat(self) -> torch.Tensor:
@@ -260,7 +297,7 @@ class ShardServer:
                 now = time.monotonic()
                 # 3/4 of the timeout: groups held back by the bound hear this reason before their
                 # own RPC timeout fires.
-                limit = 0.75 * self.timeout_s
+                limit = (0.75 if self.coordinator else 1.0) * self.timeout_s
                 silent = sorted(g for g in self.active if g not in self.waiting
                                 and now - self.last_seen[g] > limit)
                 if silent:
