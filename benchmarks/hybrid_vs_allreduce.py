@@ -88,14 +88,14 @@ def main() -> int:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch", type=int, default=102, help="batch of a speed-1 device")
     p.add_argument("--lr", type=float, default=0.1)
-    p.add_argument("--hidden", type=int, default=512)
+    p.add_argument("--hidden", type=int, default=8192)
     p.add_argument("--target", type=float, default=0.92)
-    p.add_argument("--eval-every", type=int, default=8)
+    p.add_argument("--eval-every", type=int, default=16)
     p.add_argument("--eval-samples", type=int, default=1024)
-    p.add_argument("--time-scale", type=float, default=0.05,
+    p.add_argument("--time-scale", type=float, default=0.07,
                    help="emulated speed = nominal speed x this (makes steps long against compute)")
     p.add_argument("--accumulate", type=int, default=1)
-    p.add_argument("--staleness", type=int, default=2)
+    p.add_argument("--staleness", type=int, default=4)
     p.add_argument("--ideal-steps", type=int, default=40)
     p.add_argument("--timeout", type=float, default=400)
     p.add_argument("--scenarios", default="1,2")
