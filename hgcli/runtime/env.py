@@ -5,6 +5,7 @@ drift. torchrun's variables come first; a script that only knows those runs unch
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -109,7 +110,6 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
 
 def _load_plan(path: str) -> model.Plan:
     try:
-        import json
         return model.from_dict(model.Plan, json.loads(Path(path).read_text(encoding="utf-8")))
     except (OSError, ValueError) as exc:
         raise TrainingError(f"{path}: cannot read the plan: {exc}") from None

@@ -1,8 +1,6 @@
 """The reference for the DDP-equivalence test: torch DistributedDataParallel on the same model, seed
 and per-rank batches as tiny_train.py (batches come from the same indexing function)."""
-import argparse
 import os
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -11,16 +9,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 from hgcli.examples.data import make_dataset, make_model
 from hgcli.runtime.data import shard_batches
+from common import parser
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--lr", type=float, default=0.1)
-    p.add_argument("--momentum", type=float, default=0.0)
-    p.add_argument("--hidden", type=int, default=16)
+    p = parser()
     args = p.parse_args()
     torch.set_num_threads(1)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

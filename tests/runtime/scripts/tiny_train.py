@@ -3,15 +3,14 @@
 Writes <out>/rank<R>.pt (final flat parameters) and, for the first worker, <out>/start.pt (the
 parameters right after wrap). --die-rank/--die-step make one rank SIGKILL itself mid-training.
 """
-import argparse
 import os
 import signal
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 import hgcli.runtime as hg
+from common import parser
 from hgcli.examples.data import make_dataset, make_model
 
 
@@ -20,13 +19,7 @@ def flat(model):
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--lr", type=float, default=0.1)
-    p.add_argument("--momentum", type=float, default=0.0)
-    p.add_argument("--hidden", type=int, default=16)
+    p = parser()
     p.add_argument("--die-rank", type=int, default=-1)
     p.add_argument("--die-step", type=int, default=-1)
     args = p.parse_args()
