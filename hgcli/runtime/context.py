@@ -12,7 +12,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from .. import model as m
-from .data import shard_batches, steps_per_epoch
+from .data import shard_batches
 from .emulate import Emulator
 from .env import RankEnv
 from .errors import TrainingError
@@ -91,9 +91,6 @@ class Context:
         """PS version of the parameters this rank holds (0 without a PS)."""
         return self._sync.version if self._sync else 0
 
-    def batch_size(self, default: int) -> int:
-        return self.env.batch_size or default
-
     # --- training -------------------------------------------------------------------------------
     def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer
              ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -114,9 +111,6 @@ class Context:
         """This rank's batches of ``data`` (a tuple of tensors); ``batch_size`` unless the plan says."""
         return shard_batches(data, self._batch_sizes(batch_size), self.worker_index,
                              epochs=epochs, seed=seed)
-
-    def steps_per_epoch(self, n_samples: int, *, batch_size: int) -> int:
-        return steps_per_epoch(n_samples, self._batch_sizes(batch_size))
 
     def log(self, **fields: Any) -> None:
         self.metrics.emit(**fields)

@@ -27,7 +27,3 @@ def shard_batches(tensors: Sequence[torch.Tensor], batch_sizes: Sequence[int], i
         for step in range(n // global_batch):
             idx = perm[step * global_batch + offset: step * global_batch + offset + mine]
             yield tuple(t[idx] for t in tensors)
-
-
-def steps_per_epoch(n_samples: int, batch_sizes: Sequence[int]) -> int:
-    return n_samples // sum(batch_sizes)

@@ -63,7 +63,6 @@ def free_port() -> int:
 def run_plan(plan: m.Plan, worker_argv: Sequence[str], *, workdir: Path,
              ps_argv: Sequence[str] | None = None, timeout_s: float = 300.0,
              rank_timeout_s: float | None = None, extra_env: dict[str, str] | None = None,
-             rank_env_extra: dict[int, dict[str, str]] | None = None,
              kill_on_failure: bool = True, grace_s: float = 3.0) -> LocalRunResult:
     workdir.mkdir(parents=True, exist_ok=True)
     plan_path = workdir / "plan.json"
@@ -83,8 +82,7 @@ def run_plan(plan: m.Plan, worker_argv: Sequence[str], *, workdir: Path,
             read_fd, write_fd = os.pipe()
             env = {**base, **rank_env(plan, rp.rank, master_addr="127.0.0.1", master_port=port,
                                       plan_path=str(plan_path), job_id=f"local-{os.getpid()}",
-                                      metrics_fd=write_fd, timeout_s=rank_timeout_s),
-                   **((rank_env_extra or {}).get(rp.rank, {}))}
+                                      metrics_fd=write_fd, timeout_s=rank_timeout_s)}
             argv = list(worker_argv) if rp.role is m.Role.WORKER else list(ps_argv or default_ps_argv())
             log = workdir / f"rank{rp.rank}.log"
             with open(log, "wb") as out:
