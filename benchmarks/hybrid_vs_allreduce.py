@@ -6,7 +6,9 @@ emulated devices [1, 1, 0.25, 0.25] on this machine, started as real processes b
   allreduce-prop     one group, batch proportional to speed (the hand-tuned DDP baseline)
   hybrid             a group per speed class (batches proportional to speed) + 1 PS rank
 Scenario 1: static speeds. Scenario 2: dynamic stragglers, every local step one pseudo-random worker
-is 3x slower (HGTRAIN_EMULATE_STRAGGLER). Scenario 3 (slow link between namespaces) is not run.
+is 3x slower (HGTRAIN_EMULATE_STRAGGLER). Scenario 3 (root only): static speeds, the fast devices and
+the PS on "node" a, the slow devices on "node" b: two network namespaces joined by a veth pair whose
+both ends are rate-limited with tc (tbf, --link-rate).
 
 The ideal is the sum of each device's own samples/s, each measured alone (one rank, no PS) at its
 proportional batch, with the same emulation. All devices run on this machine's CPUs; the emulated
@@ -16,11 +18,14 @@ emulated step (the share is printed). Readable table, then one JSON line with ev
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from hgcli.runtime.localplan import emulated_plan
 from hgcli.runtime.localrun import run_plan
@@ -72,15 +77,47 @@ def ideal(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
     return per_device
 
 
-def plan_for(strategy: str, args: argparse.Namespace):
+def plan_for(strategy: str, args: argparse.Namespace, two_nodes: bool = False):
     speeds = [s * args.time_scale for s in SPEEDS]
     prop = [max(1, round(args.batch * s)) for s in SPEEDS]
+    nodes = ["a", "a", "b", "b"] if two_nodes else ["local"] * 4
     if strategy == "allreduce-uniform":
-        return emulated_plan([speeds], [[sum(prop) // len(prop)] * len(prop)])
+        return emulated_plan([speeds], [[sum(prop) // len(prop)] * len(prop)], nodes=[nodes])
     if strategy == "allreduce-prop":
-        return emulated_plan([speeds], [prop])
+        return emulated_plan([speeds], [prop], nodes=[nodes])
     return emulated_plan([speeds[:2], speeds[2:]], [prop[:2], prop[2:]], n_ps=1,
-                         accumulate=[args.accumulate, args.accumulate], staleness_bound=args.staleness)
+                         accumulate=[args.accumulate, args.accumulate], staleness_bound=args.staleness,
+                         nodes=[nodes[:2], nodes[2:]], ps_node=nodes[0])
+
+
+@contextlib.contextmanager
+def slow_link(rate: str) -> Iterator[dict[str, Any]]:
+    """Two namespaces "a" and "b" joined by a veth pair rate-limited both ways; removed afterwards."""
+    tag = str(os.getpid() % 100000)
+    ns = {"a": f"hgta{tag}", "b": f"hgtb{tag}"}
+    dev = {"a": f"hgva{tag}", "b": f"hgvb{tag}"}
+    addr = {"a": "10.213.0.1", "b": "10.213.0.2"}
+
+    def sh(*argv: str) -> None:
+        subprocess.run(argv, check=True, capture_output=True, timeout=30)
+
+    try:
+        for n in "ab":
+            sh("ip", "netns", "add", ns[n])
+        sh("ip", "link", "add", dev["a"], "type", "veth", "peer", "name", dev["b"])
+        for n in "ab":
+            sh("ip", "link", "set", dev[n], "netns", ns[n])
+            sh("ip", "-n", ns[n], "addr", "add", f"{addr[n]}/24", "dev", dev[n])
+            sh("ip", "-n", ns[n], "link", "set", dev[n], "up")
+            sh("ip", "-n", ns[n], "link", "set", "lo", "up")
+            sh("tc", "-n", ns[n], "qdisc", "add", "dev", dev[n], "root", "tbf", "rate", rate,
+               "burst", "256kb", "latency", "200ms")
+        yield {"master_addr": addr["a"],
+               "node_prefix": {n: ["ip", "netns", "exec", ns[n]] for n in "ab"},
+               "node_env": {n: {"GLOO_SOCKET_IFNAME": dev[n], "TP_SOCKET_IFNAME": dev[n]} for n in "ab"}}
+    finally:
+        for n in "ab":
+            subprocess.run(["ip", "netns", "del", ns[n]], capture_output=True, timeout=30)
 
 
 def main() -> int:
@@ -98,7 +135,9 @@ def main() -> int:
     p.add_argument("--staleness", type=int, default=4)
     p.add_argument("--ideal-steps", type=int, default=40)
     p.add_argument("--timeout", type=float, default=400)
-    p.add_argument("--scenarios", default="1,2")
+    p.add_argument("--scenarios", default="1,2,3" if os.geteuid() == 0 else "1,2",
+                   help="1 static, 2 stragglers, 3 slow link (needs root for namespaces)")
+    p.add_argument("--link-rate", default="200mbit", help="tc rate of the slow link (scenario 3)")
     args = p.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="hgtrain-bench-"))
     devices = ideal(args, workdir)
@@ -108,6 +147,15 @@ def main() -> int:
                  "2": ("stragglers", {"HGTRAIN_EMULATE_STRAGGLER": "3", "HGTRAIN_EMULATE_SEED": "7"},
                        ["allreduce-uniform", "allreduce-prop", "hybrid"])}
     for key in args.scenarios.split(","):
+        if key == "3":
+            with slow_link(args.link_rate) as net:
+                for strategy in ["allreduce-uniform", "allreduce-prop", "hybrid"]:
+                    res = run_plan(plan_for(strategy, args, two_nodes=True), train_argv(args),
+                                   workdir=workdir / f"slowlink-{strategy}", timeout_s=args.timeout, **net)
+                    runs[f"slowlink/{strategy}"] = summarise(res)
+                    print(f"... slowlink/{strategy}: {runs[f'slowlink/{strategy}']}", file=sys.stderr,
+                          flush=True)
+            continue
         name, env, strategies = scenarios[key]
         for strategy in strategies:
             res = run_plan(plan_for(strategy, args), train_argv(args), workdir=workdir / f"{name}-{strategy}",
@@ -156,7 +204,7 @@ def main() -> int:
     print(json.dumps({"benchmark": "hybrid_vs_allreduce", "speeds": SPEEDS, "time_scale": args.time_scale,
                       "epochs": args.epochs, "batch_speed1": args.batch, "ideal_samples_per_s": ideal_sps,
                       "ideal_per_device": devices, "runs": runs, "ratios": ratios, "goals": goals,
-                      "scenario3": "not run (network namespaces + tc not implemented in this benchmark)"}))
+                      "link_rate": args.link_rate if "3" in args.scenarios.split(",") else None}))
     return 0
 
 

@@ -12,8 +12,10 @@ from .. import model as m
 
 def emulated_plan(groups: Sequence[Sequence[float]], batches: Sequence[Sequence[int]], *,
                   n_ps: int = 0, accumulate: Sequence[int] | None = None,
-                  staleness_bound: int = 0, strategy: m.Strategy | None = None) -> m.Plan:
-    """``groups``: speeds of each group's devices; ``batches``: the per-rank batch sizes alike."""
+                  staleness_bound: int = 0, strategy: m.Strategy | None = None,
+                  nodes: Sequence[Sequence[str]] | None = None, ps_node: str = "local") -> m.Plan:
+    """``groups``: speeds of each group's devices; ``batches`` (and ``nodes``, default all "local"):
+    the per-rank batch sizes (and node names) alike."""
     if len(groups) != len(batches) or any(len(a) != len(b) for a, b in zip(groups, batches)):
         raise ValueError("groups and batches need the same shape")
     if len(groups) > 1 and n_ps < 1:
@@ -22,18 +24,20 @@ def emulated_plan(groups: Sequence[Sequence[float]], batches: Sequence[Sequence[
     group_plans = []
     for gid, (speeds, sizes) in enumerate(zip(groups, batches)):
         members = []
-        for speed, size in zip(speeds, sizes):
+        for i, (speed, size) in enumerate(zip(speeds, sizes)):
             r = len(ranks)
-            ranks.append(m.RankPlan(rank=r, role=m.Role.WORKER, node="local", device=f"emu{r}",
-                                    group=gid, batch_size=size, local_rank=r, emulated=True,
-                                    speed=speed))
+            node = nodes[gid][i] if nodes else "local"
+            ranks.append(m.RankPlan(rank=r, role=m.Role.WORKER, node=node, device=f"emu{r}",
+                                    group=gid, batch_size=size, local_rank=_local(ranks, node),
+                                    emulated=True, speed=speed))
             members.append(r)
         acc = accumulate[gid] if accumulate else 1
         group_plans.append(m.GroupPlan(id=gid, ranks=tuple(members), accumulate=acc))
     ps = []
     for _ in range(n_ps):
         r = len(ranks)
-        ranks.append(m.RankPlan(rank=r, role=m.Role.PS, node="local", device="cpu", local_rank=r))
+        ranks.append(m.RankPlan(rank=r, role=m.Role.PS, node=ps_node, device="cpu",
+                                local_rank=_local(ranks, ps_node)))
         ps.append(r)
     if strategy is None:
         strategy = m.Strategy.HYBRID if n_ps else m.Strategy.ALLREDUCE
@@ -42,3 +46,7 @@ def emulated_plan(groups: Sequence[Sequence[float]], batches: Sequence[Sequence[
                   global_batch=sum(sum(b) for b in batches), cluster="local-emulated",
                   reason="laid out by hand for an emulated run (hgcli.runtime.localplan)",
                   staleness_bound=staleness_bound, ps_shards=tuple(ps))
+
+
+def _local(ranks: Sequence[m.RankPlan], node: str) -> int:
+    return sum(1 for r in ranks if r.node == node)

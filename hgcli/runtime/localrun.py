@@ -63,7 +63,11 @@ def free_port() -> int:
 def run_plan(plan: m.Plan, worker_argv: Sequence[str], *, workdir: Path,
              ps_argv: Sequence[str] | None = None, timeout_s: float = 300.0,
              rank_timeout_s: float | None = None, extra_env: dict[str, str] | None = None,
-             kill_on_failure: bool = True, grace_s: float = 3.0) -> LocalRunResult:
+             kill_on_failure: bool = True, grace_s: float = 3.0, master_addr: str = "127.0.0.1",
+             node_prefix: dict[str, list[str]] | None = None,
+             node_env: dict[str, dict[str, str]] | None = None) -> LocalRunResult:
+    """``node_prefix``/``node_env``: argv prefix and variables per plan node, e.g. to run a "node"
+    inside a network namespace (``ip netns exec NS``) with GLOO_SOCKET_IFNAME set."""
     workdir.mkdir(parents=True, exist_ok=True)
     plan_path = workdir / "plan.json"
     plan_path.write_text(m.to_json(plan), encoding="utf-8")
@@ -80,10 +84,12 @@ def run_plan(plan: m.Plan, worker_argv: Sequence[str], *, workdir: Path,
     try:
         for rp in plan.ranks:
             read_fd, write_fd = os.pipe()
-            env = {**base, **rank_env(plan, rp.rank, master_addr="127.0.0.1", master_port=port,
-                                      plan_path=str(plan_path), job_id=f"local-{os.getpid()}",
-                                      metrics_fd=write_fd, timeout_s=rank_timeout_s)}
+            env = {**base, **(node_env or {}).get(rp.node, {}),
+                   **rank_env(plan, rp.rank, master_addr=master_addr, master_port=port,
+                              plan_path=str(plan_path), job_id=f"local-{os.getpid()}",
+                              metrics_fd=write_fd, timeout_s=rank_timeout_s)}
             argv = list(worker_argv) if rp.role is m.Role.WORKER else list(ps_argv or default_ps_argv())
+            argv = (node_prefix or {}).get(rp.node, []) + argv
             log = workdir / f"rank{rp.rank}.log"
             with open(log, "wb") as out:
                 proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
