@@ -124,3 +124,20 @@ def test_metrics_go_to_the_pipe_as_json_lines(tmp_path):
     os.close(w)
     record = json.loads(os.read(r, 4096).decode())
     assert record["rank"] == 2 and record["step"] == 1 and "time" in record
+
+
+def test_time_triggered_checkpoint_lands_on_a_scheduled_version(tmp_path):
+    server = ShardServer(shard=0, ps_ranks=[5], group_ids=[0, 1], staleness_bound=1, global_batch=0,
+                         timeout_s=60, metrics=MetricsSink(None, {}), checkpoint_dir=tmp_path,
+                         checkpoint_seconds=0.01)
+    try:
+        server.seed(0, torch.zeros(3), [(3,)], {"name": "SGD", "kwargs": {"lr": 0.1}})
+        server.pull(0), server.pull(1)
+        time.sleep(0.05)
+        for i in range(4):                       # version 1 schedules version 1 + groups + 1 = 4
+            server.push(i % 2, torch.ones(3), 1.0, 0.1)
+    finally:
+        server.close()                           # waits for the writer
+    assert checkpoint.complete_versions(tmp_path, 1) == [4]
+    saved = checkpoint.load(tmp_path, 0, 4)
+    torch.testing.assert_close(saved["params"][0], torch.full((3,), -0.4))
