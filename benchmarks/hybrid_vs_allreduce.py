@@ -183,18 +183,12 @@ def main() -> int:
         ratios["s1_tta_hybrid_vs_uniform"] = _ratio(h["time_to_target_s"], u["time_to_target_s"])
         ratios["s1_acc_gap_vs_prop_points"] = 100 * (pr["final_accuracy"] - h["final_accuracy"])
         ratios["s1_acc_gap_vs_uniform_points"] = 100 * (u["final_accuracy"] - h["final_accuracy"])
-    if "stragglers/hybrid" in runs:
-        h, pr = runs["stragglers/hybrid"], runs["stragglers/allreduce-prop"]
-        ratios["s2_hybrid_vs_prop"] = h["samples_per_s"] / pr["samples_per_s"]
-        ratios["s2_tta_hybrid_vs_uniform"] = _ratio(h["time_to_target_s"],
-                                                    runs["stragglers/allreduce-uniform"]["time_to_target_s"])
-        ratios["s2_acc_gap_vs_prop_points"] = 100 * (pr["final_accuracy"] - h["final_accuracy"])
-    if "slowlink/hybrid" in runs:
-        h, pr = runs["slowlink/hybrid"], runs["slowlink/allreduce-prop"]
-        ratios["s3_hybrid_vs_prop"] = h["samples_per_s"] / pr["samples_per_s"]
-        ratios["s3_tta_hybrid_vs_uniform"] = _ratio(h["time_to_target_s"],
-                                                    runs["slowlink/allreduce-uniform"]["time_to_target_s"])
-        ratios["s3_acc_gap_vs_prop_points"] = 100 * (pr["final_accuracy"] - h["final_accuracy"])
+    for tag, name in (("s2", "stragglers"), ("s3", "slowlink")):
+        if f"{name}/hybrid" in runs:
+            h, pr, u = (runs[f"{name}/{k}"] for k in ("hybrid", "allreduce-prop", "allreduce-uniform"))
+            ratios[f"{tag}_hybrid_vs_prop"] = h["samples_per_s"] / pr["samples_per_s"]
+            ratios[f"{tag}_tta_hybrid_vs_uniform"] = _ratio(h["time_to_target_s"], u["time_to_target_s"])
+            ratios[f"{tag}_acc_gap_vs_prop_points"] = 100 * (pr["final_accuracy"] - h["final_accuracy"])
     goals = {
         "s1_hybrid_vs_ideal>=0.85": _ge(ratios.get("s1_hybrid_vs_ideal"), 0.85),
         "s1_hybrid_vs_uniform>=1.8": _ge(ratios.get("s1_hybrid_vs_uniform"), 1.8),
