@@ -22,7 +22,7 @@ def test_homogeneous_plan_matches_ddp(tmp_path):
     (tmp_path / "ddp").mkdir()
     run_ok(plan, script("tiny_train.py", "--out", tmp_path / "hg", *args), tmp_path / "hg")
     run_ok(plan, script("ddp_reference.py", "--out", tmp_path / "ddp", *args), tmp_path / "ddp")
-    start = load(tmp_path / "hg" / "start.pt")
+    start = load(tmp_path / "hg" / "start0.pt")["params"]
     for rank in (0, 1):
         ours, ddp = load(tmp_path / "hg" / f"rank{rank}.pt"), load(tmp_path / "ddp" / f"rank{rank}.pt")
         assert not torch.allclose(ours, start)          # it trained

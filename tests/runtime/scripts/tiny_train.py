@@ -1,7 +1,7 @@
 """A small hgcli.runtime training script the runtime tests drive through localrun.
 
-Writes <out>/rank<R>.pt (final flat parameters) and, for the first worker, <out>/start.pt (the
-parameters right after wrap). --die-rank/--die-step make one rank SIGKILL itself mid-training.
+Writes <out>/rank<R>.pt (final flat parameters) and <out>/start<R>.pt ({"params", "version"}: the
+parameters right after wrap and their PS version). --die-rank/--die-step make one rank SIGKILL itself mid-training.
 """
 import os
 import signal
@@ -29,9 +29,7 @@ def main():
     model = make_model(hidden=args.hidden)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     model, opt = ctx.wrap(model, opt)
-    if ctx.is_first_worker:
-        torch.save(flat(model), args.out / "start.pt")
-        print(f"start version {ctx.version}", flush=True)
+    torch.save({"params": flat(model), "version": ctx.version}, args.out / f"start{ctx.rank}.pt")
     for step, (xb, yb) in enumerate(ctx.shard((x, y), batch_size=args.batch, epochs=1000)):
         if step == args.steps:
             break
