@@ -385,3 +385,11 @@ def test_measurement_free_device_without_memory_data_uses_the_documented_estimat
     assert make_plan(inventory, profiles, JobSpec(global_batch=14)).workers[0].batch_size == 14
     with pytest.raises(UsageError, match="at most 14 samples"):
         make_plan(inventory, profiles, JobSpec(global_batch=15))
+
+
+def test_staleness_override_never_below_groups_minus_one():
+    from tests.unit.plan_clusters import A100, T4, cluster
+
+    inventory, profiles = cluster([[A100, A100, T4, T4]])
+    plan = make_plan(inventory, profiles, JobSpec(strategy=Strategy.PS, global_batch=64, staleness=0))
+    assert len(plan.groups) == 4 and plan.staleness_bound == 3
