@@ -156,7 +156,9 @@ def test_homogeneous_clusters_are_one_allreduce_group_without_ps(data, pick):
     assert "homogeneous" in plan.reason
 
 
-@settings(max_examples=60, deadline=None)
+# Clusters with a device of unknown memory have no capacity and are skipped: that filtering is
+# expected, so hypothesis's "filters too much" health check would only make the test flaky.
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
 @given(data=clusters(), extra=st.integers(1, 1000))
 def test_a_global_batch_beyond_memory_is_refused(data, extra):
     (inventory, profiles), devices, nodes = data
