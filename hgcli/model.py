@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import hashlib
 import json
 import types
 import typing
@@ -122,6 +121,8 @@ def _convert(tp: Any, data: Any, where: str) -> Any:
 
 def digest(value: Any) -> str:
     """Stable short hash of a value's JSON form (cluster identity, plan identity)."""
+    import hashlib  # here, not at the top: node programs import this module and never hash
+
     blob = json.dumps(to_dict(value), sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 

@@ -235,6 +235,9 @@ class CostModel:
         staleness = self.job.staleness
         if staleness is None:
             staleness = max(1, math.ceil(STALENESS_SLACK * (total_pushes - slowest) / slowest))
+        # The runtime's waiting rule (docs/runtime.md) needs S >= groups - 1: with a smaller bound
+        # every group could be waiting for another. A lower --staleness is raised to that floor.
+        staleness = max(staleness, len(groups) - 1)
         where = "a PS on every node" if count == len(self.ps_order) > 1 else f"{count} PS rank(s)"
         return Option(strategy, groups, accumulate, ps_nodes, staleness, rate, f"{len(groups)} groups, {where}")
 

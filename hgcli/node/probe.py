@@ -222,13 +222,13 @@ def _cpu_cores() -> int | None:
     return os.cpu_count()
 
 
-_TORCH_DIST = re.compile(r"torch-([^-]+)\.dist-info")
+_TORCH_DIST = re.compile(r"torch-([^-]+?)(?:-py[\d.]+)?\.(?:dist-info|egg-info)")
 
 
 def _torch_version() -> str | None:
-    """Found by listing sys.path for ``torch-<version>.dist-info`` first: importing
-    importlib.metadata costs ~20 ms per node, a large share of a 16-node probe (benchmarks/probe_fanout.py).
-    Other install layouts (eggs, odd prefixes) fall back to the metadata API."""
+    """Found by listing sys.path for torch's install metadata (``torch-<version>.dist-info``, or an
+    egg's ``.egg-info``) rather than through importlib.metadata, whose import alone costs ~27 ms per
+    node: most of a probe's own time on a 16-node probe (benchmarks/probe_fanout.py)."""
     for entry in sys.path:
         try:
             names = os.listdir(entry or ".")
@@ -238,12 +238,7 @@ def _torch_version() -> str | None:
             m = _TORCH_DIST.fullmatch(name)
             if m:
                 return m.group(1)
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    return None
 
 
 def probe(name: str, host: str, gpus: tuple[int, ...] | None, emulate: EmulateSpec | None) -> NodeInfo:

@@ -58,7 +58,7 @@ def _comm(pid: int) -> str:
 
 
 def test_missing_sshd_fails_under_ci_and_skips_elsewhere(monkeypatch):
-    from tests.integration import conftest
+    from tests import conftest
 
     monkeypatch.setattr(conftest, "sshd_available", lambda: False)
     monkeypatch.setenv("CI", "true")

@@ -1,0 +1,142 @@
+"""``hg.init()`` -> Context: what a training script sees of hgtrain (see docs/runtime.md).
+
+Without any hgtrain variable the script runs alone (world of one); with only torchrun's variables it
+is one all-reduce group over all ranks; with HGTRAIN_PLAN it follows the plan.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Iterator, Sequence
+
+import torch
+
+from .. import model as m
+from .data import shard_batches
+from .emulate import Emulator
+from .env import RankEnv
+from .errors import TrainingError
+from .groups import init_distributed, shutdown
+from .hybrid import GroupSync
+from .metrics import MetricsSink
+
+
+def _implicit_plan(env: RankEnv) -> m.Plan:
+    """torchrun environment: one synchronous group of every rank, as DDP would do."""
+    batch = env.batch_size
+    ranks = tuple(m.RankPlan(rank=r, role=m.Role.WORKER, node="local", device="cpu", group=0,
+                             batch_size=batch) for r in range(env.world_size))
+    return m.Plan(strategy=m.Strategy.ALLREDUCE, world_size=env.world_size,
+                  groups=(m.GroupPlan(id=0, ranks=tuple(range(env.world_size))),), ranks=ranks,
+                  predicted_samples_per_s={}, global_batch=(batch or 0) * env.world_size, cluster="")
+
+
+def _check_plan(plan: m.Plan) -> None:
+    if len(plan.groups) > 1 and not plan.ps_shards:
+        raise TrainingError("the plan has several all-reduce groups but no parameter server")
+    for g in plan.groups:
+        for r in g.ranks:
+            if plan.rank(r).group != g.id or plan.rank(r).role is not m.Role.WORKER:
+                raise TrainingError(f"plan: rank {r} is listed in group {g.id} but is not its worker")
+
+
+class Context:
+    def __init__(self, env: RankEnv, *, echo: bool = False) -> None:
+        self.env = env
+        self.plan = env.plan or _implicit_plan(env)
+        _check_plan(self.plan)
+        me = self.plan.rank(env.rank)
+        if me.role is not m.Role.WORKER:
+            raise TrainingError(f"rank {env.rank} is a parameter-server rank: the launcher runs "
+                                f"'python -m hgcli.runtime.ps' there, not the training script")
+        self.group_plan = next(g for g in self.plan.groups if g.id == me.group)
+        workers = self.plan.workers
+        self.worker_index = [w.rank for w in workers].index(env.rank)
+        self._batches = [w.batch_size for w in workers]
+        self.metrics = MetricsSink(env.metrics_fd, {"rank": env.rank, "group": me.group,
+                                                     "role": "worker"}, echo=echo)
+        self.emulator = Emulator(env.speed, worker_index=self.worker_index, n_workers=len(workers),
+                                 straggler_factor=float(os.environ.get("HGTRAIN_EMULATE_STRAGGLER") or 1),
+                                 straggler_seed=int(os.environ.get("HGTRAIN_EMULATE_SEED") or 0))
+        if me.emulated or env.speed < 1.0:
+            torch.set_num_threads(1)        # emulated devices share one CPU
+        self.device = torch.device("cuda", 0) if (me.device.startswith("gpu") and not me.emulated
+                                                  and torch.cuda.is_available()) else torch.device("cpu")
+        self._pgs = init_distributed(env, self.plan) if env.world_size > 1 else {}
+        self._sync: GroupSync | None = None
+
+    # --- identity -------------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self.env.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.env.world_size
+
+    @property
+    def group(self) -> int:
+        return self.group_plan.id
+
+    @property
+    def is_leader(self) -> bool:
+        return self.group_plan.ranks[0] == self.rank
+
+    @property
+    def is_first_worker(self) -> bool:
+        return self.worker_index == 0
+
+    @property
+    def version(self) -> int:
+        """PS version of the parameters this rank holds (0 without a PS)."""
+        return self._sync.version if self._sync else 0
+
+    # --- training -------------------------------------------------------------------------------
+    def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+             ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        """Hook aggregation into ``optimizer.step()``; both objects are returned unchanged otherwise."""
+        if self._sync is not None:
+            raise TrainingError("wrap() was already called in this process")
+        self._sync = GroupSync(
+            model=model, optimizer=optimizer, group_ranks=self.group_plan.ranks,
+            pg=self._pgs.get(self.group), rank=self.rank, group_id=self.group,
+            accumulate=self.group_plan.accumulate, ps_ranks=self.plan.ps_shards,
+            first_worker=self.plan.workers[0].rank, default_batch=self.env.batch_size or 1,
+            emulator=self.emulator, metrics=self.metrics, timeout_s=self.env.timeout_s)
+        self._sync.start()
+        return model, optimizer
+
+    def shard(self, data: Sequence[torch.Tensor], *, batch_size: int, epochs: int = 1,
+              seed: int = 0) -> Iterator[tuple[torch.Tensor, ...]]:
+        """This rank's batches of ``data`` (a tuple of tensors); ``batch_size`` unless the plan says."""
+        return shard_batches(data, self._batch_sizes(batch_size), self.worker_index,
+                             epochs=epochs, seed=seed)
+
+    def log(self, **fields: Any) -> None:
+        self.metrics.emit(**fields)
+
+    @contextlib.contextmanager
+    def untimed(self) -> Iterator[None]:
+        """Evaluation or logging inside the loop: not stretched by device emulation."""
+        with self.emulator.untimed():
+            yield
+
+    def finish(self) -> None:
+        """Wait for the other groups, take the final parameters, and leave the job."""
+        if self._sync is not None:
+            self._sync.finish()
+            self.metrics.emit(event="finish", samples=self._sync.samples_seen,
+                              compute_s=self.emulator.compute_s, emulated_sleep_s=self.emulator.slept_s)
+        if self.env.world_size > 1:
+            try:
+                shutdown(self.plan, self.env.timeout_s)
+            except RuntimeError as exc:
+                raise TrainingError(f"rank {self.rank}: leaving the job failed: {exc}") from exc
+
+    def _batch_sizes(self, default: int) -> list[int]:
+        return [b or default for b in self._batches]
+
+
+def init(*, echo: bool = False) -> Context:
+    """Join the job described by the environment (launcher, localrun, torchrun or nothing)."""
+    return Context(RankEnv.from_environ(), echo=echo)

@@ -1,0 +1,67 @@
+"""Emulated devices: a rank declared slower than its CPU stretches each step to compute / speed.
+
+"Compute" is the CPU time the training thread spent on the step since the previous step ended
+(data, forward, backward; emulated ranks run torch on one thread, and CPU autograd runs on the
+calling thread). CPU time, not wall time: on a CPU shared by several ranks, wall time also counts
+the time the rank waited for a core, and stretching that would multiply the machine's noise. The
+rank then sleeps until the step's wall time reaches compute / speed (times a straggler factor on
+steps where it is the straggler). Only time changes, never the maths; communication is not
+stretched (links are real).
+"""
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+from typing import Iterator
+
+
+class Emulator:
+    def __init__(self, speed: float, *, worker_index: int = 0, n_workers: int = 1,
+                 straggler_factor: float = 1.0, straggler_seed: int = 0) -> None:
+        self.speed = speed
+        self.worker_index = worker_index
+        self.n_workers = n_workers
+        self.straggler_factor = straggler_factor
+        self.straggler_seed = straggler_seed
+        self.compute_s = 0.0        # totals, for metrics and the benchmark's honesty check
+        self.slept_s = 0.0
+        self.begin_compute()
+
+    def is_straggler(self, step: int) -> bool:
+        """Every rank agrees, without talking, which worker is slowed at local step ``step``."""
+        if self.straggler_factor <= 1.0 or self.n_workers < 1:
+            return False
+        pick = random.Random(f"{self.straggler_seed}:{step}").randrange(self.n_workers)
+        return pick == self.worker_index
+
+    def begin_compute(self) -> None:
+        """Called when the step's communication is done: the next step's compute starts now."""
+        self._wall0 = time.perf_counter()
+        self._cpu0 = time.thread_time()
+        self._untimed_wall = 0.0
+        self._untimed_cpu = 0.0
+
+    def end_compute(self, step: int) -> float:
+        """Called when the step's compute is done (before communication); returns the sleep taken."""
+        wall = time.perf_counter() - self._wall0 - self._untimed_wall
+        cpu = time.thread_time() - self._cpu0 - self._untimed_cpu
+        factor = 1.0 / self.speed
+        if self.is_straggler(step):
+            factor *= self.straggler_factor
+        pause = max(0.0, cpu * factor - wall) if factor > 1.0 else 0.0
+        if pause:
+            time.sleep(pause)
+        self.compute_s += cpu
+        self.slept_s += pause
+        return pause
+
+    @contextlib.contextmanager
+    def untimed(self) -> Iterator[None]:
+        """Work that is not part of the device's step (evaluation, logging) is not stretched."""
+        wall, cpu = time.perf_counter(), time.thread_time()
+        try:
+            yield
+        finally:
+            self._untimed_wall += time.perf_counter() - wall
+            self._untimed_cpu += time.thread_time() - cpu

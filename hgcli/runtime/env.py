@@ -1,0 +1,115 @@
+"""The environment contract between the launcher (or localrun) and a rank.
+
+One module writes it (``rank_env``) and reads it (``RankEnv.from_environ``), so the two sides cannot
+drift. torchrun's variables come first; a script that only knows those runs unchanged.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from .. import model
+from .errors import TrainingError
+
+DEFAULT_TIMEOUT_S = 120.0
+PS_MODULE = "hgcli.runtime.ps"
+
+
+@dataclass(frozen=True)
+class RankEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    role: model.Role
+    group: int | None
+    batch_size: int | None
+    speed: float
+    job_id: str | None
+    metrics_fd: int | None
+    timeout_s: float
+    plan: model.Plan | None          # None: plain torchrun environment -> one all-reduce group
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> "RankEnv":
+        env = os.environ if environ is None else environ
+        rank = _int(env, "RANK", 0)
+        world = _int(env, "WORLD_SIZE", 1)
+        if not 0 <= rank < world:
+            raise TrainingError(f"RANK={rank} is outside WORLD_SIZE={world}")
+        plan = _load_plan(env["HGTRAIN_PLAN"]) if env.get("HGTRAIN_PLAN") else None
+        rp = plan.rank(rank) if plan else None
+        if plan is not None and plan.world_size != world:
+            raise TrainingError(
+                f"{env['HGTRAIN_PLAN']}: plan has world_size {plan.world_size}, WORLD_SIZE is {world}")
+        role = rp.role if rp else model.Role(env.get("HGTRAIN_ROLE", "worker"))
+        group = rp.group if rp else (int(env["HGTRAIN_GROUP"]) if env.get("HGTRAIN_GROUP") else None)
+        batch = rp.batch_size if rp else (_int(env, "HGTRAIN_BATCH_SIZE", 0) or None)
+        speed = float(env.get("HGTRAIN_DEVICE_SPEED") or (rp.speed if rp else 1.0))
+        if not 0 < speed <= 1.0:
+            raise TrainingError(f"HGTRAIN_DEVICE_SPEED={speed} must be in (0, 1]")
+        fd = env.get("HGTRAIN_METRICS_FD")
+        return cls(rank=rank, world_size=world, local_rank=_int(env, "LOCAL_RANK", 0),
+                   local_world_size=_int(env, "LOCAL_WORLD_SIZE", 1), role=role, group=group,
+                   batch_size=batch, speed=speed, job_id=env.get("HGTRAIN_JOB_ID"),
+                   metrics_fd=int(fd) if fd else None,
+                   timeout_s=float(env.get("HGTRAIN_TIMEOUT") or DEFAULT_TIMEOUT_S), plan=plan)
+
+
+def rank_env(plan: model.Plan, rank: int, *, master_addr: str, master_port: int, plan_path: str,
+             job_id: str, metrics_fd: int | None = None, timeout_s: float | None = None) -> dict[str, str]:
+    """The variables a launcher sets for ``rank`` (added to the inherited environment)."""
+    rp = plan.rank(rank)
+    node_ranks = [r for r in plan.ranks if r.node == rp.node]
+    env = {
+        "RANK": str(rank), "WORLD_SIZE": str(plan.world_size), "LOCAL_RANK": str(rp.local_rank),
+        "LOCAL_WORLD_SIZE": str(len(node_ranks)), "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port), "HGTRAIN_PLAN": plan_path, "HGTRAIN_ROLE": rp.role.value,
+        "HGTRAIN_GROUP": "" if rp.group is None else str(rp.group),
+        "HGTRAIN_BATCH_SIZE": "" if rp.batch_size is None else str(rp.batch_size),
+        "HGTRAIN_DEVICE_SPEED": repr(rp.speed), "HGTRAIN_JOB_ID": job_id,
+    }
+    if metrics_fd is not None:
+        env["HGTRAIN_METRICS_FD"] = str(metrics_fd)
+    if timeout_s is not None:
+        env["HGTRAIN_TIMEOUT"] = repr(timeout_s)
+    return env
+
+
+def ps_argv(python: str = sys.executable, *, checkpoint_dir: str | None = None,
+            checkpoint_every: int | None = None, checkpoint_seconds: float | None = None,
+            resume: bool = False, trace: str | None = None) -> list[str]:
+    """The command a launcher runs on a PS rank (same environment as a worker rank)."""
+    argv = [python, "-m", PS_MODULE]
+    if checkpoint_dir:
+        argv += ["--checkpoint-dir", checkpoint_dir]
+    if checkpoint_every:
+        argv += ["--checkpoint-every", str(checkpoint_every)]
+    if checkpoint_seconds:
+        argv += ["--checkpoint-seconds", repr(checkpoint_seconds)]
+    if resume:
+        argv.append("--resume")
+    if trace:
+        argv += ["--trace", trace]
+    return argv
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise TrainingError(f"{name}={raw!r} is not an integer") from None
+
+
+def _load_plan(path: str) -> model.Plan:
+    try:
+        return model.from_dict(model.Plan, json.loads(Path(path).read_text(encoding="utf-8")))
+    except (OSError, ValueError) as exc:
+        raise TrainingError(f"{path}: cannot read the plan: {exc}") from None

@@ -1,0 +1,416 @@
+"""The parameter-server rank: ``python -m hgcli.runtime.ps [options]`` with the rank environment.
+
+Each PS rank holds one shard of the parameters (whole tensors, balanced by size) and the optimizer
+state for it. Group leaders call it over torch RPC: ``push`` applies a group's gradient at once and
+answers with fresh parameters when the staleness rule allows (see docs/runtime.md):
+
+* staleness of a push = shard version now - version the group last received; the pushed gradient
+  is scaled by samples / global_batch / max(1, staleness) before the optimizer step: every sample
+  weighs the same whichever group computed it (as in one synchronous step over the global batch,
+  and momentum integrates the weighted gradients), and stale updates weigh less;
+* bounded staleness: every push is applied at most S (plan.staleness_bound, >= groups - 1) versions
+  after the version its gradient was computed on. Shard 0 (the coordinator; every push reaches it)
+  holds a group's answer back only when letting it compute again could make a group that is still
+  computing exceed S: it answers group g when, for every computing group h,
+  (version - base[h]) + (number of computing groups, g included, other than h) <= S. A push moves
+  its group from computing to waiting, so the left side never grows without a check; when every
+  group waits, the one with the oldest base is answered: no deadlock. A fast group may thus push
+  up to S - groups + 2 times per push of the slowest one before it waits.
+Other shards apply pushes and answer at once (an acknowledgement; the leader pulls their parameters
+after shard 0 answers), so one shard alone decides who waits and shards cannot deadlock each other.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import queue
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch.distributed import rpc
+from torch.futures import Future
+
+from . import checkpoint
+from .env import RankEnv
+from .errors import TrainingError
+from .groups import init_distributed, rpc_name, shutdown
+from .metrics import MetricsSink
+
+_SERVER: "ShardServer | None" = None
+
+
+def assign_shards(numels: Sequence[int], n_shards: int) -> list[int]:
+    """Shard of each parameter tensor: largest first onto the least loaded shard (deterministic)."""
+    load = [0] * n_shards
+    owner = [0] * len(numels)
+    for i in sorted(range(len(numels)), key=lambda i: (-numels[i], i)):
+        s = min(range(n_shards), key=lambda s: (load[s], s))
+        owner[i] = s
+        load[s] += numels[i]
+    return owner
+
+
+class ShardServer:
+    def __init__(self, *, shard: int, ps_ranks: Sequence[int], group_ids: Sequence[int],
+                 staleness_bound: int, global_batch: int, timeout_s: float, metrics: MetricsSink,
+                 checkpoint_dir: Path | None = None, checkpoint_every: int = 0,
+                 checkpoint_seconds: float = 0.0, trace: Path | None = None) -> None:
+        self.shard = shard
+        self.ps_ranks = list(ps_ranks)
+        self.bound = staleness_bound
+        self.global_batch = global_batch
+        self.timeout_s = timeout_s
+        self.metrics = metrics
+        self.cv = threading.Condition()
+        self.params: list[torch.Tensor] | None = None
+        self.opt: torch.optim.Optimizer | None = None
+        self.opt_spec: dict[str, Any] | None = None
+        self.version = 0
+        if len(group_ids) > 1 and staleness_bound < len(group_ids) - 1:
+            raise TrainingError(f"plan staleness_bound {staleness_bound} is below groups - 1 = "
+                                f"{len(group_ids) - 1}: no schedule of the groups could respect it")
+        self.coordinator = shard == 0
+        self.clock = {g: 0 for g in group_ids}
+        self.base = {g: 0 for g in group_ids}
+        self.active = set(group_ids)
+        self.computing: set[int] = set()               # answered, gradient not yet pushed
+        self.last_seen = {g: time.monotonic() for g in group_ids}
+        self.waiting: dict[int, Future] = {}          # group -> answer held back (coordinator)
+        self.unseeded: list[tuple[int, Future]] = []  # pulls that arrived before the seed
+        self.finishing: list[Future] = []
+        self.failure: str | None = None
+        self.all_done = threading.Event()
+        self.ckpt_dir = checkpoint_dir
+        self.ckpt_every = checkpoint_every
+        self.ckpt_seconds = checkpoint_seconds
+        self.ckpt_last = time.monotonic()
+        self.ckpt_scheduled: set[int] = set()
+        self.writes: "queue.Queue[tuple[int, dict[str, Any]] | None]" = queue.Queue()
+        self.writer = threading.Thread(target=self._write_loop, daemon=True)
+        self.writer.start()
+        self.trace_fh = open(trace, "a", encoding="utf-8") if trace else None
+        self._trace("start", pid=os.getpid())
+
+    # --- events ------------------------------------------------------------------------------
+    def _trace(self, event: str, **fields: Any) -> None:
+        if self.trace_fh:
+            self.trace_fh.write(json.dumps({"event": event, "shard": self.shard,
+                                            "t": time.time(), **fields}) + "\n")
+            self.trace_fh.flush()
+
+    # --- RPC handlers (called on RPC threads) -----------------------------------------------
+    def seed(self, group: int, flat: torch.Tensor, shapes: list[tuple[int, ...]],
+             opt_spec: dict[str, Any]) -> int:
+        with self.cv:
+            self.last_seen[group] = time.monotonic()
+            if self.params is None:
+                self.params = _split(flat, shapes)
+                self.opt_spec = opt_spec
+                self.opt = _make_optimizer(self.params, opt_spec)
+                self._trace("seed", version=self.version)
+            elif [tuple(p.shape) for p in self.params] != [tuple(s) for s in shapes]:
+                raise TrainingError(f"PS shard {self.shard}: the model does not match the "
+                                    f"checkpointed parameters")
+            for g, fut in self.unseeded:
+                self._request(g, fut)
+            self.unseeded.clear()
+            return self.version
+
+    def pull(self, group: int) -> Future:
+        """Parameters for a group (at its start; after shard 0 answered its push, on other shards)."""
+        fut: Future = Future()
+        with self.cv:
+            self.last_seen[group] = time.monotonic()
+            if self.params is None:
+                self.unseeded.append((group, fut))
+            else:
+                self._request(group, fut)
+        return fut
+
+    def push(self, group: int, grad: torch.Tensor, samples: float, lr: float) -> Future:
+        fut: Future = Future()
+        schedule = None
+        with self.cv:
+            if self.params is None or self.opt is None:
+                raise TrainingError(f"PS shard {self.shard}: push from group {group} before the seed")
+            self.last_seen[group] = time.monotonic()
+            staleness = self.version - self.base[group]
+            scale = (samples / self.global_batch if self.global_batch else 1.0) / max(1, staleness)
+            offset = 0
+            for p in self.params:
+                p.grad = grad[offset: offset + p.numel()].view_as(p) * scale
+                offset += p.numel()
+            for pg in self.opt.param_groups:
+                pg["lr"] = lr                  # follows the worker's LR scheduler
+            self.opt.step()
+            self.version += 1
+            self.clock[group] += 1
+            self._trace("push", group=group, clock=self.clock[group], base=self.base[group],
+                        version=self.version, staleness=staleness, samples=samples, scale=scale,
+                        clocks=dict(self.clock), active=sorted(self.active))
+            self.metrics.emit(event="ps_push", shard=self.shard, group=group, version=self.version,
+                              staleness=staleness)
+            self.computing.discard(group)
+            if self.coordinator:
+                self._request(group, fut)
+            else:
+                fut.set_result((self.version, None))
+            schedule = self._checkpoint_due()
+        if schedule is not None:
+            self._schedule_everywhere(schedule)
+        return fut
+
+    def finish(self, group: int, wait_s: float) -> Future:
+        """A group is done; answers (done?, version, params) once all are, or after ``wait_s``."""
+        fut: Future = Future()
+        with self.cv:
+            self.last_seen[group] = time.monotonic()
+            if group in self.active:
+                self.active.discard(group)
+                self.computing.discard(group)
+                self._trace("done", group=group, clock=self.clock[group])
+                self._release()
+            if not self.active:
+                self.all_done.set()
+                fut.set_result((True, self.version, self._flat()))
+            else:
+                self.finishing.append(fut)
+                threading.Timer(wait_s, self._finish_timeout, args=(fut,)).start()
+        return fut
+
+    def schedule_checkpoint(self, version: int) -> None:
+        with self.cv:
+            if version > self.version:
+                self.ckpt_scheduled.add(version)
+
+    # --- internals (self.cv held) ------------------------------------------------------------
+    def _finish_timeout(self, fut: Future) -> None:
+        with self.cv:
+            if fut in self.finishing:
+                self.finishing.remove(fut)
+                fut.set_result((False, self.version, None))
+
+    def _request(self, group: int, fut: Future) -> None:
+        if self.coordinator:
+            self.waiting[group] = fut
+            self._release()
+        else:
+            self._answer(group, fut)
+
+    def _may_answer(self, group: int) -> bool:
+        n = len(self.computing)         # computing groups once ``group`` joins them, minus one
+        return all(self.version - self.base[h] + n <= self.bound
+                   for h in self.computing if h != group)
+
+    def _release(self) -> None:
+        progress = True
+        while progress and self.waiting:
+            progress = False
+            for g in sorted(self.waiting, key=lambda g: (self.base[g], g)):   # oldest base first
+                if not self.computing or self._may_answer(g):
+                    fut = self.waiting.pop(g)
+                    self._trace("release", group=g, version=self.version,
+                                computing=sorted(self.computing),
+                                bases={str(h): self.base[h] for h in self.computing})
+                    self._answer(g, fut)
+                    progress = True
+                    break
+        if not self.active:
+            self.all_done.set()
+            for fut in self.finishing:
+                fut.set_result((True, self.version, self._flat()))
+            self.finishing.clear()
+
+    def _answer(self, group: int, fut: Future) -> None:
+        self.base[group] = self.version
+        if group in self.active:
+            self.computing.add(group)
+        fut.set_result((self.version, self._flat()))
+
+    def _flat(self) -> torch.Tensor:
+        assert self.params is not None
+        return torch.cat([p.detach().reshape(-1) for p in self.params])  # a copy: safe to send
+
+    def _checkpoint_due(self) -> int | None:
+        """Snapshot if this version is due; returns a version to schedule on every shard, if any."""
+        if self.ckpt_dir is None:
+            return None
+        v = self.version
+        if (self.ckpt_every and v % self.ckpt_every == 0) or v in self.ckpt_scheduled:
+            self.ckpt_scheduled.discard(v)
+            self.ckpt_last = time.monotonic()
+            self.writes.put((v, self._snapshot()))
+        if (self.shard == 0 and self.ckpt_seconds and not self.ckpt_scheduled
+                and time.monotonic() - self.ckpt_last >= self.ckpt_seconds):
+            # Shards may differ by up to one push per group; this version is ahead of all of them.
+            target = v + len(self.clock) + 1
+            self.ckpt_scheduled.add(target)
+            return target
+        return None
+
+    def _schedule_everywhere(self, version: int) -> None:
+        for r in self.ps_ranks[1:]:
+            rpc.rpc_async(rpc_name(r), _schedule_checkpoint, args=(version,))
+
+    def _snapshot(self) -> dict[str, Any]:
+        assert self.params is not None and self.opt is not None
+        return {"params": [p.detach().clone() for p in self.params], "opt_spec": self.opt_spec,
+                "optimizer": copy.deepcopy(self.opt.state_dict())}
+
+    def _write_loop(self) -> None:
+        while (item := self.writes.get()) is not None:
+            version, state = item
+            assert self.ckpt_dir is not None
+            path = checkpoint.save(self.ckpt_dir, self.shard, version, state)
+            with self.cv:
+                self._trace("checkpoint", version=version, path=str(path))
+
+    def resume(self) -> int | None:
+        """Load the newest complete checkpoint set, if there is one; returns its version."""
+        assert self.ckpt_dir is not None
+        checkpoint.remove_temp_files(self.ckpt_dir, self.shard)
+        versions = checkpoint.complete_versions(self.ckpt_dir, len(self.ps_ranks))
+        if not versions:
+            self._trace("resume", version=None)
+            return None
+        data = checkpoint.load(self.ckpt_dir, self.shard, versions[0])
+        self.params = [p.clone() for p in data["params"]]
+        self.opt_spec = data["opt_spec"]
+        self.opt = _make_optimizer(self.params, self.opt_spec)
+        self.opt.load_state_dict(data["optimizer"])
+        self.version = versions[0]
+        self.base = {g: self.version for g in self.base}
+        self._trace("resume", version=self.version)
+        return self.version
+
+    # --- main thread ---------------------------------------------------------------------------
+    def wait(self) -> None:
+        """Until every group is done; fails when an unfinished group is silent for the timeout."""
+        while not self.all_done.wait(1.0):
+            with self.cv:
+                now = time.monotonic()
+                # 3/4 of the timeout: groups held back by the bound hear this reason before their
+                # own RPC timeout fires.
+                limit = (0.75 if self.coordinator else 1.0) * self.timeout_s
+                silent = sorted(g for g in self.active if g not in self.waiting
+                                and now - self.last_seen[g] > limit)
+                if silent:
+                    msg = (f"PS shard {self.shard}: no message from group(s) {silent} for "
+                           f"{limit:g} s; a worker probably died")
+                    self.failure = msg
+                    for fut in [*self.waiting.values(), *self.finishing]:
+                        fut.set_exception(TrainingError(msg))
+                    self.waiting.clear()
+                    self.finishing.clear()
+                    raise TrainingError(msg)
+
+    def close(self) -> None:
+        self.writes.put(None)
+        self.writer.join()
+        if self.trace_fh:
+            self.trace_fh.close()
+
+
+def _split(flat: torch.Tensor, shapes: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+    out, offset = [], 0
+    for shape in shapes:
+        n = 1
+        for d in shape:
+            n *= d
+        out.append(flat[offset: offset + n].clone().view(*shape))
+        offset += n
+    return out
+
+
+def _make_optimizer(params: list[torch.Tensor], spec: dict[str, Any]) -> torch.optim.Optimizer:
+    cls = getattr(torch.optim, spec["name"], None)
+    if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
+        raise TrainingError(f"optimizer {spec['name']!r} is not in torch.optim; the PS cannot run it")
+    return cls(params, **spec["kwargs"])
+
+
+# RPC entry points: module-level so workers can name them; they run on the PS's RPC threads.
+@rpc.functions.async_execution
+def _pull(group: int) -> Future:
+    return _server().pull(group)
+
+
+@rpc.functions.async_execution
+def _push(group: int, grad: torch.Tensor, samples: float, lr: float) -> Future:
+    return _server().push(group, grad, samples, lr)
+
+
+@rpc.functions.async_execution
+def _finish(group: int, wait_s: float) -> Future:
+    return _server().finish(group, wait_s)
+
+
+def _seed(group: int, flat: torch.Tensor, shapes: list[tuple[int, ...]], spec: dict[str, Any]) -> int:
+    return _server().seed(group, flat, shapes, spec)
+
+
+def _schedule_checkpoint(version: int) -> None:
+    _server().schedule_checkpoint(version)
+
+
+def _server() -> ShardServer:
+    if _SERVER is None:
+        raise TrainingError("this rank is not a parameter server")
+    return _SERVER
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    global _SERVER
+    parser = argparse.ArgumentParser(prog="python -m hgcli.runtime.ps",
+                                     description="hgtrain parameter-server rank (started by the launcher)")
+    parser.add_argument("--checkpoint-dir", type=Path)
+    parser.add_argument("--checkpoint-every", type=int, default=0, help="updates between checkpoints")
+    parser.add_argument("--checkpoint-seconds", type=float, default=0.0,
+                        help="seconds between checkpoints")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the newest complete checkpoint in --checkpoint-dir")
+    parser.add_argument("--trace", type=Path, help="append one JSON line per push/release/checkpoint")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    try:
+        env = RankEnv.from_environ()
+        plan = env.plan
+        if plan is None or env.rank not in plan.ps_shards:
+            raise TrainingError(f"rank {env.rank} is not a PS rank of the plan (HGTRAIN_PLAN)")
+        if args.resume and args.checkpoint_dir is None:
+            raise TrainingError("--resume needs --checkpoint-dir")
+        shard = plan.ps_shards.index(env.rank)
+        metrics = MetricsSink(env.metrics_fd, {"rank": env.rank, "role": "ps"})
+        _SERVER = server = ShardServer(
+            shard=shard, ps_ranks=plan.ps_shards, group_ids=[g.id for g in plan.groups],
+            staleness_bound=plan.staleness_bound, global_batch=plan.global_batch,
+            timeout_s=env.timeout_s, metrics=metrics,
+            checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+            checkpoint_seconds=args.checkpoint_seconds, trace=args.trace)
+        if args.resume:
+            version = server.resume()
+            print(f"PS shard {shard}: " + (f"resumed from checkpoint version {version}"
+                  if version is not None else "no complete checkpoint, starting fresh"), flush=True)
+        init_distributed(env, plan)
+        server.wait()
+        server.close()
+        shutdown(plan, env.timeout_s)
+    except TrainingError as exc:
+        print(f"hgtrain PS rank: {exc}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    # Run the imported module, not __main__: RPC resolves the handlers as hgcli.runtime.ps._push etc.
+    from hgcli.runtime.ps import main as _main
+    code = _main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)   # do not wait on RPC threads of a failed job

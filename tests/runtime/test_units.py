@@ -1,0 +1,143 @@
+"""Pure parts of the runtime, in process: sharding, batches, checkpoint sets, the env contract,
+emulation, and the PS admission rule under random schedules (hypothesis)."""
+import json
+import random
+import time
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hgcli import model as m
+from hgcli.runtime import checkpoint
+from hgcli.runtime.data import shard_batches
+from hgcli.runtime.emulate import Emulator
+from hgcli.runtime.env import RankEnv, ps_argv, rank_env
+from hgcli.runtime.errors import TrainingError
+from hgcli.runtime.localplan import emulated_plan
+from hgcli.runtime.metrics import MetricsSink
+from hgcli.runtime.ps import ShardServer, assign_shards
+
+
+def test_shards_balance_whole_tensors_deterministically():
+    numels = [1000, 10, 500, 480, 30]
+    owner = assign_shards(numels, 2)
+    assert owner == assign_shards(numels, 2)
+    loads = [sum(n for n, o in zip(numels, owner) if o == s) for s in range(2)]
+    assert sorted(loads) == [1010, 1010]
+
+
+def test_batches_of_one_step_form_one_block_of_the_permutation():
+    x = torch.arange(100)
+    sizes = [5, 3, 2]
+    per_rank = [list(shard_batches((x,), sizes, i, epochs=1, seed=3)) for i in range(3)]
+    assert {len(b) for b in per_rank} == {100 // 10}
+    seen = torch.cat([torch.cat([per_rank[i][s][0] for i in range(3)]) for s in range(10)])
+    assert sorted(seen.tolist()) == list(range(100))           # every sample once per epoch
+    assert [len(per_rank[i][0][0]) for i in range(3)] == sizes
+
+
+def test_complete_checkpoint_sets_need_every_shard(tmp_path):
+    state = {"params": [torch.ones(2)], "opt_spec": {"name": "SGD", "kwargs": {"lr": 0.1}},
+             "optimizer": {}}
+    for v in (10, 20, 30, 40):
+        checkpoint.save(tmp_path, 0, v, state)
+    for v in (10, 20, 30):
+        checkpoint.save(tmp_path, 1, v, state)
+    (tmp_path / ".shard1-v0000000040.pt.abc.tmp").write_bytes(b"half")
+    assert checkpoint.complete_versions(tmp_path, 2) == [30, 20]   # 10 pruned on shard 0 (keep 3)
+    assert checkpoint.load(tmp_path, 1, 30)["version"] == 30
+    checkpoint.remove_temp_files(tmp_path, 1)
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_rank_env_round_trips_through_the_environment(tmp_path):
+    plan = emulated_plan([[1.0, 0.5], [0.25]], [[8, 4], [2]], n_ps=1, staleness_bound=1)
+    path = tmp_path / "plan.json"
+    path.write_text(m.to_json(plan))
+    env = rank_env(plan, 1, master_addr="127.0.0.1", master_port=1234, plan_path=str(path),
+                   job_id="j1", metrics_fd=7, timeout_s=9.0)
+    got = RankEnv.from_environ(env)
+    assert (got.rank, got.world_size, got.group, got.batch_size, got.speed, got.metrics_fd,
+            got.timeout_s, got.role) == (1, 4, 0, 4, 0.5, 7, 9.0, m.Role.WORKER)
+    assert RankEnv.from_environ(rank_env(plan, 3, master_addr="a", master_port=1, plan_path=str(path),
+                                         job_id="j")).role is m.Role.PS
+    with pytest.raises(TrainingError, match="RANK=5 is outside WORLD_SIZE=4"):
+        RankEnv.from_environ({**env, "RANK": "5"})
+    assert ps_argv("py", checkpoint_dir="/c", resume=True)[1:] == [
+        "-m", "hgcli.runtime.ps", "--checkpoint-dir", "/c", "--resume"]
+
+
+def test_emulated_step_lasts_its_cpu_time_over_speed():
+    emu = Emulator(0.25)
+    emu.begin_compute()
+    t0 = time.perf_counter()
+    end = time.thread_time() + 0.02
+    while time.thread_time() < end:          # 20 ms of real CPU work
+        pass
+    emu.end_compute(0)
+    assert time.perf_counter() - t0 >= 0.08 * 0.999
+    assert emu.compute_s >= 0.02
+
+
+def test_exactly_one_straggler_per_step_and_every_rank_agrees():
+    emus = [Emulator(1.0, worker_index=i, n_workers=4, straggler_factor=3, straggler_seed=7)
+            for i in range(4)]
+    picks = [[e.is_straggler(step) for e in emus] for step in range(200)]
+    assert all(sum(p) == 1 for p in picks)
+    assert {p.index(True) for p in picks} == {0, 1, 2, 3}
+
+
+@settings(max_examples=40, deadline=None)
+@given(groups=st.integers(2, 4), slack=st.integers(0, 3), seed=st.integers(0, 10_000))
+def test_admission_rule_bounds_staleness_and_never_deadlocks(tmp_path_factory, groups, slack, seed):
+    bound = groups - 1 + slack
+    server = ShardServer(shard=0, ps_ranks=[9], group_ids=list(range(groups)), staleness_bound=bound,
+                         global_batch=0, timeout_s=60, metrics=MetricsSink(None, {}))
+    try:
+        server.seed(0, torch.zeros(3), [(3,)], {"name": "SGD", "kwargs": {"lr": 0.1}})
+        answered = {g: server.pull(g) for g in range(groups)}
+        rng = random.Random(seed)
+        pushes = 0
+        while pushes < 60:
+            computing = [g for g, f in answered.items() if f is not None and f.done()]
+            assert computing, "every group is waiting: deadlock"
+            g = rng.choice(computing)
+            assert server.version - server.base[g] <= bound    # staleness of the push about to land
+            answered[g] = server.push(g, torch.ones(3), 1.0, 0.1)
+            pushes += 1
+    finally:
+        server.close()
+
+
+def test_bound_below_groups_minus_one_is_refused():
+    with pytest.raises(TrainingError, match="below groups - 1"):
+        ShardServer(shard=0, ps_ranks=[3], group_ids=[0, 1, 2], staleness_bound=1, global_batch=0,
+                    timeout_s=1, metrics=MetricsSink(None, {}))
+
+
+def test_metrics_go_to_the_pipe_as_json_lines(tmp_path):
+    import os
+    r, w = os.pipe()
+    MetricsSink(w, {"rank": 2}).emit(step=1, loss=0.5)
+    os.close(w)
+    record = json.loads(os.read(r, 4096).decode())
+    assert record["rank"] == 2 and record["step"] == 1 and "time" in record
+
+
+def test_time_triggered_checkpoint_lands_on_a_scheduled_version(tmp_path):
+    server = ShardServer(shard=0, ps_ranks=[5], group_ids=[0, 1], staleness_bound=1, global_batch=0,
+                         timeout_s=60, metrics=MetricsSink(None, {}), checkpoint_dir=tmp_path,
+                         checkpoint_seconds=0.01)
+    try:
+        server.seed(0, torch.zeros(3), [(3,)], {"name": "SGD", "kwargs": {"lr": 0.1}})
+        server.pull(0), server.pull(1)
+        time.sleep(0.05)
+        for i in range(4):                       # version 1 schedules version 1 + groups + 1 = 4
+            server.push(i % 2, torch.ones(3), 1.0, 0.1)
+    finally:
+        server.close()                           # waits for the writer
+    assert checkpoint.complete_versions(tmp_path, 1) == [4]
+    saved = checkpoint.load(tmp_path, 0, 4)
+    torch.testing.assert_close(saved["params"][0], torch.full((3,), -0.4))
