@@ -77,7 +77,7 @@ def root_cause_lines(cause: RootCause) -> list[str]:
 def summary_lines(s: Summary) -> list[str]:
     if not s.samples and s.accuracy is None:
         return []   # a script that logs no training metrics: nothing to sum up
-    lines = [f"trained {s.samples:,} samples in {s.elapsed_s:.1f} s"]
+    lines = [f"trained {s.samples:,} samples; the job ran {s.elapsed_s:.1f} s from its launch (start-up included)"]
     if s.samples_per_s is not None:
         lines.append(f"throughput {_rate(s.samples_per_s)} samples/s · plan predicted "
                      f"{_rate(s.predicted_samples_per_s)}{_ratio(s.samples_per_s, s.predicted_samples_per_s)} · "
