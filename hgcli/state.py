@@ -26,9 +26,19 @@ def state_dir() -> Path:
 
 
 def ensure_private_dir(path: Path) -> Path:
+    """``path`` and every directory this call creates on the way to it are 0700; existing parents
+    (``~``, ``~/.cache``) are left as they are."""
     try:
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        # mkdir's mode is filtered by the umask and ignored for existing dirs: set it explicitly.
+        missing = []
+        here = path
+        while not here.is_dir():
+            missing.append(here)
+            here = here.parent
+        # mkdir's mode is filtered by the umask (a umask of 000 would leave 0777 parents, as
+        # mkdir(parents=True) and os.makedirs do) and ignored for existing dirs: set it explicitly.
+        for directory in reversed(missing):
+            directory.mkdir(mode=0o700, exist_ok=True)
+            os.chmod(directory, 0o700)
         os.chmod(path, 0o700)
     except OSError as exc:
         raise StateError(f"state directory {path}: {exc.strerror or exc}") from exc

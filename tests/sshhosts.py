@@ -92,6 +92,10 @@ class TestHost:
     proc: subprocess.Popen | None = None
     extra_config: tuple[str, ...] = ()
     stopped_pids: list[int] = field(default_factory=list)
+    # Run sshd under this command (``ip netns exec NS``: a host behind a link a test can cut), on
+    # ``fixed_port`` (a port in a namespace of its own is free; a bind test from here cannot see it).
+    prefix: tuple[str, ...] = ()
+    fixed_port: int = 0
 
     @property
     def bin_dir(self) -> Path:
@@ -155,12 +159,12 @@ class TestHost:
     def start(self, authorized_keys: Path) -> None:
         last_error = ""
         for _ in range(5):
-            self.port = free_port(self.address)
+            self.port = self.fixed_port or free_port(self.address)
             config = self.dir / "sshd_config"
             config.write_text(self.config_text(authorized_keys))
             log = open(self.log, "ab")
             # Fresh minimal environment: nothing of this process (PYTHONPATH...) reaches sessions.
-            self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdin=subprocess.DEVNULL,
+            self.proc = subprocess.Popen([*self.prefix, SSHD, "-D", "-e", "-f", str(config)], stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=log, env={"PATH": "/usr/sbin:/usr/bin:/bin"})
             log.close()
             if self._wait_ready():
@@ -275,8 +279,12 @@ class TestHosts:
 
 
 def start_hosts(root: Path, count: int, *, first: int = FIRST_ADDRESS,
-                extra_config: dict[int, tuple[str, ...]] | None = None) -> TestHosts:
-    """Start ``count`` hosts named host1..hostN on 127.0.0.<first>...; stop them with ``.stop()``."""
+                extra_config: dict[int, tuple[str, ...]] | None = None,
+                namespaced: dict[int, tuple[str, str]] | None = None) -> TestHosts:
+    """Start ``count`` hosts named host1..hostN on 127.0.0.<first>...; stop them with ``.stop()``.
+
+    ``namespaced``: host index -> (network namespace, address there): that host's sshd runs inside
+    the namespace (``ip netns exec``; the namespace and its link are the caller's), on port 2222."""
     if not os.path.isdir("/run/sshd"):      # sshd's privilege-separation directory
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
     root.mkdir(parents=True, exist_ok=True)
@@ -285,8 +293,11 @@ def start_hosts(root: Path, count: int, *, first: int = FIRST_ADDRESS,
     hosts.authorized_keys.write_text(pub + "\n")
     try:
         for i in range(count):
-            host = TestHost(name=f"host{i + 1}", address=f"127.0.0.{first + i}", dir=root / f"host{i + 1}",
-                            extra_config=(extra_config or {}).get(i, ()))
+            namespace, address = (namespaced or {}).get(i, (None, f"127.0.0.{first + i}"))
+            host = TestHost(name=f"host{i + 1}", address=address, dir=root / f"host{i + 1}",
+                            extra_config=(extra_config or {}).get(i, ()),
+                            prefix=("ip", "netns", "exec", namespace) if namespace else (),
+                            fixed_port=2222 if namespace else 0)
             host.bin_dir.mkdir(parents=True)
             host.home.mkdir(mode=0o700)
             host.host_key_line = _keygen(host.dir / "ssh_host_ed25519_key", host.name)

@@ -43,6 +43,7 @@ answer("present" if os.path.isdir(os.path.join(root, "hgcli")) else "missing")
 
 EXTRACT_SCRIPT = _PRELUDE + r"""
 import io, shutil, tarfile, tempfile
+os.umask(0o077)   # private to this user whatever the session's umask (parents made on the way too)
 if not os.path.isdir(root):
     cache = os.path.dirname(root)
     os.makedirs(cache, mode=0o700, exist_ok=True)

@@ -10,6 +10,8 @@ has parameter-server ranks. Every collective and RPC gets the job's timeout.
 from __future__ import annotations
 
 import datetime
+import os
+import time
 import warnings
 
 import torch.distributed as dist
@@ -30,11 +32,44 @@ def group_backend(plan: model.Plan, group: model.GroupPlan) -> str:
     return "gloo"
 
 
+JOINED = "hgtrain/joined/"
+
+
+def _who(env: RankEnv, ranks: list[int]) -> str:
+    """``rank 1 (node b), rank 3 (node c)``: nodes only where a launcher's plan names them."""
+    return ", ".join(f"rank {r} (node {env.plan.rank(r).node})" if env.plan else f"rank {r}" for r in ranks)
+
+
+def join(env: RankEnv, timeout: datetime.timedelta) -> dist.TCPStore:
+    """The rendezvous, done so that a rank that never joins is *named* after the timeout (torch's own
+    only counts clients: "1/2 clients joined"). Rank 0 hosts the store on MASTER_ADDR:MASTER_PORT
+    (multi-tenant, so RPC's env:// rendezvous shares it); every rank checks in under its own key and
+    waits for all the others' keys."""
+    addr, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500"))
+    try:
+        store = dist.TCPStore(addr, port, env.world_size, is_master=env.rank == 0, timeout=timeout,
+                              wait_for_workers=False, multi_tenant=True)
+    except (RuntimeError, ValueError) as exc:
+        raise TrainingError(f"rank {env.rank}: cannot join the job: {_who(env, [0])} did not open the "
+                            f"rendezvous at {addr}:{port} within {env.timeout_s:g} s ({exc})") from exc
+    store.set(f"{JOINED}{env.rank}", "1")
+    deadline = time.monotonic() + env.timeout_s
+    while True:
+        missing = [r for r in range(env.world_size) if not store.check([f"{JOINED}{r}"])]
+        if not missing:
+            return store
+        if time.monotonic() > deadline:
+            raise TrainingError(f"rank {env.rank}: {len(missing)} of {env.world_size} ranks never joined "
+                                f"the job within {env.timeout_s:g} s (HGTRAIN_TIMEOUT): {_who(env, missing)}")
+        time.sleep(0.05)
+
+
 def init_distributed(env: RankEnv, plan: model.Plan) -> dict[int, dist.ProcessGroup]:
     """Join the job; returns {group id: process group} for the group(s) this rank belongs to."""
     timeout = datetime.timedelta(seconds=env.timeout_s)
+    store = join(env, timeout)
     try:
-        dist.init_process_group("gloo", rank=env.rank, world_size=env.world_size, timeout=timeout)
+        dist.init_process_group("gloo", store=store, rank=env.rank, world_size=env.world_size, timeout=timeout)
         mine = {}
         for g in plan.groups:
             pg = dist.new_group(list(g.ranks), timeout=timeout, backend=group_backend(plan, g))
