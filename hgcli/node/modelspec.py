@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-BUILTIN = {"mlp": "hgcli.examples.models:mlp"}
+BUILTIN = {"mlp": "hgcli.examples.models:mlp", "example": "hgcli.examples.models:example"}
 DEFAULT_SPEC = "mlp"
 
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")

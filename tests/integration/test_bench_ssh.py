@@ -80,9 +80,11 @@ def test_cli_bench_over_ssh_emulated_devices_and_gloo_link(make_hosts, tmp_path)
     assert t4.matmul_tflops["fp32"].median / a100.matmul_tflops["fp32"].median == pytest.approx(0.25)
     assert t4.steps[0].seconds.median / a100.steps[0].seconds.median == pytest.approx(4.0)
 
-    (link,) = profiles.links
-    assert (link.a, link.b, link.backend, link.error) == ("host1", "host2", "gloo", None)
-    assert link.bandwidth_gbs.median > 0 and link.latency_s.median > 0
+    # Between the two hosts (distinct loopback addresses), then inside host1, whose two emulated
+    # devices exchange through gloo on that host.
+    assert [(link.a, link.b, link.backend, link.error) for link in profiles.links] == [
+        ("host1", "host2", "gloo", None), ("host1", "host1", "gloo", None)]
+    assert all(link.bandwidth_gbs.median > 0 and link.latency_s.median > 0 for link in profiles.links)
     assert profiles.model.name == SPEC and profiles.model.parameters == 669706
 
     # Stored for plan, and the package really was shipped to each host's own HOME.
@@ -113,8 +115,9 @@ def test_sshd_stopped_while_benching_is_that_nodes_error(make_hosts, tmp_path):
     for device in ("gpu0", "gpu1"):                   # the other node's profiles are intact
         d = by_device["host1", device]
         assert d.error is None and d.steps and d.matmul_tflops["fp32"].median > 0
-    (link,) = profiles.links
-    assert link.error and link.error.startswith("host2: connection refused")
+    between, inside = profiles.links
+    assert between.error and between.error.startswith("host2: connection refused")
+    assert (inside.a, inside.b, inside.error) == ("host1", "host1", None)
     assert load_profiles(cluster.fingerprint()) == profiles
 
     # The CLI on the same cluster, host2 still down: the stored inventory says host2 was reachable, so
