@@ -125,11 +125,14 @@ def _bench_node(cluster: Cluster, node: NodeSpec, info: NodeInfo | None, quick: 
     with open_transport(node, cluster.ssh) as transport:
         measured = [_bench_device(transport, node, t, quick, spec, emit) for t in real]
         if emulated:
-            # Emulated devices of a node share one CPU: measure it once (at speed 1, under the largest
-            # declared memory) and derive each device from that, so their ratios are exactly the
-            # declared speeds instead of whatever load the CPU saw during each device's turn.
+            # Emulated devices of a node share one CPU: measure it once (under the largest declared
+            # memory) and derive each device from that, so their ratios are exactly the declared
+            # speeds instead of whatever load the CPU saw during each device's turn. It is measured
+            # at the slowest declared speed: the node bench then pauses between timings as the
+            # emulator would, so a step starts as cold as it does in training (node/timing.py).
             base_target = max(emulated, key=lambda t: t.memory_mib or 0)
-            base, parameters = _bench_device(transport, node, replace(base_target, speed=1.0), quick,
+            slowest = min(t.speed if t.speed is not None else 1.0 for t in emulated)
+            base, parameters = _bench_device(transport, node, replace(base_target, speed=slowest), quick,
                                              spec, emit)
             measured += [(emulated_profile(base, t), parameters) for t in emulated]
     by_device = {p.device: (p, n) for p, n in measured}
@@ -142,9 +145,11 @@ def _bench_node(cluster: Cluster, node: NodeSpec, info: NodeInfo | None, quick: 
 
 
 def emulated_profile(base: DeviceProfile, target: DeviceTarget) -> DeviceProfile:
-    """``target``'s profile from its node's CPU measured at speed 1: rates x speed, times / speed;
-    a batch whose measured memory exceeds the device's declared memory is its out-of-memory."""
+    """``target``'s profile from its node's CPU measured at ``base.speed``: rates x (speed / base
+    speed), times / that; a batch whose measured memory exceeds the device's declared memory is its
+    out-of-memory."""
     speed = target.speed if target.speed is not None else 1.0
+    ratio = speed / base.speed
     cap = target.memory_mib
     steps, error = [], base.error
     for s in base.steps:
@@ -152,12 +157,12 @@ def emulated_profile(base: DeviceProfile, target: DeviceTarget) -> DeviceProfile
             error = error or (f"out of memory at batch {s.batch_size}: a step needs {s.memory_mib} MiB, "
                               f"the emulated device has {cap} MiB")
             break
-        steps.append(replace(s, seconds=scaled(s.seconds, 1.0 / speed)))
+        steps.append(replace(s, seconds=scaled(s.seconds, 1.0 / ratio)))
     return replace(
         base, device=target.device, name=target.name or target.device, emulated=True, speed=speed,
         memory_total_mib=cap, steps=tuple(steps), error=error,
-        matmul_tflops={k: scaled(v, speed) for k, v in base.matmul_tflops.items()},
-        mem_bandwidth_gbs=scaled(base.mem_bandwidth_gbs, speed) if base.mem_bandwidth_gbs else None,
+        matmul_tflops={k: scaled(v, ratio) for k, v in base.matmul_tflops.items()},
+        mem_bandwidth_gbs=scaled(base.mem_bandwidth_gbs, ratio) if base.mem_bandwidth_gbs else None,
     )
 
 

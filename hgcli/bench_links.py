@@ -45,13 +45,23 @@ def link_backend(a: NodeInfo, b: NodeInfo) -> str:
     return "nccl" if has_cuda(a) and has_cuda(b) else "gloo"
 
 
+def intra_node_gloo(node: NodeInfo) -> bool:
+    """Whether the devices of this node exchange through gloo over its loopback: two or more
+    emulated GPUs, or GPUs that this node's torch cannot drive with NCCL. Such a node's intra-node
+    link is measured (a "link" from the node to itself), because it is nothing like the NVLink/PCIe
+    rate the planner assumes for a GPU node. NCCL between two GPUs of one node is not measured."""
+    return len(node.gpus) >= 2 and (any(g.emulated for g in node.gpus) or not node.torch_cuda)
+
+
 def bench_links(cluster: Cluster, inventory: Inventory, *, quick: bool,
                 on_event: Callable[[str, str], None]) -> tuple[LinkProfile, ...]:
-    """Links between the nodes the inventory reached; ``on_event("a<->b", stage)`` for progress."""
+    """Links between the nodes the inventory reached, then (one round, each on its own node) the
+    intra-node gloo link of nodes where ``intra_node_gloo``; ``on_event("a<->b", stage)`` for progress."""
     infos = {n.name: n for n in inventory.succeeded}
     names = [n.name for n in cluster.nodes if n.name in infos]
     links: list[LinkProfile] = []
-    for pairs in link_rounds(names):
+    selves = [(name, name) for name in names if intra_node_gloo(infos[name])]
+    for pairs in link_rounds(names) + ([selves] if selves else []):
         def one(pair: tuple[str, str]) -> LinkProfile:
             a, b = pair
             on_event(f"{a}<->{b}", "measuring")
@@ -77,9 +87,10 @@ def bench_link(cluster: Cluster, a: NodeSpec, b: NodeSpec, backend: str, *, quic
 
 def _measure(cluster: Cluster, a: NodeSpec, b: NodeSpec, backend: str, quick: bool) -> LinkProfile:
     # Rank 0 hosts the store, so its address must be reachable from the other node: a node the
-    # controller calls "localhost" is only reachable as such from another local node.
+    # controller calls "localhost" is only reachable as such from another local node. Both ranks
+    # of an intra-node link run on one node and meet on its loopback.
     first, second = (b, a) if a.is_local and not b.is_local else (a, b)
-    addr = "127.0.0.1" if first.is_local else first.address
+    addr = "127.0.0.1" if first.is_local or a.name == b.name else first.address
     deadline = time.monotonic() + LINK_TIMEOUT_S[quick]
     common = ["--addr", addr, "--backend", backend, "--timeout", repr(NODE_WAIT_S), "--lifeline"]
     common += ["--quick"] if quick else []

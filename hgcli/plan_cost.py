@@ -67,15 +67,21 @@ class Network:
         index = {name: i for i, name in enumerate(node_names)}.get
         nodes = self.nodes = len(node_names)
         pairs: dict[tuple[int, int], tuple[float, float]] = {}
+        # Measured intra-node links (a node to itself: emulated devices exchanging through gloo over
+        # loopback on a shared CPU); other nodes get the INTRA_NODE_* defaults.
+        self.intra: dict[int, tuple[float, float]] = {}
         for link in links:
             measured = link.bandwidth_gbs
             if measured is None or link.error:
                 continue
             i, j = index(link.a), index(link.b)
             bw = measured.median * 1e9
-            if i is None or j is None or i == j or not bw > 0:
+            if i is None or j is None or not bw > 0:
                 continue
             lat = link.latency_s.median if link.latency_s is not None else DEFAULT_LINK_LATENCY_S
+            if i == j:
+                self.intra[i] = (bw, max(lat, 0.0))
+                continue
             key = (i, j) if i < j else (j, i)
             old = pairs.get(key)
             if old is None or old[0] < bw:
@@ -111,15 +117,20 @@ class Network:
     def link(self, i: int, j: int) -> tuple[float, float]:
         """(bytes/s, latency s) between two nodes; inside a node, the intra-node default."""
         if i == j:
-            return INTRA_NODE_GBS * 1e9, INTRA_NODE_LATENCY_S
+            return self.intra.get(i, (INTRA_NODE_GBS * 1e9, INTRA_NODE_LATENCY_S))
         return self.pairs.get((i, j) if i < j else (j, i), (DEFAULT_LINK_GBS * 1e9, DEFAULT_LINK_LATENCY_S))
 
     def ring(self, members: list[int]) -> tuple[float, float]:
         """Slowest hop and largest latency on a ring through the members' nodes in node order."""
         nodes = sorted(set(members))
         bw, lat = math.inf, 0.0
-        if len(nodes) < len(members):          # two devices share a node: an intra-node hop
-            bw, lat = self.link(nodes[0], nodes[0])
+        if len(nodes) < len(members):          # devices sharing a node: intra-node hops
+            seen: set[int] = set()
+            for n in members:
+                if n in seen:
+                    b, l = self.link(n, n)
+                    bw, lat = min(bw, b), max(lat, l)
+                seen.add(n)
         if len(nodes) > 1:
             for i, j in zip(nodes, nodes[1:] + nodes[:1]):
                 b, l = self.link(i, j)
@@ -258,7 +269,7 @@ class CostModel:
                  count: int) -> float:
         """Fraction of a second the PS ranks of one node are busy per second of training."""
         nic = self.net.nic[node]
-        intra = INTRA_NODE_GBS * 1e9
+        intra = self.net.link(node, node)[0]
         traffic = 2 * share * ((total_pushes - local_pushes) / nic + local_pushes / intra)
         apply = total_pushes * (self.bytes / count) / (PS_APPLY_GBS * 1e9)
         return traffic + apply

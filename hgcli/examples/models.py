@@ -30,3 +30,22 @@ def mlp() -> tuple[Any, Any]:
         return inputs.to(device), targets.to(device)
 
     return model, make_batch
+
+
+def example(hidden: int = 128) -> tuple[Any, Any]:
+    """The model ``hgcli.examples.train`` trains (same layers and input shape), in the model-spec
+    contract, so ``bench --model`` can time exactly what the example trains (see
+    benchmarks/cost_model_accuracy.py; other hidden sizes through a one-line factory file)."""
+    import torch
+
+    from .data import CLASSES, FEATURES, make_model
+
+    model = make_model(hidden=hidden)
+
+    def make_batch(batch_size: int, device: Any) -> tuple[Any, Any]:
+        gen = torch.Generator().manual_seed(batch_size)
+        inputs = torch.randn(batch_size, FEATURES, generator=gen)
+        targets = torch.randint(0, CLASSES, (batch_size,), generator=gen)
+        return inputs.to(device), targets.to(device)
+
+    return model, make_batch

@@ -24,7 +24,7 @@ from . import microbench, modelspec, stepbench
 from .failure import first_line, is_oom
 from .frames import emit
 from .lifeline import watch_stdin
-from .timing import scaled
+from .timing import WALL, emulated_clock, scaled
 
 
 @dataclass(frozen=True)
@@ -158,7 +158,14 @@ def measure(torch: Any, args: argparse.Namespace, target: Target, results: Resul
     on_gpu = target.device.type == "cuda"
     sizes = SIZES[(target.device.type, args.quick)]
     sync = (lambda: torch.cuda.synchronize(target.device)) if on_gpu else (lambda: None)
-    reps = {"warmup": sizes.warmup, "repeats": sizes.repeats, "sync": sync}
+    reps = {"warmup": sizes.warmup, "repeats": sizes.repeats, "sync": sync, "clock": WALL}
+    if target.emulated:
+        # Measure what the runtime's emulation stretches (hgcli/runtime/emulate.py): an emulated rank
+        # runs torch on one thread and sleeps each step to (its thread's CPU time) / speed. Wall time
+        # with all cores would instead measure how busy the node was (other ranks, other jobs) and,
+        # on a loaded machine, thread oversubscription: medians off by 10x or more.
+        torch.set_num_threads(1)
+        reps["clock"] = emulated_clock(target.speed)
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     if on_gpu:
         torch.cuda.set_device(target.device)

@@ -1,6 +1,7 @@
 """The ``--model SPEC`` of ``hgtrain bench``: which model to time, and how to load it on a node.
 
-SPEC is ``TARGET:FACTORY[@BS,BS,...]`` or a built-in name (``mlp``):
+SPEC is ``TARGET:FACTORY[@BS,BS,...]`` or a built-in name (``mlp``; ``example``: the model
+``hgcli.examples.train`` trains):
 - TARGET is a module (``mypkg.models``, importable on the node) or a file (``path/to/file.py``,
   present at that path on every node, relative to the node's working directory).
 - FACTORY is a function of no arguments returning ``(model, make_batch)`` or
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-BUILTIN = {"mlp": "hgcli.examples.models:mlp"}
+BUILTIN = {"mlp": "hgcli.examples.models:mlp", "example": "hgcli.examples.models:example"}
 DEFAULT_SPEC = "mlp"
 
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")

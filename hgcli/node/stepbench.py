@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator
 from ..model import StepSample
 from .failure import is_oom
 from .modelspec import LoadedModel
-from .timing import summarize, time_repeats
+from .timing import WALL, Clock, summarize, time_repeats
 
 MIB = 1 << 20
 
@@ -23,6 +23,7 @@ class OutOfMemory(Exception):
 
 def step_samples(torch: Any, loaded: LoadedModel, device: Any, batch_sizes: tuple[int, ...], *,
                  warmup: int, repeats: int, sync: Callable[[], object],
+                 clock: Clock = WALL,
                  memory_cap_mib: int | None,
                  on_batch: Callable[[int], None]) -> Iterator[StepSample]:
     """One StepSample per batch size, smallest first; raises OutOfMemory at the first that fails.
@@ -53,7 +54,7 @@ def step_samples(torch: Any, loaded: LoadedModel, device: Any, batch_sizes: tupl
                 if memory_cap_mib is not None and peak > memory_cap_mib * MIB:
                     raise OutOfMemory(f"out of memory at batch {batch_size}: a step needs "
                                       f"{peak / MIB:.1f} MiB, the emulated device has {memory_cap_mib} MiB")
-            seconds = time_repeats(step, warmup=warmup, repeats=repeats, sync=sync)
+            seconds = time_repeats(step, warmup=warmup, repeats=repeats, sync=sync, clock=clock)
             if on_gpu:
                 peak = torch.cuda.max_memory_allocated(device)
         except RuntimeError as exc:

@@ -79,6 +79,9 @@ class NodeProgram:
     def failure(self, code: int) -> str:
         """One line for a program that ended without its result: exit code and last stderr line."""
         last = self._stderr[-1] if self._stderr else "no output"
+        if code == -1:
+            # SSH's "no exit status" (and a local SIGHUP): the node or its sshd went away under it.
+            return f"{self.what} ended without an exit status (connection to the node lost?): {last}"
         return f"{self.what} exited with code {code}: {last}"
 
     def close(self) -> None:

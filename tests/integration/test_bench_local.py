@@ -48,7 +48,7 @@ def test_cli_bench_json_reports_a_failed_device_and_still_stores_everything(two_
     assert main(["bench", "-c", str(path), "--json", "--quick"]) == 4
     out, err = capsys.readouterr()
     profiles = from_dict(Profiles, json.loads(out))          # stdout is only the JSON
-    assert "1 of 3 devices and 0 of 1 links failed" in err
+    assert "1 of 3 devices and 0 of 2 links failed" in err
     by_device = {(d.node, d.device): d for d in profiles.devices}
     assert list(by_device) == [("a", "gpu0"), ("a", "gpu1"), ("b", "cpu")]
     oom = by_device["a", "gpu1"]
@@ -58,9 +58,10 @@ def test_cli_bench_json_reports_a_failed_device_and_still_stores_everything(two_
         assert d.error is None and d.matmul_tflops["fp32"].median > 0 and len(d.steps) == 3
     assert by_device["a", "gpu0"].emulated and by_device["a", "gpu0"].speed == 0.5
     assert not by_device["b", "cpu"].emulated
-    (link,) = profiles.links
-    assert (link.a, link.b, link.backend, link.error) == ("a", "b", "gloo", None)
-    assert link.bandwidth_gbs.median > 0 and link.latency_s.median > 0
+    # a<->b between the nodes, then a<->a: node a's two emulated devices exchange through gloo on it
+    assert [(link.a, link.b, link.backend, link.error) for link in profiles.links] == [
+        ("a", "b", "gloo", None), ("a", "a", "gloo", None)]
+    assert all(link.bandwidth_gbs.median > 0 and link.latency_s.median > 0 for link in profiles.links)
     assert profiles.model.name == "mlp" and profiles.model.parameters == 669706
     assert load_profiles(cluster.fingerprint()) == profiles
     assert profile_is_stale(profiles, inventory_of(cluster)) is None
@@ -83,7 +84,8 @@ def test_devices_of_a_node_run_in_turn_and_unreachable_nodes_are_listed(two_node
     assert gpu1.error.startswith("out of memory at batch 8") and gpu1.memory_total_mib == 4
     node_b = [d for d in profiles.devices if d.node == "b"]
     assert [(d.device, d.error) for d in node_b] == [(NODE_DEVICE, "not probed: connection refused")]
-    assert profiles.links == ()                              # no link to a node that is down
+    # no link to a node that is down; node a's own (its two emulated devices) is measured
+    assert [(link.a, link.b, link.error) for link in profiles.links] == [("a", "a", None)]
 
 
 def test_cli_bench_default_local_cluster_quick(capsys):

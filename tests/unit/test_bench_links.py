@@ -92,3 +92,15 @@ def test_bench_link_names_a_node_that_cannot_run_it():
     link = bench_link(cluster, cluster.node("b"), cluster.node("a"), "gloo", quick=True)
     assert link.bandwidth_gbs is None and link.error.startswith("b: ")
     assert "/nonexistent/python3" in link.error
+
+
+def test_intra_node_link_only_where_devices_of_one_node_talk_through_gloo():
+    from hgcli.bench_links import intra_node_gloo
+
+    emulated = NodeInfo("e", "e", True, gpus=(GpuInfo(0, "T4", emulated=True, speed=0.5),
+                                              GpuInfo(1, "T4", emulated=True, speed=0.5)))
+    one = NodeInfo("o", "o", True, gpus=(GpuInfo(0, "T4", emulated=True, speed=0.5),))
+    real = NodeInfo("r", "r", True, gpus=(GpuInfo(0, "A100"), GpuInfo(1, "A100")), torch_cuda="12.4")
+    cpu_torch = NodeInfo("c", "c", True, gpus=(GpuInfo(0, "A100"), GpuInfo(1, "A100")), torch_cuda=None)
+    assert intra_node_gloo(emulated) and intra_node_gloo(cpu_torch)
+    assert not intra_node_gloo(one) and not intra_node_gloo(real)

@@ -93,3 +93,37 @@ def test_emulated_profile_scales_exactly_by_declared_speed_and_caps_memory():
     assert slow.error == "out of memory at batch 64: a step needs 50 MiB, the emulated device has 20 MiB"
     fast = emulated_profile(base, DeviceTarget("gpu1", "A100", True, 1.0, 100))
     assert fast.steps == base.steps and fast.error is None
+
+
+def test_emulated_profile_from_a_base_measured_at_the_slowest_speed():
+    # The node's CPU is measured once at its slowest declared speed (pausing like the emulator);
+    # every device is derived relative to that speed, so the ratios stay the declared ones.
+    from hgcli.bench import DeviceTarget, emulated_profile
+    from hgcli.model import DeviceProfile, Measurement, StepSample
+
+    m = lambda v: Measurement(v, v, v, 3)  # noqa: E731
+    base = DeviceProfile(node="a", device="gpu2", name="T4", emulated=True, speed=0.25, memory_total_mib=100,
+                         matmul_tflops={"fp32": m(0.5)}, steps=(StepSample(8, m(0.04), 10),))
+    fast = emulated_profile(base, DeviceTarget("gpu0", "A100", True, 1.0, 100))
+    assert fast.speed == 1.0 and fast.steps[0].seconds.median == 0.01 and fast.matmul_tflops["fp32"].median == 2.0
+    same = emulated_profile(base, DeviceTarget("gpu2", "T4", True, 0.25, 100))
+    assert same.steps == base.steps
+
+
+def test_emulated_clock_counts_cpu_time_and_pauses_like_the_emulator():
+    import time
+
+    from hgcli.node.timing import emulated_clock, time_repeats
+
+    def spin_then_sleep() -> None:
+        end = time.thread_time() + 0.01
+        while time.thread_time() < end:
+            pass
+        time.sleep(0.05)          # not CPU time: an emulated step's wall time is not what is measured
+
+    start = time.perf_counter()
+    seconds = time_repeats(spin_then_sleep, warmup=0, repeats=3, clock=emulated_clock(0.5))
+    wall = time.perf_counter() - start
+    assert all(0.01 <= s < 0.045 for s in seconds), seconds
+    # each timed call is followed by the emulator's pause at speed 0.5: its CPU time again
+    assert wall >= 3 * 0.05 + sum(seconds)

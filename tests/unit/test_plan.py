@@ -395,3 +395,19 @@ def test_staleness_override_never_below_groups_minus_one():
     inventory, profiles = cluster([[A100, A100, T4, T4]])
     plan = make_plan(inventory, profiles, JobSpec(strategy=Strategy.PS, global_batch=64, staleness=0))
     assert len(plan.groups) == 4 and plan.staleness_bound == 3
+
+
+def test_a_measured_intra_node_link_prices_the_allreduce_on_that_node():
+    # Four emulated devices on one node exchange through gloo over its loopback: with that link
+    # measured (a node "to itself") the all-reduce costs what was measured, not the 16 GB/s default.
+    nodes = [[A100, A100, A100, A100]]
+    model = ModelSpec("big", 100_000_000)
+    _, default = cluster(nodes, model=model)
+    inventory, measured_intra = cluster(nodes, model=model, links=(link(0, 0, 0.5, 300e-6),))
+    job = JobSpec(strategy=Strategy.ALLREDUCE, global_batch=256)
+    fast = make_plan(inventory, default, job).predicted_samples_per_s["allreduce"]
+    slow = make_plan(inventory, measured_intra, job).predicted_samples_per_s["allreduce"]
+    step = 256 / 4 * A100.c + A100.a
+    ring = 2 * 3 / 4 * 400e6 / 0.5e9 + 2 * 3 * 300e-6
+    assert slow == pytest.approx(256 / (step + ring), rel=1e-3)
+    assert fast > 1.5 * slow
