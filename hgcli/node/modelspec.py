@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 BUILTIN = {"mlp": "hgcli.examples.models:mlp", "example": "hgcli.examples.models:example"}
-DEFAULT_SPEC = "mlp"
+DEFAULT_SPEC = "example"   # what the main job (hgcli.examples.train) trains, so its plan fits it
 
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

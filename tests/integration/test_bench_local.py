@@ -45,7 +45,8 @@ def two_nodes(tmp_path):
 
 def test_cli_bench_json_reports_a_failed_device_and_still_stores_everything(two_nodes, capsys):
     path, cluster = two_nodes
-    assert main(["bench", "-c", str(path), "--json", "--quick"]) == 4
+    # mlp: big enough that a step overflows gpu1's 4 MiB (the bundled example's model would fit).
+    assert main(["bench", "-c", str(path), "--json", "--quick", "--model", "mlp"]) == 4
     out, err = capsys.readouterr()
     profiles = from_dict(Profiles, json.loads(out))          # stdout is only the JSON
     assert "1 of 3 devices and 0 of 2 links failed" in err
@@ -96,6 +97,7 @@ def test_cli_bench_default_local_cluster_quick(capsys):
     profiles = from_dict(Profiles, json.loads(out))
     assert code == 0, err
     assert profiles.cluster == cluster.fingerprint()
+    assert profiles.model.name == "example"     # the default: what the main job trains
     assert all(d.error is None and d.steps for d in profiles.devices)
     if cluster.nodes[0].emulate is not None:
         assert [d.name for d in profiles.devices] == list(cluster.nodes[0].emulate.devices)
