@@ -1,15 +1,16 @@
 """The typed events a launch emits, and the dispatcher that keeps the console off the hot path.
 
-``--json`` prints exactly ``event_dict(e)`` per event, one per line; the rich view renders the same
-objects. The controller loop never calls the console itself: it puts events on the dispatcher's
-queue and goes on draining the agents, so a slow terminal can never back-pressure a node.
+``--json`` prints exactly ``event_dict(e)`` per event, one per line (a ``LogLines`` batch as one
+``log`` event per line: ``LogLines.line_events``); the rich view renders the same objects. The
+controller loop never calls the console itself: it puts events on the dispatcher's queue and goes on
+draining the agents, so a slow terminal can never back-pressure a node.
 """
 from __future__ import annotations
 
 import dataclasses
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from .mailbox import Mailbox
 
@@ -47,14 +48,25 @@ class RankStarted:
 
 
 @dataclass(frozen=True)
-class LogLine:
+class LogLines:
+    """Consecutive lines of one rank's stream, as one agent frame brought them: a flood arrives in
+    a few of these, not one event per line. ``--json`` still prints one ``log`` event per line."""
+
     job_id: str
     rank: int
     node: str
     role: str
     stream: str                    # "out" | "err"
-    line: str                      # without the newline; non-UTF-8 bytes as \xNN
-    partial: bool = False          # a piece of a line over 64 KiB; the next piece continues it
+    lines: tuple[str, ...]         # without newlines; non-UTF-8 bytes as \xNN
+    partial: bool = False          # the last line is a piece of a line over 64 KiB; the next continues it
+
+    def line_events(self) -> Iterator[dict[str, Any]]:
+        """The ``--json`` form: one ``log`` event per line (scripts read one line per event)."""
+        last = len(self.lines) - 1
+        for i, line in enumerate(self.lines):
+            yield {"event": "log", "job_id": self.job_id, "rank": self.rank, "node": self.node,
+                   "role": self.role, "stream": self.stream, "line": line,
+                   "partial": self.partial and i == last}
 
 
 @dataclass(frozen=True)
@@ -155,11 +167,11 @@ class JobEnded:
     detached: bool = False
 
 
-Event = (Stage | JobStarted | RankStarted | LogLine | Metric | RankExited | Notice | Stopping | Progress
+Event = (Stage | JobStarted | RankStarted | LogLines | Metric | RankExited | Notice | Stopping | Progress
          | JobEnded)
 
 EVENT_NAMES: dict[type, str] = {
-    Stage: "stage", JobStarted: "job_started", RankStarted: "rank_started", LogLine: "log",
+    Stage: "stage", JobStarted: "job_started", RankStarted: "rank_started", LogLines: "logs",
     Metric: "metric", RankExited: "rank_exited", Notice: "notice", Stopping: "stopping",
     Progress: "progress", JobEnded: "job_ended",
 }
@@ -174,25 +186,33 @@ class Dispatcher:
     """Calls ``sink`` for every event on its own thread, in order; ``close`` waits for the backlog.
 
     A console that cannot keep up with a flood (a slow terminal) would make the backlog grow without
-    bound: past ``MAX_BACKLOG`` waiting events, log lines are not shown (they are all in the rank
-    files) and a notice says how many were skipped. Every other event is always shown."""
+    bound: past ``MAX_BACKLOG`` waiting log lines, log lines are not shown (they are all in the rank
+    files) and a notice says how many were skipped. Every other event is always shown. The backlog
+    counts lines, not events: one ``LogLines`` may carry thousands."""
 
     MAX_BACKLOG = 100_000
 
     def __init__(self, sink: Callable[[Event], None]) -> None:
         self._sink = sink
         self._box: Mailbox[Event | None] = Mailbox()
-        self._skipped = 0
+        # Lines queued (by the producer only) and lines taken (by the console thread only): each
+        # counter has one writer, so their difference is the backlog without a lock.
+        self._queued = 0
+        self._taken = 0
+        self._skipped = 0       # the same for lines not shown (producer) and lines told about (console)
+        self._told = 0
         self._job_id = ""
         self._thread = threading.Thread(target=self._run, name="hgtrain-console", daemon=True)
         self._thread.start()
         self.error: BaseException | None = None
 
     def put(self, event: Event) -> None:
-        if isinstance(event, LogLine) and len(self._box) > self.MAX_BACKLOG:
-            self._skipped += 1
-            self._job_id = event.job_id
-            return
+        if isinstance(event, LogLines):
+            if self._queued - self._taken >= self.MAX_BACKLOG:
+                self._skipped += len(event.lines)
+                self._job_id = event.job_id
+                return
+            self._queued += len(event.lines)
         self._box.put(event)
 
     def _run(self) -> None:
@@ -200,8 +220,11 @@ class Dispatcher:
             for event in self._box.take(None):
                 if event is None:
                     return
-                if self._skipped and not isinstance(event, LogLine):
-                    skipped, self._skipped = self._skipped, 0
+                if isinstance(event, LogLines):
+                    self._taken += len(event.lines)
+                elif self._skipped > self._told:
+                    skipped = self._skipped - self._told
+                    self._told += skipped
                     self._show(Notice(self._job_id, None, f"{skipped} log lines not shown: the console "
                                                           "could not keep up (every line is in the rank files)"))
                 self._show(event)

@@ -23,12 +23,13 @@ from typing import Any, Callable
 
 from .errors import EXIT_JOB, EXIT_NODES_FAILED
 from .launch_events import (
-    Event, LogLine, Metric, Notice, Progress, RankExited, RankStarted, RootCause, Stopping,
+    Event, LogLines, Metric, Notice, Progress, RankExited, RankStarted, RootCause, Stopping,
 )
 from .launch_metrics import MetricsBoard
 from .launch_record import JobBook
 from .mailbox import Mailbox
 from .model import JobState, Plan, RankState
+from .node.logs import frame_lines
 from .stream import AgentLink, Inbound
 
 REAP_EXTRA_S = 30.0    # beyond the grace period: connect, the agent's --stop waits, SIGKILL
@@ -150,8 +151,8 @@ class JobController:
             self._connection_ended(node)
             return
         kind = frame.get("type")
-        if kind == "log":
-            self._log(item.node, frame)
+        if kind == "logs":
+            self._logs(item.node, frame)
         elif kind == "metric":
             self._metric(item.node, frame)
         elif kind == "started":
@@ -172,13 +173,14 @@ class JobController:
             node.ended = True   # the agent exits after this frame, having started nothing
             self._fail_node(item.node, f"its agent refused the job: {frame.get('message')}", EXIT_JOB)
 
-    def _log(self, node: str, frame: dict[str, Any]) -> None:
-        rank, line, partial = int(frame["rank"]), str(frame["line"]), bool(frame.get("partial"))
-        self.book.write_line(rank, line, partial)
-        if not partial:
-            self.tails[rank].append(line)
-        self.emit(LogLine(self.job_id, rank, node, self.role.get(rank, "?"), str(frame.get("stream")),
-                          line, partial))
+    def _logs(self, node: str, frame: dict[str, Any]) -> None:
+        """A batch of lines: one file write, one event, whatever the number of lines."""
+        rank = int(frame["rank"])
+        lines, partial = frame_lines(frame)
+        self.book.write_text(rank, str(frame["text"]), partial)
+        self.tails[rank].extend(lines[:-1] if partial else lines)
+        self.emit(LogLines(self.job_id, rank, node, self.role.get(rank, "?"), str(frame.get("stream")),
+                           tuple(lines), partial))
 
     def _metric(self, node: str, frame: dict[str, Any]) -> None:
         rank, data = int(frame["rank"]), frame.get("data")
