@@ -1,16 +1,17 @@
 """The typed events a launch emits, and the dispatcher that keeps the console off the hot path.
 
 ``--json`` prints exactly ``event_dict(e)`` per event, one per line (a ``LogLines`` batch as one
-``log`` event per line: ``LogLines.line_events``); the rich view renders the same objects. The
+``log`` event per line: ``LogLines.json_lines``); the rich view renders the same objects. The
 controller loop never calls the console itself: it puts events on the dispatcher's queue and goes on
 draining the agents, so a slow terminal can never back-pressure a node.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from .mailbox import Mailbox
 
@@ -50,23 +51,47 @@ class RankStarted:
 @dataclass(frozen=True)
 class LogLines:
     """Consecutive lines of one rank's stream, as one agent frame brought them: a flood arrives in
-    a few of these, not one event per line. ``--json`` still prints one ``log`` event per line."""
+    a few of these, not one event per line. ``--json`` still prints one ``log`` event per line.
+
+    The lines stay one string: the plain console and the rank file need no split, and splitting a
+    million lines into objects was a good part of the controller's time."""
 
     job_id: str
     rank: int
     node: str
     role: str
     stream: str                    # "out" | "err"
-    lines: tuple[str, ...]         # without newlines; non-UTF-8 bytes as \xNN
-    partial: bool = False          # the last line is a piece of a line over 64 KiB; the next continues it
+    text: str                      # the lines, each ending in "\n" (non-UTF-8 bytes as \xNN) ...
+    partial: bool = False          # ... but the last: a piece of a line over 64 KiB that the next continues
 
-    def line_events(self) -> Iterator[dict[str, Any]]:
-        """The ``--json`` form: one ``log`` event per line (scripts read one line per event)."""
-        last = len(self.lines) - 1
-        for i, line in enumerate(self.lines):
-            yield {"event": "log", "job_id": self.job_id, "rank": self.rank, "node": self.node,
-                   "role": self.role, "stream": self.stream, "line": line,
-                   "partial": self.partial and i == last}
+    @property
+    def lines(self) -> list[str]:
+        lines = self.text.split("\n")
+        if not self.partial:
+            lines.pop()   # the "" after the last newline
+        return lines
+
+    def count(self) -> int:
+        return self.text.count("\n") + self.partial
+
+    def json_lines(self) -> str:
+        """The ``--json`` form: one ``log`` event per line (scripts read one line per event).
+
+        Built without a Python step per line: the lines are encoded in one ``json.dumps`` with a
+        newline as the item separator (ASCII-only JSON never holds a raw newline, so it separates
+        the encoded lines exactly), then each gets the fields every event of the batch shares."""
+        lines = self.lines
+        last = lines.pop() if self.partial else None
+        head = json.dumps({"event": "log", "job_id": self.job_id, "rank": self.rank, "node": self.node,
+                           "role": self.role, "stream": self.stream})[:-1] + ', "line": '
+        out = ""
+        if lines:
+            tail = ', "partial": false}\n'
+            encoded = json.dumps(lines, separators=("\n", ": "))[1:-1]
+            out = head + encoded.replace("\n", tail + head) + tail
+        if last is not None:
+            out += head + json.dumps(last) + ', "partial": true}\n'
+        return out
 
 
 @dataclass(frozen=True)
@@ -209,10 +234,10 @@ class Dispatcher:
     def put(self, event: Event) -> None:
         if isinstance(event, LogLines):
             if self._queued - self._taken >= self.MAX_BACKLOG:
-                self._skipped += len(event.lines)
+                self._skipped += event.count()
                 self._job_id = event.job_id
                 return
-            self._queued += len(event.lines)
+            self._queued += event.count()
         self._box.put(event)
 
     def _run(self) -> None:
@@ -221,7 +246,7 @@ class Dispatcher:
                 if event is None:
                     return
                 if isinstance(event, LogLines):
-                    self._taken += len(event.lines)
+                    self._taken += event.count()
                 elif self._skipped > self._told:
                     skipped = self._skipped - self._told
                     self._told += skipped

@@ -29,7 +29,6 @@ from .launch_metrics import MetricsBoard
 from .launch_record import JobBook
 from .mailbox import Mailbox
 from .model import JobState, Plan, RankState
-from .node.logs import frame_lines
 from .stream import AgentLink, Inbound
 
 REAP_EXTRA_S = 30.0    # beyond the grace period: connect, the agent's --stop waits, SIGKILL
@@ -174,13 +173,16 @@ class JobController:
             self._fail_node(item.node, f"its agent refused the job: {frame.get('message')}", EXIT_JOB)
 
     def _logs(self, node: str, frame: dict[str, Any]) -> None:
-        """A batch of lines: one file write, one event, whatever the number of lines."""
-        rank = int(frame["rank"])
-        lines, partial = frame_lines(frame)
-        self.book.write_text(rank, str(frame["text"]), partial)
-        self.tails[rank].extend(lines[:-1] if partial else lines)
+        """A batch of lines: one file write, one event, no per-line step whatever their number."""
+        rank, text, partial = int(frame["rank"]), str(frame["text"]), bool(frame.get("partial"))
+        if not partial and not text.endswith("\n"):
+            text += "\n"   # the stream's last line, unterminated: it ends here all the same
+        self.book.write_text(rank, text)
+        last = text.rsplit("\n", TAIL_LINES + 1)   # only the last lines are kept for the root cause
+        last.pop()                                 # "" after the last newline, or an unfinished piece
+        self.tails[rank].extend(last[-TAIL_LINES:])
         self.emit(LogLines(self.job_id, rank, node, self.role.get(rank, "?"), str(frame.get("stream")),
-                           tuple(lines), partial))
+                           text, partial))
 
     def _metric(self, node: str, frame: dict[str, Any]) -> None:
         rank, data = int(frame["rank"]), frame.get("data")

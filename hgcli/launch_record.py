@@ -85,15 +85,14 @@ class JobBook:
     def log_path(self, rank: int) -> Path:
         return self.dir / f"rank{rank}.log"
 
-    def write_text(self, rank: int, text: str, partial: bool) -> None:
-        """A batch of the rank's lines (a ``logs`` frame's text) in one write. A last line without
-        ``\n`` is a piece when ``partial`` (its line continues), else the stream's unterminated end."""
+    def write_text(self, rank: int, text: str) -> None:
+        """A batch of the rank's lines in one write (``LogLines.text``)."""
         if self.record.detached:
             return   # only the first lines would be here: the complete logs stay on the nodes
         fh = self._logs.get(rank)
         if fh is None:
             fh = self._logs[rank] = _open_private(self.log_path(rank))
-        fh.write(text if partial or text.endswith("\n") else text + "\n")
+        fh.write(text)
 
     def write_metric(self, rank: int, node: str, data: dict[str, Any]) -> None:
         if self._metrics is None:

@@ -116,8 +116,7 @@ class JsonSink:
         if isinstance(event, Progress) or not _shown(event, self.ranks):
             return
         if isinstance(event, LogLines):
-            dumps = json.dumps
-            self.out.write("".join(dumps(e) + "\n" for e in event.line_events()))
+            self.out.write(event.json_lines())
         else:
             self.out.write(json.dumps(event_dict(event), default=str) + "\n")
         self.out.flush()
@@ -136,7 +135,8 @@ class PlainSink:
         if isinstance(event, LogLines):
             # One write per batch, all joins in C: a flood must not cost a Python step per line.
             prefix = f"{tag(event.node, event.rank, event.role)} | "
-            self.out.write(prefix + ("\n" + prefix).join(event.lines) + "\n")
+            body = event.text[:-1] if event.text.endswith("\n") else event.text
+            self.out.write(prefix + body.replace("\n", "\n" + prefix) + "\n")
             return
         if isinstance(event, (Metric, Progress, RankStarted)):
             return

@@ -41,7 +41,7 @@ def test_plain_lines_are_tagged_and_filtered():
     out, err = io.StringIO(), io.StringIO()
     sink = PlainSink(frozenset({0, 3}), out, err)
     for rank, role in ((0, "worker"), (1, "worker"), (3, "ps")):
-        sink(LogLines("j", rank, "n1", role, "out", (f"hello {rank}", f"again {rank}")))
+        sink(LogLines("j", rank, "n1", role, "out", f"hello {rank}\nagain {rank}\n"))
     assert out.getvalue().splitlines() == ["n1:0 | hello 0", "n1:0 | again 0", "n1:3 ps | hello 3", "n1:3 ps | again 3"]
 
 
@@ -51,8 +51,8 @@ def test_json_sink_prints_one_object_per_event_and_skips_progress():
     sink(JobStarted("j", "hybrid", 2, ("a",), ("python",), "/s/j", "127.0.0.1:1", False, 10.0, 12.0))
     sink(Metric("j", 0, "a", "worker", {"step": 1}))          # filtered
     sink(Metric("j", 1, "a", "worker", {"step": 1}))
-    sink(LogLines("j", 0, "a", "worker", "out", ("filtered",)))
-    sink(LogLines("j", 1, "a", "worker", "err", ("one", "two", "piece"), partial=True))
+    sink(LogLines("j", 0, "a", "worker", "out", "filtered\n"))
+    sink(LogLines("j", 1, "a", "worker", "err", "one\ntwo\npiece", partial=True))
     sink(Progress("j", BoardView((), None, None, None, None)))
     sink(ended())
     events = [json.loads(line) for line in out.getvalue().splitlines()]
@@ -69,7 +69,7 @@ def test_rich_sink_shows_coloured_lines_the_live_table_and_the_ending():
     buf = io.StringIO()
     console = Console(file=buf, force_terminal=True, width=120, color_system="standard")
     sink = RichSink(None, console)
-    sink(LogLines("j", 2, "n1", "worker", "out", ("[bold]not markup[/bold]", "second line")))
+    sink(LogLines("j", 2, "n1", "worker", "out", "[bold]not markup[/bold]\nsecond line\n"))
     view = BoardView((GroupView("0", (0, 1), 41, 0.25, 300.0), GroupView("1", (2,), 9, 0.5, None)),
                      300.0, 600.0, 750.0, 0.91)
     sink(Progress("j", view))
@@ -97,7 +97,7 @@ def test_a_console_that_cannot_keep_up_skips_lines_never_other_events():
     d = Dispatcher(slow_sink)
     d.MAX_BACKLOG = 10
     for i in range(0, 100, 4):   # batches of 4 lines: the bound counts lines, not events
-        d.put(LogLines("j", 0, "n", "worker", "out", tuple(f"line {j}" for j in range(i, i + 4))))
+        d.put(LogLines("j", 0, "n", "worker", "out", "".join(f"line {j}\n" for j in range(i, i + 4))))
     d.put(ended(cause=None, state="succeeded", code=0))
     gate.set()
     d.close(30)
