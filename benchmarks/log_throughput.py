@@ -8,6 +8,11 @@
 - ssh cat: ``ssh host cat FILE`` of exactly the bytes the rank printed (OpenSSH client, same host).
 Rates are lines over the time from the command to the last line received. The host shares the 2
 cores with the client, so compare within one run. Prints a table, then one JSON object.
+
+Two more figures say where the time goes (the goal stays the ratio above): the same launch of a
+rank that prints nothing (start-up and teardown, which ``ssh cat`` barely has) against ``ssh host
+true``, giving the streaming rate of each with its fixed cost taken off; and the printing rank
+alone, writing into a pipe on this machine: no forwarding can beat the rank that makes the lines.
 """
 from __future__ import annotations
 
@@ -67,8 +72,16 @@ def main() -> int:
             base = [sys.executable, "-m", "hgcli", "launch", "-c", str(ctoml), "--plan", str(tmp / "plan.json"),
                     "--", sys.executable, str(script)]
             warm = {**env, "HGTRAIN_STATE_DIR": str(tmp / "warm-state")}
-            subprocess.run(base[:-2] + [sys.executable, "-c", "pass"], env=warm, check=True,
-                           capture_output=True, timeout=300)   # warm-up: ships the package once
+            empty = base[:-2] + [sys.executable, "-c", "pass"]
+            subprocess.run(empty, env=warm, check=True, capture_output=True, timeout=300)   # ships the package once
+            t0 = time.perf_counter()
+            subprocess.run(empty, env=warm, check=True, capture_output=True, timeout=300)
+            empty_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            alone = subprocess.run([sys.executable, str(script)], capture_output=True, timeout=600, env=env)
+            alone_s = time.perf_counter() - t0
+            if alone.stdout.count(b"\n") != n:
+                raise RuntimeError("the printing rank alone did not print every line")
             t0 = time.perf_counter()
             done = subprocess.run(base, env=env, capture_output=True, timeout=1800)
             hg_s = time.perf_counter() - t0
@@ -91,6 +104,9 @@ def main() -> int:
                                  timeout=600)
             cat_s = time.perf_counter() - t0
             cat_received, cat_ok = check(cat.stdout.decode().split("\n"), n, "")
+            t0 = time.perf_counter()
+            subprocess.run(["ssh", "-F", str(config), "h", "true"], check=True, capture_output=True, timeout=60)
+            true_s = time.perf_counter() - t0
         finally:
             hosts.stop()
     figures = {
@@ -101,12 +117,22 @@ def main() -> int:
         "ssh_cat_s": round(cat_s, 3), "ssh_cat_lines_per_s": round(n / cat_s),
         "ssh_cat_in_order_none_lost": cat_ok,
         "ratio": round(cat_s / hg_s, 4), "goal_ratio": 0.5,
+        "hgtrain_empty_job_s": round(empty_s, 3), "ssh_true_s": round(true_s, 3),
+        "hgtrain_streaming_lines_per_s": round(n / max(hg_s - empty_s, 1e-3)),
+        "ssh_cat_streaming_lines_per_s": round(n / max(cat_s - true_s, 1e-3)),
+        "rank_alone_s": round(alone_s, 3), "rank_alone_lines_per_s": round(n / alone_s),
     }
+    figures["streaming_ratio"] = round(figures["hgtrain_streaming_lines_per_s"]
+                                       / figures["ssh_cat_streaming_lines_per_s"], 4)
     figures["ok"] = figures["ratio"] >= 0.5 and hg_ok
     print(f"{'':<10}{'seconds':>10}{'lines/s':>12}  complete+ordered")
     print(f"{'hgtrain':<10}{hg_s:>10.2f}{n / hg_s:>12,.0f}  {hg_ok} (stdout), {figures['hgtrain_log_file_in_order_none_lost']} (rank0.log)")
     print(f"{'ssh cat':<10}{cat_s:>10.2f}{n / cat_s:>12,.0f}  {cat_ok}")
     print(f"ratio hgtrain/ssh-cat: {figures['ratio']:.3f} (goal >= 0.5)")
+    print(f"fixed cost: hgtrain job printing nothing {empty_s:.2f} s, ssh host true {true_s:.2f} s; without it "
+          f"{figures['hgtrain_streaming_lines_per_s']:,} vs {figures['ssh_cat_streaming_lines_per_s']:,} lines/s "
+          f"(ratio {figures['streaming_ratio']:.3f})")
+    print(f"the printing rank alone, into a pipe: {alone_s:.2f} s ({figures['rank_alone_lines_per_s']:,} lines/s)")
     print(json.dumps(figures))
     return 0
 

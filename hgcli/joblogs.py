@@ -20,6 +20,7 @@ from . import jobs
 from .errors import UsageError
 from .jobnodes import AgentTail, JobNodes, job_nodes
 from .model import JobRecord
+from .node.logs import frame_lines
 from .ranklist import parse_rank_list
 
 POLL_S = 0.5     # how often the main thread wakes while waiting for lines (keeps Ctrl-C prompt)
@@ -32,6 +33,17 @@ class LogLine:
     stream: str          # "out" | "err" from a node; "log" from the controller's copy
     line: str
     partial: bool = False   # a piece of a line longer than 64 KiB; the rest follows
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """The lines of one ``logs`` frame: one queue hand-off per frame, not per line."""
+
+    node: str
+    rank: int
+    stream: str
+    lines: list[str]
+    partial: bool
 
 
 @dataclass(frozen=True)
@@ -94,7 +106,7 @@ class NodeLogs:
         self.failed: dict[str, str] = {n: "no longer declared in the cluster's node source"
                                        for n in self.where.missing if n in wanted}
         self._nodes = [n for n in self.where.nodes if n.name in wanted]
-        self._queue: queue.Queue[LogLine | _NodeDone] = queue.Queue()
+        self._queue: queue.Queue[_Batch | _NodeDone] = queue.Queue()
         self._tails: list[AgentTail] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -110,9 +122,9 @@ class NodeLogs:
                 self._tails.append(tail)
             for frame in tail.frames():
                 kind = frame.get("type")
-                if kind == "log" and frame.get("rank") in self.ranks:
-                    self._queue.put(LogLine(node.name, int(frame["rank"]), str(frame.get("stream")),
-                                            str(frame.get("line", "")), bool(frame.get("partial"))))
+                if kind == "logs" and frame.get("rank") in self.ranks:
+                    lines, partial = frame_lines(frame)
+                    self._queue.put(_Batch(node.name, int(frame["rank"]), str(frame.get("stream")), lines, partial))
                 elif kind == "tail_end":
                     error = None
                 elif kind == "error":
@@ -138,7 +150,9 @@ class NodeLogs:
                 if item.error is not None and not self._closed:
                     self.failed[item.node] = item.error
                 continue
-            yield item
+            last = len(item.lines) - 1
+            for i, line in enumerate(item.lines):
+                yield LogLine(item.node, item.rank, item.stream, line, item.partial and i == last)
 
     def close(self) -> None:
         """Hang up every tail (a follow on the node ends; the job keeps running)."""

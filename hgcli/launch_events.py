@@ -1,12 +1,14 @@
 """The typed events a launch emits, and the dispatcher that keeps the console off the hot path.
 
-``--json`` prints exactly ``event_dict(e)`` per event, one per line; the rich view renders the same
-objects. The controller loop never calls the console itself: it puts events on the dispatcher's
-queue and goes on draining the agents, so a slow terminal can never back-pressure a node.
+``--json`` prints exactly ``event_dict(e)`` per event, one per line (a ``LogLines`` batch as one
+``log`` event per line: ``LogLines.json_lines``); the rich view renders the same objects. The
+controller loop never calls the console itself: it puts events on the dispatcher's queue and goes on
+draining the agents, so a slow terminal can never back-pressure a node.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -47,14 +49,49 @@ class RankStarted:
 
 
 @dataclass(frozen=True)
-class LogLine:
+class LogLines:
+    """Consecutive lines of one rank's stream, as one agent frame brought them: a flood arrives in
+    a few of these, not one event per line. ``--json`` still prints one ``log`` event per line.
+
+    The lines stay one string: the plain console and the rank file need no split, and splitting a
+    million lines into objects was a good part of the controller's time."""
+
     job_id: str
     rank: int
     node: str
     role: str
     stream: str                    # "out" | "err"
-    line: str                      # without the newline; non-UTF-8 bytes as \xNN
-    partial: bool = False          # a piece of a line over 64 KiB; the next piece continues it
+    text: str                      # the lines, each ending in "\n" (non-UTF-8 bytes as \xNN) ...
+    partial: bool = False          # ... but the last: a piece of a line over 64 KiB that the next continues
+
+    @property
+    def lines(self) -> list[str]:
+        lines = self.text.split("\n")
+        if not self.partial:
+            lines.pop()   # the "" after the last newline
+        return lines
+
+    def count(self) -> int:
+        return self.text.count("\n") + self.partial
+
+    def json_lines(self) -> str:
+        """The ``--json`` form: one ``log`` event per line (scripts read one line per event).
+
+        Built without a Python step per line: the lines are encoded in one ``json.dumps`` with a
+        newline as the item separator (ASCII-only JSON never holds a raw newline, so it separates
+        the encoded lines exactly), then each gets the fields every event of the batch shares."""
+        lines = self.lines
+        last = lines.pop() if self.partial else None
+        head = json.dumps({"event": "log", "job_id": self.job_id, "rank": self.rank, "node": self.node,
+                           "role": self.role, "stream": self.stream})[:-1] + ', "line": '
+        out = ""
+        if lines:
+            tail = ', "partial": false}\n'
+            encoded = json.dumps(lines, separators=("\n", ": "))[1:-1]
+            out = head + encoded.replace("\n", tail + head) + tail
+        if last is not None:
+            out += head + json.dumps(last) + ', "partial": true}\n'
+        return out
 
 
 @dataclass(frozen=True)
@@ -155,11 +192,11 @@ class JobEnded:
     detached: bool = False
 
 
-Event = (Stage | JobStarted | RankStarted | LogLine | Metric | RankExited | Notice | Stopping | Progress
+Event = (Stage | JobStarted | RankStarted | LogLines | Metric | RankExited | Notice | Stopping | Progress
          | JobEnded)
 
 EVENT_NAMES: dict[type, str] = {
-    Stage: "stage", JobStarted: "job_started", RankStarted: "rank_started", LogLine: "log",
+    Stage: "stage", JobStarted: "job_started", RankStarted: "rank_started", LogLines: "logs",
     Metric: "metric", RankExited: "rank_exited", Notice: "notice", Stopping: "stopping",
     Progress: "progress", JobEnded: "job_ended",
 }
@@ -174,25 +211,33 @@ class Dispatcher:
     """Calls ``sink`` for every event on its own thread, in order; ``close`` waits for the backlog.
 
     A console that cannot keep up with a flood (a slow terminal) would make the backlog grow without
-    bound: past ``MAX_BACKLOG`` waiting events, log lines are not shown (they are all in the rank
-    files) and a notice says how many were skipped. Every other event is always shown."""
+    bound: past ``MAX_BACKLOG`` waiting log lines, log lines are not shown (they are all in the rank
+    files) and a notice says how many were skipped. Every other event is always shown. The backlog
+    counts lines, not events: one ``LogLines`` may carry thousands."""
 
     MAX_BACKLOG = 100_000
 
     def __init__(self, sink: Callable[[Event], None]) -> None:
         self._sink = sink
         self._box: Mailbox[Event | None] = Mailbox()
-        self._skipped = 0
+        # Lines queued (by the producer only) and lines taken (by the console thread only): each
+        # counter has one writer, so their difference is the backlog without a lock.
+        self._queued = 0
+        self._taken = 0
+        self._skipped = 0       # the same for lines not shown (producer) and lines told about (console)
+        self._told = 0
         self._job_id = ""
         self._thread = threading.Thread(target=self._run, name="hgtrain-console", daemon=True)
         self._thread.start()
         self.error: BaseException | None = None
 
     def put(self, event: Event) -> None:
-        if isinstance(event, LogLine) and len(self._box) > self.MAX_BACKLOG:
-            self._skipped += 1
-            self._job_id = event.job_id
-            return
+        if isinstance(event, LogLines):
+            if self._queued - self._taken >= self.MAX_BACKLOG:
+                self._skipped += event.count()
+                self._job_id = event.job_id
+                return
+            self._queued += event.count()
         self._box.put(event)
 
     def _run(self) -> None:
@@ -200,8 +245,11 @@ class Dispatcher:
             for event in self._box.take(None):
                 if event is None:
                     return
-                if self._skipped and not isinstance(event, LogLine):
-                    skipped, self._skipped = self._skipped, 0
+                if isinstance(event, LogLines):
+                    self._taken += event.count()
+                elif self._skipped > self._told:
+                    skipped = self._skipped - self._told
+                    self._told += skipped
                     self._show(Notice(self._job_id, None, f"{skipped} log lines not shown: the console "
                                                           "could not keep up (every line is in the rank files)"))
                 self._show(event)

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from .errors import EXIT_JOB, EXIT_NODES_FAILED
 from .launch_events import (
-    Event, LogLine, Metric, Notice, Progress, RankExited, RankStarted, RootCause, Stopping,
+    Event, LogLines, Metric, Notice, Progress, RankExited, RankStarted, RootCause, Stopping,
 )
 from .launch_metrics import MetricsBoard
 from .launch_record import JobBook
@@ -150,8 +150,8 @@ class JobController:
             self._connection_ended(node)
             return
         kind = frame.get("type")
-        if kind == "log":
-            self._log(item.node, frame)
+        if kind == "logs":
+            self._logs(item.node, frame)
         elif kind == "metric":
             self._metric(item.node, frame)
         elif kind == "started":
@@ -172,13 +172,17 @@ class JobController:
             node.ended = True   # the agent exits after this frame, having started nothing
             self._fail_node(item.node, f"its agent refused the job: {frame.get('message')}", EXIT_JOB)
 
-    def _log(self, node: str, frame: dict[str, Any]) -> None:
-        rank, line, partial = int(frame["rank"]), str(frame["line"]), bool(frame.get("partial"))
-        self.book.write_line(rank, line, partial)
-        if not partial:
-            self.tails[rank].append(line)
-        self.emit(LogLine(self.job_id, rank, node, self.role.get(rank, "?"), str(frame.get("stream")),
-                          line, partial))
+    def _logs(self, node: str, frame: dict[str, Any]) -> None:
+        """A batch of lines: one file write, one event, no per-line step whatever their number."""
+        rank, text, partial = int(frame["rank"]), str(frame["text"]), bool(frame.get("partial"))
+        if not partial and not text.endswith("\n"):
+            text += "\n"   # the stream's last line, unterminated: it ends here all the same
+        self.book.write_text(rank, text)
+        last = text.rsplit("\n", TAIL_LINES + 1)   # only the last lines are kept for the root cause
+        last.pop()                                 # "" after the last newline, or an unfinished piece
+        self.tails[rank].extend(last[-TAIL_LINES:])
+        self.emit(LogLines(self.job_id, rank, node, self.role.get(rank, "?"), str(frame.get("stream")),
+                           text, partial))
 
     def _metric(self, node: str, frame: dict[str, Any]) -> None:
         rank, data = int(frame["rank"]), frame.get("data")

@@ -85,13 +85,14 @@ class JobBook:
     def log_path(self, rank: int) -> Path:
         return self.dir / f"rank{rank}.log"
 
-    def write_line(self, rank: int, line: str, partial: bool) -> None:
+    def write_text(self, rank: int, text: str) -> None:
+        """A batch of the rank's lines in one write (``LogLines.text``)."""
         if self.record.detached:
             return   # only the first lines would be here: the complete logs stay on the nodes
         fh = self._logs.get(rank)
         if fh is None:
             fh = self._logs[rank] = _open_private(self.log_path(rank))
-        fh.write(line if partial else line + "\n")
+        fh.write(text)
 
     def write_metric(self, rank: int, node: str, data: dict[str, Any]) -> None:
         if self._metrics is None:

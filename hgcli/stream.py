@@ -22,7 +22,7 @@ from .remote.transport import RemoteProcess, Transport, node_module_argv
 
 class Inbound(NamedTuple):
     """A frame from ``node``'s agent; ``frame is None`` means its connection ended (EOF).
-    A tuple, not a dataclass: one is made per log line."""
+    A tuple, not a dataclass: one is made per frame, and a chatty agent sends many."""
 
     node: str
     frame: dict[str, Any] | None

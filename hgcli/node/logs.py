@@ -5,14 +5,20 @@ disk, so a rank never blocks on a slow controller and nothing is lost when the l
 is complete; ``--tail`` can resend it). A Follower reads the file at whatever pace the connection
 allows and turns it into frames.
 
-Line rules, shared by live forwarding and ``--tail``:
-- a frame carries one line without its ``\\n``; ``offset`` is the file offset just after it, so a
-  re-attach can continue exactly there (``--from``);
-- a line longer than CHUNK bytes is split; every piece but the last has ``"partial": true``;
+Log frames are batches, because per-line frames cost the agent and the controller a JSON encode,
+decode, event and write per line (a flood of short lines ran at a few per cent of ``ssh cat``).
+Rules, shared by live forwarding and ``--tail``:
+- a ``logs`` frame carries ``text``: the exact bytes ``[offset, end)`` of the node-local file,
+  decoded; the frames of one stream tile the file, so a re-attach continues exactly at the last
+  ``end`` (``--from``). Every line in ``text`` ends in ``\\n`` except perhaps the last one;
+- a line longer than CHUNK bytes is cut into pieces of at most CHUNK bytes, each ending a frame
+  with ``"partial": true`` (the next frame's text continues that line);
 - a trailing line without ``\\n`` is held until the stream ends, then sent (``partial`` false); a
   non-follow ``--tail`` of a running job sends it with ``partial`` true;
 - bytes that are not UTF-8 are escaped as ``\\xNN`` (Python's backslashreplace); the node-local file
-  keeps the exact bytes.
+  keeps the exact bytes. ``\\n`` is never part of a multi-byte sequence, so decoding a batch at once
+  gives the same text as decoding its lines one by one.
+Metrics stay one frame per line: each line is one JSON object that the controller parses anyway.
 """
 from __future__ import annotations
 
@@ -20,11 +26,15 @@ import errno
 import json
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 CHUNK = 64 * 1024        # longest piece of a line in one frame
 READ_SIZE = 1 << 20      # bytes read from a log file per step
+GATHER_BYTES = 1 << 18   # a read smaller than this was a trickle (or the front of a flood) ...
+GATHER_S = 0.01          # ... so let more gather this long before the next read: big frames in a
+                         # flood, and a quiet rank's line is still on its way within 10 ms
 PIPE_READ = 1 << 16
 
 
@@ -72,20 +82,61 @@ class Capture:
                 return
 
 
-def split_lines(buf: bytearray, base: int, final: bool) -> Iterator[tuple[bytes, int, bool]]:
-    """Take complete lines (and over-long pieces) off the front of ``buf``.
+Framer = Callable[[bytearray, int, bool, bool], list[dict[str, Any]]]
+"""Takes what it can off the front of ``buf`` (file offset ``base``) and returns its frames; with
+``final`` (no more bytes will come) everything, the unterminated last line marked partial when
+``open_end`` (the stream may still go on)."""
 
-    Yields (piece, offset after it, partial). ``base`` is the file offset of ``buf[0]``. With
-    ``final`` the remainder is yielded too, as the end of its line.
+
+def _cut(buf: bytearray, start: int) -> int:
+    """Where a piece of the over-long line at ``start`` ends: CHUNK bytes on, moved back so no UTF-8
+    sequence is split (each piece then decodes alone)."""
+    cut = start + CHUNK
+    while cut > start + CHUNK - 3 and (buf[cut] & 0xC0) == 0x80:
+        cut -= 1
+    return cut
+
+
+def split_batches(buf: bytearray, base: int, final: bool, open_end: bool = False
+                  ) -> Iterator[tuple[bytes, int, bool]]:
+    """Take runs of whole lines (and pieces of over-long lines) off the front of ``buf``.
+
+    Yields (data, file offset after it, partial): ``data`` holds consecutive lines, each ending in
+    ``\\n``, except that a run ends early with a piece (``partial``) when a line is longer than CHUNK;
+    with ``final`` the unterminated remainder ends the last run (``partial`` = ``open_end``).
+    Lines are checked a window at a time (one ``rfind`` per CHUNK bytes), never one by one.
+    """
+    start = pos = 0   # data[start:pos] is whole lines, none longer than CHUNK
+    while True:
+        nl = buf.rfind(b"\n", pos, pos + CHUNK + 1)
+        if nl >= 0:
+            pos = nl + 1
+            continue
+        if len(buf) - pos <= CHUNK:
+            break      # an unfinished line that may still fit in one piece: wait for more
+        cut = _cut(buf, pos)
+        yield bytes(buf[start:cut]), base + cut, True
+        start = pos = cut
+    if final and pos < len(buf):
+        pos = len(buf)
+    if pos > start:
+        yield bytes(buf[start:pos]), base + pos, open_end and not buf.endswith(b"\n", start, pos)
+    del buf[:pos]
+
+
+def split_lines(buf: bytearray, base: int, final: bool, open_end: bool = False
+                ) -> Iterator[tuple[bytes, int, bool]]:
+    """Take complete lines (and over-long pieces) off the front of ``buf``, one at a time.
+
+    Yields (line without its ``\\n``, offset after it, partial); with ``final`` the remainder too, as
+    the end of its line (``partial`` = ``open_end``).
     """
     start = 0
     while True:
         nl = buf.find(b"\n", start)
         end = nl if nl >= 0 else len(buf)
         while end - start > CHUNK:
-            cut = start + CHUNK
-            while cut > start + CHUNK - 3 and (buf[cut] & 0xC0) == 0x80:  # keep UTF-8 sequences whole
-                cut -= 1
+            cut = _cut(buf, start)
             yield bytes(buf[start:cut]), base + cut, True
             start = cut
         if nl < 0:
@@ -93,7 +144,7 @@ def split_lines(buf: bytearray, base: int, final: bool) -> Iterator[tuple[bytes,
         yield bytes(buf[start:nl]), base + nl + 1, False
         start = nl + 1
     if final and start < len(buf):
-        yield bytes(buf[start:]), base + len(buf), False
+        yield bytes(buf[start:]), base + len(buf), open_end
         start = len(buf)
     del buf[:start]
 
@@ -102,29 +153,43 @@ def text(piece: bytes) -> str:
     return piece.decode("utf-8", "backslashreplace")
 
 
-def log_frames(rank: int, stream: str) -> Callable[[bytes, int, bool], dict[str, Any] | None]:
-    def make(piece: bytes, offset: int, partial: bool) -> dict[str, Any]:
-        frame: dict[str, Any] = {"type": "log", "rank": rank, "stream": stream, "line": text(piece),
-                                 "offset": offset}
-        if partial:
-            frame["partial"] = True
-        return frame
+def log_frames(rank: int, stream: str) -> Framer:
+    def make(buf: bytearray, base: int, final: bool, open_end: bool) -> list[dict[str, Any]]:
+        out = []
+        for data, end, partial in split_batches(buf, base, final, open_end):
+            frame: dict[str, Any] = {"type": "logs", "rank": rank, "stream": stream, "offset": end - len(data),
+                                     "end": end, "text": text(data)}
+            if partial:
+                frame["partial"] = True
+            out.append(frame)
+        return out
     return make
 
 
-def metric_frames(rank: int) -> Callable[[bytes, int, bool], dict[str, Any] | None]:
+def frame_lines(frame: dict[str, Any]) -> tuple[list[str], bool]:
+    """The lines of a ``logs`` frame without their newlines, and whether the last one is a piece
+    whose line continues in the next frame (the controller's and ``--tail`` readers' view)."""
+    lines = str(frame.get("text", "")).split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return lines, bool(frame.get("partial"))
+
+
+def metric_frames(rank: int) -> Framer:
     """Metrics lines are JSON objects written by the runtime; anything else is reported, not passed."""
-    def make(piece: bytes, offset: int, partial: bool) -> dict[str, Any] | None:
-        try:
-            data = None if partial else json.loads(piece)
-        except ValueError:
-            data = None
-        if isinstance(data, dict):
-            return {"type": "metric", "rank": rank, "data": data}
-        if not piece.strip():
-            return None
-        return {"type": "warning", "rank": rank,
-                "message": f"rank {rank} wrote a metrics line that is not a JSON object (ignored)"}
+    def make(buf: bytearray, base: int, final: bool, open_end: bool) -> list[dict[str, Any]]:
+        out = []
+        for piece, _, partial in split_lines(buf, base, final, open_end):
+            try:
+                data = None if partial else json.loads(piece)
+            except ValueError:
+                data = None
+            if isinstance(data, dict):
+                out.append({"type": "metric", "rank": rank, "data": data})
+            elif piece.strip():
+                out.append({"type": "warning", "rank": rank,
+                            "message": f"rank {rank} wrote a metrics line that is not a JSON object (ignored)"})
+        return out
     return make
 
 
@@ -136,7 +201,7 @@ class Follower:
     line is really the end of its line.
     """
 
-    def __init__(self, path: Path, offset: int, make: Callable[[bytes, int, bool], dict[str, Any] | None],
+    def __init__(self, path: Path, offset: int, make: Framer,
                  send: Callable[[list[dict[str, Any]]], bool], finished: Callable[[], bool],
                  wake: threading.Event | None = None, complete: Callable[[], bool] | None = None,
                  poll_s: float = 0.2) -> None:
@@ -170,6 +235,8 @@ class Follower:
                         if not self._emit(buf, base, final=False):
                             return
                         base = self.offset
+                        if len(data) < GATHER_BYTES and not finished:
+                            time.sleep(GATHER_S)
                         continue
                     if finished:
                         self._emit(buf, base, final=True, partial_end=not self._complete())
@@ -188,13 +255,7 @@ class Follower:
             return open(os.devnull, "rb")
 
     def _emit(self, buf: bytearray, base: int, *, final: bool, partial_end: bool = False) -> bool:
-        out = []
-        pieces = list(split_lines(buf, base, final))
-        for i, (piece, offset, partial) in enumerate(pieces):
-            if final and partial_end and i == len(pieces) - 1 and not partial:
-                partial = True
-            frame = self._make(piece, offset, partial)
-            if frame is not None:
-                out.append(frame)
-            self.offset = offset
+        size = len(buf)
+        out = self._make(buf, base, final, partial_end)
+        self.offset = base + size - len(buf)
         return self._send(out) if out else True

@@ -12,6 +12,7 @@ TCP connect (refused / no answer), SSH banner and handshake, host key, authentic
 from __future__ import annotations
 
 import getpass
+import io
 import os
 import re
 import select
@@ -90,14 +91,35 @@ def _drop(channel: paramiko.Channel) -> None:
         pass
 
 
+class _ChannelStream(io.RawIOBase):
+    """One of a channel's output streams as a raw stream, so ``io.BufferedReader`` splits its lines
+    (in C). paramiko's own file object splits in Python and re-copies a long line for every 8 KiB
+    it reads: a flood of log lines, or one frame of a batch of them, crawled through it."""
+
+    def __init__(self, recv) -> None:
+        super().__init__()
+        self._recv = recv
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self._recv(len(buffer))   # what has arrived (at least one byte); b"" at EOF
+        buffer[:len(data)] = data
+        return len(data)
+
+
+STREAM_BUFFER = 1 << 16
+
+
 class SshProcess:
     """A command started with ``SshTransport.start``; closing drops its channel (stdin EOF)."""
 
     def __init__(self, channel: paramiko.Channel) -> None:
         self._channel = channel
         self.stdin = channel.makefile_stdin("wb")
-        self.stdout = channel.makefile("rb")
-        self.stderr = channel.makefile_stderr("rb")
+        self.stdout = io.BufferedReader(_ChannelStream(channel.recv), STREAM_BUFFER)
+        self.stderr = io.BufferedReader(_ChannelStream(channel.recv_stderr), STREAM_BUFFER)
 
     def wait(self, timeout: float | None = None) -> int:
         if not self._channel.status_event.wait(timeout):

@@ -22,7 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..launch_events import (
-    BoardView, Event, JobEnded, JobStarted, LogLine, Metric, Notice, Progress, RankExited, RankStarted,
+    BoardView, Event, JobEnded, JobStarted, LogLines, Metric, Notice, Progress, RankExited, RankStarted,
     RootCause, Stage, Stopping, Summary, event_dict,
 )
 
@@ -31,7 +31,7 @@ COLOURS = ("cyan", "green", "yellow", "magenta", "blue", "bright_red", "bright_c
 
 
 def _shown(event: Event, ranks: frozenset[int] | None) -> bool:
-    return ranks is None or not isinstance(event, (LogLine, Metric)) or event.rank in ranks
+    return ranks is None or not isinstance(event, (LogLines, Metric)) or event.rank in ranks
 
 
 def tag(node: str, rank: int, role: str) -> str:
@@ -115,7 +115,10 @@ class JsonSink:
     def __call__(self, event: Event) -> None:
         if isinstance(event, Progress) or not _shown(event, self.ranks):
             return
-        self.out.write(json.dumps(event_dict(event), default=str) + "\n")
+        if isinstance(event, LogLines):
+            self.out.write(event.json_lines())
+        else:
+            self.out.write(json.dumps(event_dict(event), default=str) + "\n")
         self.out.flush()
 
 
@@ -129,8 +132,11 @@ class PlainSink:
     def __call__(self, event: Event) -> None:
         if not _shown(event, self.ranks):
             return
-        if isinstance(event, LogLine):
-            self.out.write(f"{tag(event.node, event.rank, event.role)} | {event.line}\n")
+        if isinstance(event, LogLines):
+            # One write per batch, all joins in C: a flood must not cost a Python step per line.
+            prefix = f"{tag(event.node, event.rank, event.role)} | "
+            body = event.text[:-1] if event.text.endswith("\n") else event.text
+            self.out.write(prefix + body.replace("\n", "\n" + prefix) + "\n")
             return
         if isinstance(event, (Metric, Progress, RankStarted)):
             return
@@ -150,7 +156,7 @@ class RichSink:
         self.console = console or Console(highlight=False)
         self.live: Live | None = None
         self.handlers: dict[type, Callable[[Event], None]] = {
-            LogLine: self._line, Progress: self._progress, JobEnded: self._ended,
+            LogLines: self._lines, Progress: self._progress, JobEnded: self._ended,
         }
 
     def __call__(self, event: Event) -> None:
@@ -165,11 +171,14 @@ class RichSink:
             style = "bold red" if isinstance(event, (RankExited, Stopping)) else "dim"
             self.console.print(Text(f"hgtrain: {line}", style=style), soft_wrap=True)
 
-    def _line(self, event: LogLine) -> None:   # type: ignore[override]
+    def _lines(self, event: LogLines) -> None:   # type: ignore[override]
         colour = COLOURS[event.rank % len(COLOURS)]
-        text = Text(f"{tag(event.node, event.rank, event.role)} │ ", style=colour)
-        text.append(event.line, style="red" if event.stream == "err" else None)
-        self.console.print(text, soft_wrap=True)
+        prefix = f"{tag(event.node, event.rank, event.role)} │ "
+        style = "red" if event.stream == "err" else None
+        for line in event.lines:   # a terminal is slow anyway; the Dispatcher bounds the backlog
+            text = Text(prefix, style=colour)
+            text.append(line, style=style)
+            self.console.print(text, soft_wrap=True)
 
     def _progress(self, event: Progress) -> None:   # type: ignore[override]
         if self.live is None:

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from hgcli.model import NodeSpec
 from hgcli.node import frames
+from hgcli.node.logs import frame_lines
 from hgcli.remote.local import LocalTransport
 from hgcli.remote.transport import node_module_argv
 
@@ -53,6 +54,24 @@ def job_pids(job_id: str, node: str | None = None) -> list[int]:
     return found
 
 
+def log_lines(found: list[dict[str, Any]], rank: int, stream: str = "out") -> list[str]:
+    """Whole lines of one stream from its ``logs`` frames, the pieces of long lines joined."""
+    out, cur = [], ""
+    for f in found:
+        if f.get("type") == "logs" and f["rank"] == rank and f["stream"] == stream:
+            lines, partial = frame_lines(f)
+            lines[0] = cur + lines[0]
+            cur = lines.pop() if partial else ""
+            out += lines
+    return out
+
+
+def has_line(frame: dict[str, Any], line: str, rank: int | None = None) -> bool:
+    """A ``logs`` frame (of ``rank``) that carries ``line`` as one of its lines."""
+    return (frame.get("type") == "logs" and (rank is None or frame["rank"] == rank)
+            and line in frame_lines(frame)[0])
+
+
 def wait_until(pred: Callable[[], Any], timeout: float = WAIT_S, what: str = "condition") -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -78,7 +97,8 @@ class Agent:
         self.proc = self.transport.start(argv, env=env)
         self.frames: list[dict[str, Any]] = []
         self.noise: list[bytes] = []
-        # Ranks whose stdout frames are only counted (floods): {(rank, stream): [frames, chars, last offset]}
+        # Ranks whose stdout frames are only counted (floods):
+        # {(rank, stream): [frames, chars, last end, frames not starting where the previous one ended]}
         self.count_only = count_only
         self.counts: dict[tuple[int, str], list[int]] = {}
         self._cond = threading.Condition()
@@ -113,12 +133,13 @@ class Agent:
     def _collect(self) -> None:
         for raw in self.proc.stdout:
             frame = frames.decode(raw.decode("utf-8"))
-            if frame is not None and frame.get("type") == "log" and frame["rank"] in self.count_only \
+            if frame is not None and frame.get("type") == "logs" and frame["rank"] in self.count_only \
                     and frame["stream"] == "out":
-                c = self.counts.setdefault((frame["rank"], frame["stream"]), [0, 0, 0])
+                c = self.counts.setdefault((frame["rank"], frame["stream"]), [0, 0, 0, 0])
+                c[3] += frame["offset"] != c[2]
                 c[0] += 1
-                c[1] += len(frame["line"])
-                c[2] = frame["offset"]
+                c[1] += len(frame["text"])
+                c[2] = frame["end"]
                 continue
             with self._cond:
                 if frame is None:
@@ -148,14 +169,7 @@ class Agent:
 
     def lines(self, rank: int, stream: str = "out") -> list[str]:
         """Whole lines of one stream, continuation pieces joined."""
-        out, cur = [], ""
-        for f in self.of_type("log"):
-            if f["rank"] == rank and f["stream"] == stream:
-                cur += f["line"]
-                if not f.get("partial"):
-                    out.append(cur)
-                    cur = ""
-        return out
+        return log_lines(self.of_type("logs"), rank, stream)
 
     def heartbeat(self) -> None:
         self.send({"type": "heartbeat"})

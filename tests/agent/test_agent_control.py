@@ -7,7 +7,7 @@ import signal
 import time
 from pathlib import Path
 
-from .harness import job_pids, py, wait_until
+from .harness import has_line, job_pids, log_lines, py, wait_until
 
 # A rank with a child in its process group and a grandchild that left it with setsid: teardown must
 # find all three (groups, then the job's environment marker).
@@ -21,7 +21,7 @@ FAMILY = ("import subprocess, sys, time\n"
 def family_job(start_agent, **kw):
     agent = start_agent([{"rank": r, "argv": py(FAMILY)} for r in (0, 1)], **kw)
     for r in (0, 1):
-        agent.wait_frame(lambda f, r=r: f.get("type") == "log" and f["rank"] == r)
+        agent.wait_frame(lambda f, r=r: f.get("type") == "logs" and f["rank"] == r)
     wait_until(lambda: len(job_pids(agent.job_id, agent.node)) == 6, what="ranks and their children")
     return agent
 
@@ -124,7 +124,7 @@ def test_secret_values_stay_out_of_cmdlines_records_and_logs(start_agent, jobs_r
              "print('env ok', flush=True); time.sleep(300)\n")
     agent = start_agent([{"rank": 0, "argv": py(check), "env": {"DB_URL": plain_secret}}],
                         env={"HF_TOKEN": secret}, secret=["DB_URL"])
-    agent.wait_frame(lambda f: f.get("type") == "log" and f["line"] == "env ok")
+    agent.wait_frame(lambda f: has_line(f, "env ok"))
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             try:
@@ -156,7 +156,7 @@ def test_detached_job_survives_the_controller_and_is_stopped_by_stop(start_agent
     rc, (st,) = agent.control("--status", agent.job_id)
     assert st["state"] == "running" and st["agent_alive"] and len(job_pids(agent.job_id)) == 2
     rc, frames = agent.control("--tail", agent.job_id)
-    lines = [f["line"] for f in frames if f["type"] == "log" and f["rank"] == 0 and not f.get("partial")]
+    lines = log_lines(frames, 0)
     assert lines[:3] == ["tick 0", "tick 1", "tick 2"]
     offsets = frames[-1]["offsets"]
     assert frames[-1]["type"] == "tail_end" and frames[-1]["complete"] is False
@@ -167,7 +167,7 @@ def test_detached_job_survives_the_controller_and_is_stopped_by_stop(start_agent
         Path(f"/proc/{det['pid']}/stat").read_text().split(") ")[1][0] in "ZX"
     # Re-attach from the offsets: exactly the lines that came after, nothing repeated.
     rc, more = agent.control("--tail", agent.job_id, "--from", offsets)
-    more_lines = [f["line"] for f in more if f["type"] == "log" and f["rank"] == 0]
+    more_lines = log_lines(more, 0)
     all_lines = (agent.job_dir / "rank-0.out").read_text().splitlines()
     assert lines + more_lines == all_lines
     assert more[-1]["complete"] is True
@@ -180,4 +180,4 @@ def test_tail_follow_ends_with_the_job(start_agent):
     agent.wait_exit()
     rc, frames = agent.control_attached("--tail", agent.job_id, "--follow")
     assert rc == 0 and frames[-1]["complete"] is True
-    assert [f["line"] for f in frames if f["type"] == "log"] == [f"n {i}" for i in range(30)]
+    assert log_lines(frames, 0) == [f"n {i}" for i in range(30)]

@@ -5,6 +5,8 @@ import hashlib
 
 import pytest
 
+from hgcli.node.logs import CHUNK
+
 from .harness import job_pids, py
 
 STEADY = ("import time\n"
@@ -34,8 +36,9 @@ def test_random_byte_flood_does_not_block_or_corrupt_other_ranks(start_agent):
     (digest,) = agent.lines(0, "err")
     data = (agent.job_dir / "rank-0.out").read_bytes()
     assert len(data) == size and hashlib.sha256(data).hexdigest() == digest
-    frames_sent, _, last_offset = agent.counts[(0, "out")]
-    assert last_offset == size and frames_sent >= data.count(b"\n")
+    frames_sent, _, last_end, gaps = agent.counts[(0, "out")]
+    assert last_end == size and gaps == 0
+    assert frames_sent < data.count(b"\n") // 100    # batches: ~400 K lines in a few hundred frames
     assert agent.wait_exit() == 0 and job_pids(agent.job_id) == []
 
 
@@ -45,9 +48,13 @@ def test_one_huge_line_arrives_in_marked_pieces(start_agent):
     agent = start_agent([{"rank": 0, "argv": py(huge)}, {"rank": 1, "argv": py(STEADY)}])
     end = agent.wait_type("end", timeout=120)
     assert end["state"] == "succeeded"
-    pieces = [f for f in agent.of_type("log") if f["rank"] == 0 and f["stream"] == "out"]
-    assert all(f.get("partial") for f in pieces[:-2]) and not pieces[-2].get("partial")
-    assert max(len(f["line"]) for f in pieces) <= 64 * 1024
+    pieces = [f for f in agent.of_type("logs") if f["rank"] == 0 and f["stream"] == "out"]
+    # 159 pieces of 64 KiB, each alone in its frame, marked partial; then the last 64 KiB with its
+    # newline, and "after" (in one frame or two, depending on when the agent read them)
+    cut = [f for f in pieces if f.get("partial")]
+    assert pieces[:len(cut)] == cut and len(cut) == size // CHUNK - 1
+    assert all("\n" not in f["text"] and f["end"] - f["offset"] == CHUNK for f in cut)
+    assert [f["offset"] for f in pieces[1:]] == [f["end"] for f in pieces[:-1]]   # they tile the file
     assert agent.lines(0) == ["0123456789" * (size // 10), "after"]
     assert agent.lines(1) == steady_lines()
     assert agent.wait_exit() == 0

@@ -8,7 +8,7 @@ import time
 
 from hgcli.node.spec import job_dir
 
-from .harness import job_pids, py, wait_until
+from .harness import has_line, job_pids, py, wait_until
 
 PRINTER = """
 import json, os, sys
@@ -64,7 +64,7 @@ def test_failing_rank_stops_the_others_and_is_the_root_cause(start_agent):
     agent = start_agent([{"rank": 0, "argv": sleeper},
                          {"rank": 1, "argv": py("import time, sys; time.sleep(0.5); sys.exit(3)")},
                          {"rank": 2, "argv": sleeper}])
-    agent.wait_frame(lambda f: f.get("type") == "log" and f["rank"] == 2)
+    agent.wait_frame(lambda f: f.get("type") == "logs" and f["rank"] == 2)
     first = agent.wait_frame(lambda f: f.get("type") == "exit" and f["rank"] == 1)
     t0 = time.monotonic()
     end = agent.wait_type("end")
@@ -99,7 +99,7 @@ def test_rank_ignoring_sigterm_is_killed_after_the_grace_period(start_agent):
     agent = start_agent([{"rank": 0, "argv": stubborn},
                          {"rank": 1, "argv": py("import time; time.sleep(1); raise SystemExit(5)")}],
                         grace_s=1.0)
-    agent.wait_frame(lambda f: f.get("type") == "log" and f["line"] == "ready")
+    agent.wait_frame(lambda f: has_line(f, "ready"))
     ex0 = agent.wait_frame(lambda f: f.get("type") == "exit" and f["rank"] == 0)
     assert ex0["signal_name"] == "SIGKILL" and ex0["state"] == "stopped"
     assert "stop signal" in ex0["reason"]
@@ -169,7 +169,7 @@ def test_stop_frame_stops_the_job_and_frames_still_arrive(start_agent):
         "import signal, sys, time\n"
         "signal.signal(signal.SIGTERM, lambda *a: (print('cleaning up', flush=True), sys.exit(0)))\n"
         "print('ready', flush=True); time.sleep(300)\n")}])
-    agent.wait_frame(lambda f: f.get("type") == "log" and f["line"] == "ready")
+    agent.wait_frame(lambda f: has_line(f, "ready"))
     agent.send({"type": "stop"})
     end = agent.wait_type("end")
     assert end["state"] == "stopped" and end["reason"] == "stop requested by the controller"

@@ -9,7 +9,7 @@ import pytest
 
 from hgcli.node import procs
 from hgcli.node.control import parse_offsets
-from hgcli.node.logs import CHUNK, split_lines
+from hgcli.node.logs import CHUNK, split_batches, split_lines
 from hgcli.node.secrets import REDACTED, is_secret_name, redact_env
 from hgcli.node.spec import parse_spec
 
@@ -36,6 +36,11 @@ def test_split_lines_keeps_the_unfinished_line_and_reports_offsets():
     assert buf == b"thr"
     assert list(split_lines(buf, 108, final=True)) == [(b"thr", 111, False)]
     assert buf == b""
+
+
+def test_split_lines_marks_only_an_unterminated_end_as_open():
+    assert list(split_lines(bytearray(b"a\nb"), 0, final=True, open_end=True)) == [(b"a", 2, False), (b"b", 3, True)]
+    assert list(split_lines(bytearray(b"a\n"), 0, final=True, open_end=True)) == [(b"a", 2, False)]
 
 
 def test_split_lines_cuts_long_lines_on_character_boundaries():

@@ -7,7 +7,7 @@ import json
 from rich.console import Console
 
 from hgcli.launch_events import (
-    BoardView, GroupView, JobEnded, JobStarted, LogLine, Metric, Progress, RankExited, RootCause, Summary,
+    BoardView, GroupView, JobEnded, JobStarted, LogLines, Metric, Progress, RankExited, RootCause, Summary,
 )
 from hgcli.render.launch import JsonSink, PlainSink, RichSink
 
@@ -41,8 +41,8 @@ def test_plain_lines_are_tagged_and_filtered():
     out, err = io.StringIO(), io.StringIO()
     sink = PlainSink(frozenset({0, 3}), out, err)
     for rank, role in ((0, "worker"), (1, "worker"), (3, "ps")):
-        sink(LogLine("j", rank, "n1", role, "out", f"hello {rank}"))
-    assert out.getvalue().splitlines() == ["n1:0 | hello 0", "n1:3 ps | hello 3"]
+        sink(LogLines("j", rank, "n1", role, "out", f"hello {rank}\nagain {rank}\n"))
+    assert out.getvalue().splitlines() == ["n1:0 | hello 0", "n1:0 | again 0", "n1:3 ps | hello 3", "n1:3 ps | again 3"]
 
 
 def test_json_sink_prints_one_object_per_event_and_skips_progress():
@@ -51,11 +51,17 @@ def test_json_sink_prints_one_object_per_event_and_skips_progress():
     sink(JobStarted("j", "hybrid", 2, ("a",), ("python",), "/s/j", "127.0.0.1:1", False, 10.0, 12.0))
     sink(Metric("j", 0, "a", "worker", {"step": 1}))          # filtered
     sink(Metric("j", 1, "a", "worker", {"step": 1}))
+    sink(LogLines("j", 0, "a", "worker", "out", "filtered\n"))
+    sink(LogLines("j", 1, "a", "worker", "err", "one\ntwo\npiece", partial=True))
     sink(Progress("j", BoardView((), None, None, None, None)))
     sink(ended())
     events = [json.loads(line) for line in out.getvalue().splitlines()]
-    assert [e["event"] for e in events] == ["job_started", "metric", "job_ended"]
+    assert [e["event"] for e in events] == ["job_started", "metric", "log", "log", "log", "job_ended"]
     assert all(e["job_id"] == "j" for e in events)
+    # a batch is still one log event per line; only its last line can be a piece of a longer one
+    assert [(e["rank"], e["node"], e["role"], e["stream"], e["line"], e["partial"]) for e in events[2:5]] == [
+        (1, "a", "worker", "err", "one", False), (1, "a", "worker", "err", "two", False),
+        (1, "a", "worker", "err", "piece", True)]
     assert events[-1]["root_cause"]["last_lines"] == ["allocating 40 GiB", "step 12"]
 
 
@@ -63,13 +69,14 @@ def test_rich_sink_shows_coloured_lines_the_live_table_and_the_ending():
     buf = io.StringIO()
     console = Console(file=buf, force_terminal=True, width=120, color_system="standard")
     sink = RichSink(None, console)
-    sink(LogLine("j", 2, "n1", "worker", "out", "[bold]not markup[/bold]"))
+    sink(LogLines("j", 2, "n1", "worker", "out", "[bold]not markup[/bold]\nsecond line\n"))
     view = BoardView((GroupView("0", (0, 1), 41, 0.25, 300.0), GroupView("1", (2,), 9, 0.5, None)),
                      300.0, 600.0, 750.0, 0.91)
     sink(Progress("j", view))
     sink(ended(cause=None, state="succeeded", code=0))
     text = buf.getvalue()
     assert "n1:2" in text and "[bold]not markup[/bold]" in text      # literal, not interpreted
+    assert text.count("n1:2") == 2 and "second line" in text
     assert "\x1b[" in text                                              # coloured
     assert "0,1" in text and "41" in text and "0.2500" in text and "300" in text and "(50%)" in text
     assert "job j succeeded (exit code 0)" in text
@@ -89,13 +96,13 @@ def test_a_console_that_cannot_keep_up_skips_lines_never_other_events():
 
     d = Dispatcher(slow_sink)
     d.MAX_BACKLOG = 10
-    for i in range(100):
-        d.put(LogLine("j", 0, "n", "worker", "out", f"line {i}"))
+    for i in range(0, 100, 4):   # batches of 4 lines: the bound counts lines, not events
+        d.put(LogLines("j", 0, "n", "worker", "out", "".join(f"line {j}\n" for j in range(i, i + 4))))
     d.put(ended(cause=None, state="succeeded", code=0))
     gate.set()
     d.close(30)
-    lines = [e.line for e in seen if isinstance(e, LogLine)]
-    assert 10 <= len(lines) < 100 and lines == sorted(lines, key=lambda s: int(s.split()[1]))
+    lines = [line for e in seen if isinstance(e, LogLines) for line in e.lines]
+    assert 10 <= len(lines) <= 16 and lines == sorted(lines, key=lambda s: int(s.split()[1]))
     notice = next(e for e in seen if type(e).__name__ == "Notice")
     assert f"{100 - len(lines)} log lines not shown" in notice.message
     assert isinstance(seen[-1], JobEnded)

@@ -1,0 +1,47 @@
+"""The controller takes a batch of lines at once: one write to the rank file, one event, the root
+cause's last lines, whatever the number of lines in the batch."""
+from __future__ import annotations
+
+from hgcli.launch_events import LogLines
+from hgcli.launch_loop import TAIL_LINES, Interrupt, JobController
+from hgcli.launch_metrics import MetricsBoard
+from hgcli.launch_record import JobBook
+from hgcli.mailbox import Mailbox
+from hgcli.model import JobRecord, RankRecord
+from hgcli.node.logs import CHUNK, log_frames
+
+from .plans import local_cluster, make_plan
+
+
+def controller(tmp_path, monkeypatch) -> tuple[JobController, list]:
+    monkeypatch.setenv("HGTRAIN_STATE_DIR", str(tmp_path / "state"))
+    cluster = local_cluster(("a",))
+    plan = make_plan(cluster, (("a",),))
+    book = JobBook(JobRecord(id="j-batch", cluster=cluster.fingerprint(), cluster_source=None,
+                             command=("x",), plan=plan, ranks=(RankRecord(rank=0, node="a", role=plan.ranks[0].role),)))
+    events: list = []
+    ctl = JobController(job_id="j-batch", plan=plan, links=[], inbox=Mailbox(), book=book,
+                        board=MetricsBoard(plan), emit=events.append, interrupt=Interrupt(), grace_s=1.0,
+                        heartbeat_timeout_s=0, detach=False, jobs_root="/unused")
+    return ctl, events
+
+
+def test_a_batch_is_one_write_one_event_and_feeds_the_last_lines(tmp_path, monkeypatch):
+    ctl, events = controller(tmp_path, monkeypatch)
+    make = log_frames(0, "out")
+    data = "".join(f"line {i}\n" for i in range(5000)).encode() + b"y" * (CHUNK + 10) + b"\nlast, no newline"
+    buf = bytearray(data)
+    frames = make(buf, 0, False, False) + make(buf, len(data) - len(buf), True, False)
+    assert len(frames) == 3            # the lines with a piece of the long line; its rest; the last line
+    for frame in frames:
+        ctl._logs("a", frame)
+    ctl.book.close()
+    text = ctl.book.log_path(0).read_text()
+    assert text == data.decode() + "\n"          # exactly the bytes; the unterminated end closed
+    assert [type(e) for e in events] == [LogLines] * 3
+    assert events[0].count() == 5000 + 1 and events[0].partial and events[0].lines[-1] == "y" * CHUNK
+    assert events[1].lines == ["y" * 10] and events[2].lines == ["last, no newline"]
+    assert not events[1].partial and not events[2].partial
+    # the root cause shows the last lines: a piece of a line is never one of them
+    assert list(ctl.tails[0]) == [f"line {i}" for i in range(4992, 5000)] + ["y" * 10, "last, no newline"]
+    assert len(ctl.tails[0]) == TAIL_LINES
