@@ -216,7 +216,8 @@ def launch(ctx: click.Context, cluster_file: Path | None, plan_file: Path | None
     request = LaunchRequest(
         cluster=load_cluster_arg(cluster_file), command=command, plan_file=plan_file,
         job=JobSpec(strategy=Strategy(strategy), global_batch=global_batch), env=env, env_file=env_file,
-        detach=detach, grace_s=grace_s, heartbeat_timeout_s=heartbeat_timeout_s)
+        detach=detach, grace_s=grace_s, heartbeat_timeout_s=heartbeat_timeout_s,
+        console_may_skip=sys.stdout.isatty() and not as_json)
     result = run_launch(request, make_sink(as_json=as_json, ranks=shown))
     ctx.exit(result.exit_code)
 

@@ -49,6 +49,9 @@ class LaunchRequest:
     grace_s: float = 10.0                  # SIGTERM -> SIGKILL on every rank when stopping
     heartbeat_timeout_s: float = 30.0      # a silent node is lost after this long (both directions)
     jobs_root: str = DEFAULT_JOBS_ROOT     # on the nodes
+    # A human terminal cannot read a flood anyway: past a backlog it is shown a count instead of the
+    # lines (all are in the rank files). Scripts, pipes and --json readers get every line.
+    console_may_skip: bool = False
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -157,7 +160,7 @@ def launch(request: LaunchRequest, on_event: Callable[[Event], None]) -> LaunchR
     environ = dict(os.environ)
     env = user_env(request, environ)
     job_id = jobs.new_job_id()
-    dispatcher = Dispatcher(on_event)
+    dispatcher = Dispatcher(on_event, may_skip=request.console_may_skip)
     try:
         plan = _plan(request, dispatcher.put, job_id)
         master_addr = master_address(plan, request.cluster)

@@ -217,8 +217,9 @@ class Dispatcher:
 
     MAX_BACKLOG = 100_000
 
-    def __init__(self, sink: Callable[[Event], None]) -> None:
+    def __init__(self, sink: Callable[[Event], None], *, may_skip: bool = True) -> None:
         self._sink = sink
+        self._may_skip = may_skip   # False: never skip (a pipe or --json reader wants every line)
         self._box: Mailbox[Event | None] = Mailbox()
         # Lines queued (by the producer only) and lines taken (by the console thread only): each
         # counter has one writer, so their difference is the backlog without a lock.
@@ -233,7 +234,7 @@ class Dispatcher:
 
     def put(self, event: Event) -> None:
         if isinstance(event, LogLines):
-            if self._queued - self._taken >= self.MAX_BACKLOG:
+            if self._may_skip and self._queued - self._taken >= self.MAX_BACKLOG:
                 self._skipped += event.count()
                 self._job_id = event.job_id
                 return

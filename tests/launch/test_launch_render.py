@@ -106,3 +106,26 @@ def test_a_console_that_cannot_keep_up_skips_lines_never_other_events():
     notice = next(e for e in seen if type(e).__name__ == "Notice")
     assert f"{100 - len(lines)} log lines not shown" in notice.message
     assert isinstance(seen[-1], JobEnded)
+
+
+def test_a_pipe_or_json_reader_gets_every_line_however_slow():
+    import threading
+
+    from hgcli.launch_events import Dispatcher
+
+    gate = threading.Event()
+    seen = []
+
+    def slow_sink(event):
+        gate.wait(30)
+        seen.append(event)
+
+    d = Dispatcher(slow_sink, may_skip=False)
+    d.MAX_BACKLOG = 10
+    for i in range(0, 100, 4):
+        d.put(LogLines("j", 0, "n", "worker", "out", "".join(f"line {j}\n" for j in range(i, i + 4))))
+    gate.set()
+    d.close(30)
+    lines = [line for e in seen if isinstance(e, LogLines) for line in e.lines]
+    assert lines == [f"line {j}" for j in range(100)]
+    assert not [e for e in seen if type(e).__name__ == "Notice"]
