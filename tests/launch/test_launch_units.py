@@ -61,7 +61,8 @@ def test_cuda_visible_devices_per_rank():
 def test_agent_spec_puts_the_package_first_and_each_rank_on_its_node():
     cluster = local_cluster(("a", "b"))
     plan = make_plan(cluster, [["a", "b", "a"]])
-    node = NodeLaunch(name="a", python="py", package_root="/pkg", job_dir="/j", plan_path="/j/plan.json")
+    node = NodeLaunch(name="a", python="py", package_root="/pkg", job_dir="/j", plan_path="/j/plan.json",
+                      checkpoint_dir="/j/ps-checkpoint")
     spec = agent_spec(plan=plan, job_id="j-1", node=node, command=("train",), user_env={"PYTHONPATH": "/u"},
                       master_addr="10.0.0.1", master_port=1234, jobs_root="/r", grace_s=1,
                       heartbeat_interval_s=1, heartbeat_timeout_s=4, detach=False)
@@ -123,7 +124,7 @@ def test_the_controller_side_of_launch_never_imports_torch():
             "from tests.launch.plans import local_cluster, make_plan\n"
             "from hgcli.launch_spec import NodeLaunch, agent_spec\n"
             "c = local_cluster(('a',)); p = make_plan(c, [['a']], ps=['a'])\n"
-            "n = NodeLaunch(name='a', python='py', package_root='/p', job_dir='/j', plan_path='/j/p')\n"
+            "n = NodeLaunch(name='a', python='py', package_root='/p', job_dir='/j', plan_path='/j/p', checkpoint_dir='/j/c')\n"
             "agent_spec(plan=p, job_id='j', node=n, command=('x',), user_env={}, master_addr='h',\n"
             "           master_port=1, jobs_root='/r', grace_s=1, heartbeat_interval_s=1,\n"
             "           heartbeat_timeout_s=4, detach=False)\n"
