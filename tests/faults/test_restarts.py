@@ -105,7 +105,8 @@ def test_status_and_stop_reach_the_restarted_attempt(hg, tmp_path):
     job_id = run.job_id
     status = cli(hg, "status", job_id, "--json")
     assert status.returncode == 0, status.stderr
-    assert '"running"' in status.stdout and len(json.loads(status.stdout)["record"]["restarts"]) == 1
+    data = json.loads(status.stdout)
+    assert len(data["restarts"]) == 1 and [n["state"] for n in data["live"]["nodes"]] == ["running"] * 2, data
     assert len(job_pids(attempt_job_id(job_id, 1))) == 2
     stop = cli(hg, "stop", job_id, "--json")
     assert stop.returncode == 0, stop.stderr
