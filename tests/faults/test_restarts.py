@@ -7,6 +7,7 @@ Each test ends with no process carrying the marker of any attempt's job id.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -18,6 +19,7 @@ import time
 import pytest
 
 from hgcli.jobs import attempt_job_id
+from hgcli.model import Cluster
 from tests.agent.harness import job_pids
 from tests.launch.hg import WAIT_S, cluster_toml
 from tests.launch.plans import local_cluster, make_plan, plan_file
@@ -30,7 +32,7 @@ FLAKY = ("import os, sys, time\n"
          "first = not os.environ['HGTRAIN_JOB_ID'].endswith(('-r1', '-r2', '-r3'))\n"
          "if os.environ['RANK'] == '1' and (first or os.environ.get('ALWAYS') == '1'):\n"
          "    time.sleep(0.5); print('rank 1 gives up', flush=True); sys.exit(3)\n"
-         "time.sleep(300)\n")
+         "time.sleep(float(os.environ.get('SLEEP', '300')))\n")
 
 
 def attempt_pids(job_id: str, attempts: int = 4) -> list[int]:
@@ -125,3 +127,26 @@ def test_ctrl_c_after_a_restart_stops_everything_with_130(hg, tmp_path):
     assert run.finish(timeout=WAIT_S) == 130, run.stderr
     assert sum(e["event"] == "job_restarted" for e in run.events()) == 1
     assert attempt_pids(run.job_id) == []
+
+
+@pytest.mark.sshd
+def test_restart_over_sshd_hosts_gets_fresh_agent_dirs_and_completes(hg, tmp_path, hosts):
+    cluster = Cluster(nodes=tuple(dataclasses.replace(n, python=PY) for n in hosts.nodes()[:2]),
+                      ssh=hosts.ssh_settings())
+    ctoml = cluster_toml(tmp_path / "cluster.toml", cluster, known_hosts=str(hosts.known_hosts))
+    plan = plan_file(tmp_path, make_plan(cluster, [[n.name for n in cluster.nodes]]))
+    code, out, err = hg.run("-c", str(ctoml), "--plan", str(plan), "--json", "--grace", "2", "--restarts", "1",
+                            "--env", "SLEEP=3", "--", PY, "-c", FLAKY, timeout=300)
+    assert code == 0, err
+    events = [json.loads(line) for line in out.splitlines()]
+    job_id = events[-1]["job_id"]
+    second = cluster.nodes[1].name
+    assert hg.record(job_id)["restarts"] == [e["reason"] for e in events if e["event"] == "job_restarted"]
+    assert len(hg.record(job_id)["restarts"]) == 1 and f"{second}:1" in hg.record(job_id)["restarts"][0]
+    for host, node in zip(hosts.hosts[:2], cluster.nodes):   # each attempt has its own agent directory
+        for attempt in (0, 1):
+            assert (host.home / ".cache/hgtrain/jobs" / attempt_job_id(job_id, attempt) / node.name
+                    / "agent.json").is_file()
+    stop = cli(hg, "stop", job_id, "--json")                   # after the end: reaches attempt 1, nothing left
+    assert stop.returncode == 0, stop.stderr
+    assert attempt_pids(job_id) == []
