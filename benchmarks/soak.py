@@ -5,7 +5,7 @@ transport, real agents and ranks): group 0 = two devices of speed 1.0 on node a,
 speed 0.25 on node b, one PS rank on node a. Every `--interval` seconds (default 60) for `--minutes`
 (default 10) one worker rank, chosen at random among the running attempt's workers, gets SIGKILL;
 hgtrain restarts the whole job and the PS resumes from its last complete checkpoint. At the end the
-launcher gets SIGINT (the job is endless) and every process carrying the job's marker is counted.
+launcher gets SIGINT once the last restart runs (the job is endless) and every process carrying the job's marker is counted.
 
 Figures:
 - restarts survived: restarts after which every rank of the new attempt started again;
@@ -35,7 +35,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hgcli.jobs import attempt_job_id
 from hgcli.model import Cluster, NodeSpec, Plan
+from hgcli.node.procs import MARKER_JOB, has_marker, proc_stat
 from hgcli.plan_io import write_plan
 from hgcli.runtime.localplan import emulated_plan
 
@@ -57,25 +59,12 @@ def cluster_file(path: Path) -> Cluster:
     return cluster
 
 
-def marked_pids(job_id: str) -> list[int]:
+def marked_pids(job_id: str, attempts: int) -> list[int]:
     """Live processes of any attempt of the job (HGTRAIN_JOB_ID=<id> or <id>-r<N>)."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            env = Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
-            stat = Path(f"/proc/{name}/stat").read_text()
-        except OSError:
-            continue
-        if stat[stat.rfind(")") + 2] in "ZX":
-            continue
-        for item in env:
-            if item.startswith(b"HGTRAIN_JOB_ID="):
-                value = item.split(b"=", 1)[1].decode("utf-8", "replace")
-                if value == job_id or re.fullmatch(re.escape(job_id) + r"-r\d+", value):
-                    found.append(int(name))
-    return found
+    markers = [{MARKER_JOB: attempt_job_id(job_id, n)} for n in range(attempts)]
+    pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    return [pid for pid in pids if any(has_marker(pid, m) for m in markers)
+            and (stat := proc_stat(pid)) is not None and not stat.is_zombie]
 
 
 class Events:
@@ -173,6 +162,12 @@ def main() -> int:
                 os.kill(workers[rank], signal.SIGKILL)
                 killed.append((time.monotonic() - start, rank))
                 next_kill += args.interval
+        # The last kill's restart counts too: give it time to run every rank again (bounded).
+        deadline = time.monotonic() + 180
+        while proc.poll() is None and time.monotonic() < deadline and not (
+                len(parts := attempts(events.snapshot())) == len(killed) + 1
+                and running_workers(parts[-1], plan.world_size)):
+            time.sleep(0.2)
         proc.send_signal(signal.SIGINT)
         try:
             code = proc.wait(timeout=120)
@@ -182,11 +177,11 @@ def main() -> int:
         events.thread.join(10)
         got = events.snapshot()
         job_id = next(e["job_id"] for e in got if e["event"] == "job_started")
-        deadline = time.monotonic() + 30
-        while marked_pids(job_id) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        leaked = marked_pids(job_id)
         parts = attempts(got)
+        deadline = time.monotonic() + 30
+        while marked_pids(job_id, len(parts)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        leaked = marked_pids(job_id, len(parts))
         survived = sum(1 for part in parts[1:] if len({e["rank"] for e in part if e["event"] == "rank_started"})
                        == plan.world_size)
         applied, lost, resumes = lost_samples(parts, per_push)
