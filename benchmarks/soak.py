@@ -105,7 +105,16 @@ def running_workers(part: list[dict[str, Any]], world: int) -> dict[int, int]:
     return {r: pid for r, (pid, role) in started.items() if role == "worker"}
 
 
-def lost_samples(parts: list[list[dict[str, Any]]], per_push: dict[int, int]) -> tuple[int, int, list[int]]:
+def resume_version(part: list[dict[str, Any]]) -> int | None:
+    """The version a restarted PS resumed from (0: no complete checkpoint), None before its line."""
+    for e in part:
+        if e["event"] == "log" and (m := RESUMED.search(e["line"])):
+            return int(m.group(1)) if m.group(1) else 0
+    return None
+
+
+def lost_samples(parts: list[list[dict[str, Any]]], per_push: dict[int, int]
+                 ) -> tuple[int, int, list[int | None]]:
     """(samples applied in all, samples lost, resume version of each restart)."""
     applied = lost = 0
     resumes = []
@@ -114,11 +123,10 @@ def lost_samples(parts: list[list[dict[str, Any]]], per_push: dict[int, int]) ->
                   if e["event"] == "metric" and e["data"].get("event") == "ps_push"]
         applied += sum(per_push[g] for _, g in pushes)
         if i + 1 < len(parts):
-            nxt = parts[i + 1]
-            line = next((m for m in (RESUMED.search(e["line"]) for e in nxt if e["event"] == "log") if m), None)
-            version = int(line.group(1)) if line and line.group(1) else 0
+            version = resume_version(parts[i + 1])
             resumes.append(version)
-            lost += sum(per_push[g] for v, g in pushes if v > version)
+            if version is not None:   # unknown (never seen): not counted, shown as null
+                lost += sum(per_push[g] for v, g in pushes if v > version)
     return applied, lost, resumes
 
 
@@ -166,7 +174,7 @@ def main() -> int:
         deadline = time.monotonic() + 180
         while proc.poll() is None and time.monotonic() < deadline and not (
                 len(parts := attempts(events.snapshot())) == len(killed) + 1
-                and running_workers(parts[-1], plan.world_size)):
+                and running_workers(parts[-1], plan.world_size) and resume_version(parts[-1]) is not None):
             time.sleep(0.2)
         proc.send_signal(signal.SIGINT)
         try:
