@@ -193,13 +193,19 @@ def plan(cluster_file: Path | None, strategy: str, global_batch: int | None, ps_
               help="Seconds between SIGTERM and SIGKILL when the job is stopped.")
 @click.option("--heartbeat-timeout", "heartbeat_timeout_s", type=click.FloatRange(min=1), default=30.0,
               show_default=True, help="A node silent this long is lost and the job fails.")
+@click.option("--restarts", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Restart the whole job this many times after a failing rank or a lost node.")
+@click.option("--checkpoint-every", type=click.IntRange(min=0), default=0, show_default=True,
+              help="PS ranks checkpoint every N updates (0: not on a count).")
+@click.option("--checkpoint-seconds", type=click.FloatRange(min=0), default=60.0, show_default=True,
+              help="PS ranks checkpoint every T seconds (0: not on a clock).")
 @json_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def launch(ctx: click.Context, cluster_file: Path | None, plan_file: Path | None, strategy: str,
            global_batch: int | None, env: tuple[str, ...], env_file: Path | None, ranks: str | None,
-           detach: bool, grace_s: float, heartbeat_timeout_s: float, as_json: bool,
-           command: tuple[str, ...]) -> None:
+           detach: bool, grace_s: float, heartbeat_timeout_s: float, restarts: int, checkpoint_every: int,
+           checkpoint_seconds: float, as_json: bool, command: tuple[str, ...]) -> None:
     """Start the plan's ranks on the nodes and stream their logs and metrics.
 
     \b
@@ -216,7 +222,8 @@ def launch(ctx: click.Context, cluster_file: Path | None, plan_file: Path | None
     request = LaunchRequest(
         cluster=load_cluster_arg(cluster_file), command=command, plan_file=plan_file,
         job=JobSpec(strategy=Strategy(strategy), global_batch=global_batch), env=env, env_file=env_file,
-        detach=detach, grace_s=grace_s, heartbeat_timeout_s=heartbeat_timeout_s,
+        detach=detach, grace_s=grace_s, heartbeat_timeout_s=heartbeat_timeout_s, restarts=restarts,
+        checkpoint_every=checkpoint_every, checkpoint_seconds=checkpoint_seconds,
         console_may_skip=sys.stdout.isatty() and not as_json)
     result = run_launch(request, make_sink(as_json=as_json, ranks=shown))
     ctx.exit(result.exit_code)

@@ -55,3 +55,14 @@ def list_jobs() -> list[JobRecord]:
         except (JobError, StateError):
             continue
     return records
+
+
+def attempt_job_id(job_id: str, attempt: int) -> str:
+    """The job id the node agents of one attempt run under: an agent refuses a job id already used
+    on its node, so each restart (``launch --restarts``) gets its own, ``<id>-r<attempt>``."""
+    return job_id if attempt == 0 else f"{job_id}-r{attempt}"
+
+
+def agent_job_id(record: JobRecord) -> str:
+    """The agents' job id of the record's latest attempt (what status/logs/stop ask the nodes for)."""
+    return attempt_job_id(record.id, len(record.restarts))

@@ -11,6 +11,7 @@ with its spec on stdin; then ``launch_loop.JobController`` until every agent has
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import threading
@@ -21,12 +22,12 @@ from typing import Callable, Iterator, Mapping
 
 from . import jobs
 from .errors import EXIT_JOB, ConfigError, HgError, UsageError
-from .launch_events import Dispatcher, Event, JobEnded, JobStarted, RootCause, Stage
+from .launch_events import Dispatcher, Event, JobEnded, JobRestarted, JobStarted, RootCause, Stage
 from .launch_loop import Interrupt, JobController, Outcome
 from .launch_metrics import MetricsBoard, predictions
 from .launch_record import JobBook
 from .mailbox import Mailbox
-from .launch_spec import NodeLaunch, agent_spec, forwarded_env, parse_assignment, read_env_file
+from .launch_spec import CheckpointPolicy, NodeLaunch, agent_spec, forwarded_env, parse_assignment, read_env_file
 from .model import Cluster, JobRecord, JobSpec, JobState, NodeSpec, Plan, RankRecord, to_json
 from .node import frames
 from .node.spec import DEFAULT_JOBS_ROOT
@@ -35,6 +36,9 @@ from .remote.transport import Transport, node_module_argv
 from .stream import AgentLink, Heartbeat, Inbound
 
 PRELAUNCH_TIMEOUT_S = 60.0
+# PS checkpoints by default once a minute: cheap next to a minute of training, and bounds the work a
+# restart redoes; a count (--checkpoint-every) suits runs whose pace is known.
+DEFAULT_CHECKPOINT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,9 @@ class LaunchRequest:
     grace_s: float = 10.0                  # SIGTERM -> SIGKILL on every rank when stopping
     heartbeat_timeout_s: float = 30.0      # a silent node is lost after this long (both directions)
     jobs_root: str = DEFAULT_JOBS_ROOT     # on the nodes
+    restarts: int = 0                      # restart the whole job after a rank failure / lost node
+    checkpoint_every: int = 0              # PS checkpoint every N versions (0: not on a count)
+    checkpoint_seconds: float = DEFAULT_CHECKPOINT_S   # and/or every T seconds (0: not on a clock)
     # A human terminal cannot read a flood anyway: past a backlog it is shown a count instead of the
     # lines (all are in the rank files). Scripts, pipes and --json readers get every line.
     console_may_skip: bool = False
@@ -60,6 +67,10 @@ class LaunchRequest:
             raise UsageError("--grace must be >= 0")
         if self.heartbeat_timeout_s < 1:
             raise UsageError("--heartbeat-timeout must be at least 1 second")
+        if self.restarts < 0 or self.checkpoint_every < 0 or self.checkpoint_seconds < 0:
+            raise UsageError("--restarts, --checkpoint-every and --checkpoint-seconds must be >= 0")
+        if self.restarts and self.detach:
+            raise UsageError("--restarts needs hgtrain to stay attached: it cannot be used with --detach")
 
     @property
     def heartbeat_interval_s(self) -> float:
@@ -138,7 +149,7 @@ def _prepare_node(node: NodeSpec, transport: Transport, plan_json: str, job_id: 
         why = error or (last[-1] if last else f"exit code {done.exit_code}")
         raise HgError(f"cannot prepare the job there: {why}")
     return (NodeLaunch(name=node.name, python=node.python, package_root=root, job_dir=ok["job_dir"],
-                       plan_path=ok["plan"]), ok.get("port"))
+                       plan_path=ok["plan"], checkpoint_dir=f"{ok['job_dir']}/ps-checkpoint"), ok.get("port"))
 
 
 @contextlib.contextmanager
@@ -175,44 +186,99 @@ def _run(request: LaunchRequest, plan: Plan, job_id: str, env: dict[str, str], m
          emit: Callable[[Event], None]) -> LaunchResult:
     record = JobRecord(id=job_id, cluster=request.cluster.fingerprint(), cluster_source=_source(request.cluster),
                        command=request.command, plan=plan, started_at=time.time(), detached=request.detach,
-                       ranks=tuple(RankRecord(rank=r.rank, node=r.node, role=r.role) for r in plan.ranks))
+                       ranks=_fresh_ranks(plan))
     book = JobBook(record)
     started = time.monotonic()
     board = MetricsBoard(plan)
-    node_names = list(dict.fromkeys(r.node for r in plan.ranks))
-    nodes = [request.cluster.node(n) for n in node_names]
+    nodes = [request.cluster.node(n) for n in dict.fromkeys(r.node for r in plan.ranks)]
     transports = {n.name: open_transport(n, request.cluster.ssh) for n in nodes}
     interrupt = Interrupt()
-    links: list[AgentLink] = []
+    attempt = _Attempt(request, plan, env, master_addr, emit, book, board, interrupt, transports)
     try:
         with _signals_to(interrupt):
-            plan_json = to_json(plan)
-            rank0_node = plan.rank(0).node
-            prepared = fanout(nodes, lambda n: _prepare_node(
-                n, transports[n.name], plan_json, job_id, request.jobs_root, n.name == rank0_node))
-            if prepared.failed or interrupt.count:
-                return _not_started(book, emit, prepared.failed, interrupt, started)
-            launches = {r.node.name: r.value[0] for r in prepared.results}
-            port = next(r.value[1] for r in prepared.results if r.node.name == rank0_node)
-            inbox: Mailbox[Inbound] = Mailbox()
-            links = [AgentLink(transports[n], inbox) for n in node_names]
-            specs = {n: agent_spec(plan=plan, job_id=job_id, node=launches[n], command=request.command,
-                                   user_env=env, master_addr=master_addr, master_port=port,
+            outcome = attempt.run(0)
+            for number in range(1, request.restarts + 1):
+                if not outcome.restartable or interrupt.count:
+                    break
+                reason = outcome.root_cause.sentence() if outcome.root_cause else "failed"
+                book.update(restarts=book.record.restarts + (reason,), state=JobState.STARTING,
+                            ranks=_fresh_ranks(plan))
+                emit(JobRestarted(job_id=job_id, attempt=number, reason=reason, resume=bool(plan.ps_shards)))
+                outcome = attempt.run(number)
+    finally:
+        for t in transports.values():
+            t.close()
+    return _finish(book, board, emit, outcome, started, request.detach)
+
+
+def _fresh_ranks(plan: Plan) -> tuple[RankRecord, ...]:
+    return tuple(RankRecord(rank=r.rank, node=r.node, role=r.role) for r in plan.ranks)
+
+
+@dataclass
+class _Attempt:
+    """One start of the whole job on every node (``launch --restarts`` makes several, one at a time).
+
+    Attempt N's agents run under ``jobs.attempt_job_id(job, N)`` (an agent refuses a job id already
+    used on its node), while the PS ranks of every attempt share the first attempt's checkpoint
+    directory on their node, so attempt N >= 1 resumes from the last complete checkpoint set."""
+
+    request: LaunchRequest
+    plan: Plan
+    env: dict[str, str]
+    master_addr: str
+    emit: Callable[[Event], None]
+    book: JobBook
+    board: MetricsBoard
+    interrupt: Interrupt
+    transports: dict[str, Transport]
+    checkpoint_dirs: dict[str, str] = field(default_factory=dict)
+
+    def run(self, number: int) -> Outcome:
+        request, plan, emit = self.request, self.plan, self.emit
+        job_id = self.book.record.id
+        agent_id = jobs.attempt_job_id(job_id, number)
+        node_names = list(self.transports)
+        nodes = [request.cluster.node(n) for n in node_names]
+        plan_json = to_json(plan)
+        rank0_node = plan.rank(0).node
+        prepared = fanout(nodes, lambda n: _prepare_node(
+            n, self.transports[n.name], plan_json, agent_id, request.jobs_root, n.name == rank0_node))
+        if prepared.failed or self.interrupt.count:
+            return _not_started(prepared.failed, self.interrupt)
+        if number and jobs.load(job_id).state is JobState.STOPPED:
+            return Outcome(JobState.STOPPED, EXIT_JOB, None)   # 'hgtrain stop' between two attempts
+        launches = {}
+        for r in prepared.results:
+            launch_ = r.value[0]
+            self.checkpoint_dirs.setdefault(launch_.name, launch_.checkpoint_dir)
+            launches[launch_.name] = dataclasses.replace(launch_, checkpoint_dir=self.checkpoint_dirs[launch_.name])
+        port = next(r.value[1] for r in prepared.results if r.node.name == rank0_node)
+        policy = CheckpointPolicy(every=request.checkpoint_every, seconds=request.checkpoint_seconds,
+                                  resume=number > 0)
+        inbox: Mailbox[Inbound] = Mailbox()
+        links = [AgentLink(self.transports[n], inbox) for n in node_names]
+        try:
+            specs = {n: agent_spec(plan=plan, job_id=agent_id, node=launches[n], command=request.command,
+                                   user_env=self.env, master_addr=self.master_addr, master_port=port,
                                    jobs_root=request.jobs_root, grace_s=request.grace_s,
                                    heartbeat_interval_s=request.heartbeat_interval_s,
-                                   heartbeat_timeout_s=request.heartbeat_timeout_s, detach=request.detach)
+                                   heartbeat_timeout_s=request.heartbeat_timeout_s, detach=request.detach,
+                                   checkpoint=policy)
                      for n in node_names}
             predicted, ideal = predictions(plan)
-            emit(JobStarted(job_id=job_id, strategy=plan.strategy.value, world_size=plan.world_size,
-                            nodes=tuple(node_names), command=request.command, job_dir=str(book.dir),
-                            master=f"{master_addr}:{port}", detached=request.detach,
-                            predicted_samples_per_s=predicted, ideal_samples_per_s=ideal))
+            if number == 0:
+                emit(JobStarted(job_id=job_id, strategy=plan.strategy.value, world_size=plan.world_size,
+                                nodes=tuple(node_names), command=request.command, job_dir=str(self.book.dir),
+                                master=f"{self.master_addr}:{port}", detached=request.detach,
+                                predicted_samples_per_s=predicted, ideal_samples_per_s=ideal))
             start_links = fanout(nodes, lambda n: links[node_names.index(n.name)].start(specs[n.name]))
             heartbeat = Heartbeat(links, request.heartbeat_interval_s).start()
-            controller = JobController(job_id=job_id, plan=plan, links=links, inbox=inbox, book=book,
-                                       board=board, emit=emit, interrupt=interrupt, grace_s=request.grace_s,
-                                       heartbeat_timeout_s=request.heartbeat_timeout_s, detach=request.detach,
-                                       jobs_root=request.jobs_root)
+            controller = JobController(job_id=job_id, plan=plan, links=links, inbox=inbox, book=self.book,
+                                       board=self.board, emit=emit, interrupt=self.interrupt,
+                                       grace_s=request.grace_s, heartbeat_timeout_s=request.heartbeat_timeout_s,
+                                       detach=request.detach, jobs_root=request.jobs_root,
+                                       agent_job_id=agent_id)
             for failed in start_links.failed:   # the agent could not even be started there
                 controller.fail_to_start(failed.node.name, failed.error or "unknown error")
             try:
@@ -220,13 +286,11 @@ def _run(request: LaunchRequest, plan: Plan, job_id: str, env: dict[str, str], m
             finally:
                 heartbeat.stop()
             if request.detach and outcome.state is not JobState.RUNNING:
-                _stop_detached(links, job_id, request.jobs_root)
-    finally:
-        for link in links:
-            link.close()
-        for t in transports.values():
-            t.close()
-    return _finish(book, board, emit, outcome, started, request.detach)
+                _stop_detached(links, agent_id, request.jobs_root)
+            return outcome
+        finally:
+            for link in links:
+                link.close()
 
 
 def _source(cluster: Cluster) -> str | None:
@@ -249,17 +313,14 @@ def _stop_detached(links: list[AgentLink], job_id: str, jobs_root: str) -> None:
            lambda n: stop(next(link for link in links if link.node == n.name)))
 
 
-def _not_started(book: JobBook, emit: Callable[[Event], None], failed, interrupt: Interrupt,
-                 started: float) -> LaunchResult:
+def _not_started(failed, interrupt: Interrupt) -> Outcome:
     if failed:
         first = failed[0]
         others = "".join(f"; {r.node.name}: {r.error}" for r in failed[1:])
         cause = RootCause(node=first.node.name, rank=None, exit_code=None, signal=None,
                           reason=f"{first.error}{others}", oom=None)
-        outcome = Outcome(JobState.FAILED, EXIT_JOB, cause)
-    else:
-        outcome = Outcome(JobState.STOPPED, interrupt.exit_code, None)
-    return _finish(book, MetricsBoard(book.record.plan), emit, outcome, started, detached=False)
+        return Outcome(JobState.FAILED, EXIT_JOB, cause)
+    return Outcome(JobState.STOPPED, interrupt.exit_code, None)
 
 
 def _finish(book: JobBook, board: MetricsBoard, emit: Callable[[Event], None], outcome: Outcome,

@@ -132,6 +132,16 @@ class Stopping:
 
 
 @dataclass(frozen=True)
+class JobRestarted:
+    """The job failed and is started again (``--restarts``): ``attempt`` 1 is the first restart."""
+
+    job_id: str
+    attempt: int
+    reason: str                    # the failed attempt's root cause, one line
+    resume: bool                   # PS ranks resume from their last complete checkpoint (else from scratch)
+
+
+@dataclass(frozen=True)
 class RootCause:
     node: str
     rank: int | None               # None: the node itself was lost
@@ -193,12 +203,12 @@ class JobEnded:
 
 
 Event = (Stage | JobStarted | RankStarted | LogLines | Metric | RankExited | Notice | Stopping | Progress
-         | JobEnded)
+         | JobRestarted | JobEnded)
 
 EVENT_NAMES: dict[type, str] = {
     Stage: "stage", JobStarted: "job_started", RankStarted: "rank_started", LogLines: "logs",
     Metric: "metric", RankExited: "rank_exited", Notice: "notice", Stopping: "stopping",
-    Progress: "progress", JobEnded: "job_ended",
+    Progress: "progress", JobRestarted: "job_restarted", JobEnded: "job_ended",
 }
 
 

@@ -79,14 +79,19 @@ class Outcome:
     exit_code: int
     root_cause: RootCause | None
     notes: list[str] = field(default_factory=list)
+    # A rank failed or a node was lost (not a stop asked for by Ctrl-C or 'hgtrain stop', nor a node
+    # that could not even start): what `launch --restarts` restarts the job for.
+    restartable: bool = False
 
 
 class JobController:
     def __init__(self, *, job_id: str, plan: Plan, links: list[AgentLink],
                  inbox: Mailbox[Inbound], book: JobBook, board: MetricsBoard,
                  emit: Callable[[Event], None], interrupt: Interrupt, grace_s: float,
-                 heartbeat_timeout_s: float, detach: bool, jobs_root: str) -> None:
+                 heartbeat_timeout_s: float, detach: bool, jobs_root: str,
+                 agent_job_id: str | None = None) -> None:
         self.job_id = job_id
+        self.agent_job_id = agent_job_id or job_id   # what the agents run under (a restart's own id)
         self.plan = plan
         self.nodes = {link.node: _Node(link) for link in links}
         self.inbox = inbox
@@ -111,6 +116,7 @@ class JobController:
         self.notes: list[str] = []
         self.metrics_seen = False
         self.progress_at = 0.0
+        self.stopped_outside = False   # a rank ended `stopped` before we asked: 'hgtrain stop' did it
 
     # -- the loop ----------------------------------------------------------------------------------
 
@@ -207,6 +213,8 @@ class JobController:
         self.book.update_rank(rank, state=_RANK_STATES.get(state, RankState.UNKNOWN), exit_code=frame.get("code"),
                               signal=frame.get("signal"))
         reason = str(frame.get("reason") or f"ended ({state})")
+        if state == "stopped" and self.stop_reason is None:
+            self.stopped_outside = True
         self.emit(RankExited(self.job_id, rank, node, self.role.get(rank, "?"), state, code,
                              frame.get("signal_name"), reason, frame.get("oom")))
         if state == "failed" and self.root_cause is None and self.stop_reason is None:
@@ -250,7 +258,7 @@ class JobController:
         """A lost agent may have left ranks running (an agent killed by SIGKILL cannot stop them):
         stop them over a fresh command, in the background; a cut link just makes this fail."""
         def reap() -> None:
-            self.reap_notes.append((link.node, link.reap(self.job_id, self.jobs_root, self.grace_s + REAP_EXTRA_S)))
+            self.reap_notes.append((link.node, link.reap(self.agent_job_id, self.jobs_root, self.grace_s + REAP_EXTRA_S)))
 
         thread = threading.Thread(target=reap, name=f"hgtrain-reap-{link.node}", daemon=True)
         thread.start()
@@ -310,7 +318,9 @@ class JobController:
         if cause is not None and cause.rank is not None:
             cause = RootCause(**{**cause.__dict__, "last_lines": tuple(self.tails[cause.rank])})
         if cause is not None:
-            return Outcome(JobState.FAILED, self.root_code or 1, cause, self.notes)
+            restartable = (not self.interrupt.count and not self.stopped_outside
+                           and (cause.rank is not None or self.root_code == EXIT_NODES_FAILED))
+            return Outcome(JobState.FAILED, self.root_code or 1, cause, self.notes, restartable)
         if self.interrupt.count:
             return Outcome(JobState.STOPPED, self.interrupt.exit_code, None, self.notes)
         if self.detach:

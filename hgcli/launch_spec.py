@@ -78,6 +78,17 @@ class NodeLaunch:
     package_root: str              # where ``import hgcli`` works on the node
     job_dir: str                   # the agent's job directory (absolute, on the node)
     plan_path: str                 # the plan file on the node (HGTRAIN_PLAN)
+    checkpoint_dir: str            # the PS checkpoints on the node: the first attempt's, kept by restarts
+
+
+@dataclass(frozen=True)
+class CheckpointPolicy:
+    """When PS ranks checkpoint (``--checkpoint-every`` versions, ``--checkpoint-seconds``; 0 = never
+    on that trigger) and whether they resume from the last complete set (a restart)."""
+
+    every: int = 0
+    seconds: float = 0.0
+    resume: bool = False
 
 
 def cuda_visible_devices(rank: RankPlan) -> str | None:
@@ -89,19 +100,21 @@ def cuda_visible_devices(rank: RankPlan) -> str | None:
     return rank.device[len("gpu"):]
 
 
-def rank_argv(plan: Plan, rank: RankPlan, command: Sequence[str], node: NodeLaunch) -> tuple[str, ...]:
+def rank_argv(plan: Plan, rank: RankPlan, command: Sequence[str], node: NodeLaunch,
+              checkpoint: CheckpointPolicy = CheckpointPolicy()) -> tuple[str, ...]:
     """The user's command for a worker; the runtime's parameter server for a PS rank."""
     if rank.role is Role.PS:
         from .runtime.env import ps_argv
 
-        return tuple(ps_argv(node.python, checkpoint_dir=f"{node.job_dir}/ps-checkpoint"))
+        return tuple(ps_argv(node.python, checkpoint_dir=node.checkpoint_dir, checkpoint_every=checkpoint.every,
+                             checkpoint_seconds=checkpoint.seconds, resume=checkpoint.resume))
     return tuple(command)
 
 
 def agent_spec(*, plan: Plan, job_id: str, node: NodeLaunch, command: Sequence[str],
                user_env: Mapping[str, str], master_addr: str, master_port: int, jobs_root: str,
                grace_s: float, heartbeat_interval_s: float, heartbeat_timeout_s: float,
-               detach: bool) -> AgentSpec:
+               detach: bool, checkpoint: CheckpointPolicy = CheckpointPolicy()) -> AgentSpec:
     """The spec of ``node``'s agent. ``user_env`` = forwarded allowlist + env file + ``--env``."""
     from .runtime.env import rank_env
 
@@ -116,7 +129,7 @@ def agent_spec(*, plan: Plan, job_id: str, node: NodeLaunch, command: Sequence[s
         devices = cuda_visible_devices(rp)
         if devices is not None:
             renv["CUDA_VISIBLE_DEVICES"] = devices
-        ranks.append(RankSpec(rank=rp.rank, argv=rank_argv(plan, rp, command, node), env=renv))
+        ranks.append(RankSpec(rank=rp.rank, argv=rank_argv(plan, rp, command, node, checkpoint), env=renv))
     return AgentSpec(job_id=job_id, node=node.name, ranks=tuple(ranks), env=env, jobs_root=jobs_root,
                      grace_s=grace_s, heartbeat_interval_s=heartbeat_interval_s,
                      heartbeat_timeout_s=heartbeat_timeout_s, detach=detach)

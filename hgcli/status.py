@@ -103,7 +103,7 @@ def _rank_of(first: Any) -> int | None:
 
 def _ask(where: JobNodes, record: JobRecord, node_name: str) -> NodeLive:
     node = where.cluster.node(node_name)
-    found = agent_control(where.cluster, node, record.id, "status", timeout=STATUS_TIMEOUT_S)
+    found = agent_control(where.cluster, node, jobs.agent_job_id(record), "status", timeout=STATUS_TIMEOUT_S)
     missing = error_message(found)
     if missing is not None:
         return NodeLive(node=node_name, state=ABSENT, reachable=True, error=missing)

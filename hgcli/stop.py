@@ -25,6 +25,7 @@ from .remote.fanout import fanout
 # The agent waits its grace period (10 s by default) + 15 s for its ranks, then kills leftovers with
 # another grace period: generous, still bounded.
 STOP_TIMEOUT_S = 120.0
+RESTART_CHASES = 3
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class StopResult:
 
 
 def _stop_node(job: JobRecord, cluster: Cluster, node: NodeSpec) -> NodeStop:
-    found = agent_control(cluster, node, job.id, "stop", timeout=STOP_TIMEOUT_S)
+    found = agent_control(cluster, node, jobs.agent_job_id(job), "stop", timeout=STOP_TIMEOUT_S)
     missing = error_message(found)
     if missing is not None:   # no job directory there: nothing of the job can run on that node
         return NodeStop(node=node.name, ok=True, state="absent", error=missing)
@@ -66,6 +67,14 @@ def stop_job(job_id: str) -> StopResult:
     record = jobs.load(job_id)
     where = job_nodes(record)
     results = fanout(where.nodes, lambda node: _stop_node(record, where.cluster, node))
+    # A launch under --restarts may have started its next attempt (new agents, a new agent job id)
+    # while we stopped the previous one: stop that one too, a bounded number of times.
+    for _ in range(RESTART_CHASES):
+        now = jobs.load(job_id)
+        if len(now.restarts) == len(record.restarts) or not now.state.is_running():
+            break
+        record = now
+        results = fanout(where.nodes, lambda node: _stop_node(record, where.cluster, node))
     by_node = {r.node.name: r.value or NodeStop(node=r.node.name, ok=False, error=r.error) for r in results.results}
     for name in where.missing:
         by_node[name] = NodeStop(node=name, ok=False, error="no longer declared in the cluster's node source")

@@ -22,8 +22,8 @@ from rich.table import Table
 from rich.text import Text
 
 from ..launch_events import (
-    BoardView, Event, JobEnded, JobStarted, LogLines, Metric, Notice, Progress, RankExited, RankStarted,
-    RootCause, Stage, Stopping, Summary, event_dict,
+    BoardView, Event, JobEnded, JobStarted, JobRestarted, LogLines, Metric, Notice, Progress, RankExited,
+    RankStarted, RootCause, Stage, Stopping, Summary, event_dict,
 )
 
 COLOURS = ("cyan", "green", "yellow", "magenta", "blue", "bright_red", "bright_cyan", "bright_green",
@@ -104,6 +104,10 @@ def status_line(event: Event) -> str | None:
         return f"{event.node}: {event.message}" if event.node else event.message
     if isinstance(event, Stopping):
         return f"stopping every rank: {event.reason}"
+    if isinstance(event, JobRestarted):
+        start = ("PS ranks resume from their last complete checkpoint" if event.resume
+                 else "no parameter server: training starts from scratch")
+        return f"restart {event.attempt} of job {event.job_id} after: {event.reason} ({start})"
     return None
 
 
@@ -168,7 +172,7 @@ class RichSink:
             return
         line = status_line(event)
         if line is not None:
-            style = "bold red" if isinstance(event, (RankExited, Stopping)) else "dim"
+            style = "bold red" if isinstance(event, (RankExited, Stopping, JobRestarted)) else "dim"
             self.console.print(Text(f"hgtrain: {line}", style=style), soft_wrap=True)
 
     def _lines(self, event: LogLines) -> None:   # type: ignore[override]

@@ -89,7 +89,10 @@ class ShardServer:
         self.ckpt_dir = checkpoint_dir
         self.ckpt_every = checkpoint_every
         self.ckpt_seconds = checkpoint_seconds
-        self.ckpt_last = time.monotonic()
+        # The clock of --checkpoint-seconds starts with training (the first seed), not with the process:
+        # startup and rendezvous are no work to lose, and a restarted job must not spend its first
+        # interval on them before its first checkpoint.
+        self.ckpt_last: float | None = None
         self.ckpt_scheduled: set[int] = set()
         self.writes: "queue.Queue[tuple[int, dict[str, Any]] | None]" = queue.Queue()
         self.writer = threading.Thread(target=self._write_loop, daemon=True)
@@ -109,6 +112,8 @@ class ShardServer:
              opt_spec: dict[str, Any]) -> int:
         with self.cv:
             self.last_seen[group] = time.monotonic()
+            if self.ckpt_last is None:
+                self.ckpt_last = time.monotonic()
             if self.params is None:
                 self.params = _split(flat, shapes)
                 self.opt_spec = opt_spec
@@ -127,6 +132,8 @@ class ShardServer:
         fut: Future = Future()
         with self.cv:
             self.last_seen[group] = time.monotonic()
+            if self.ckpt_last is None:
+                self.ckpt_last = time.monotonic()
             if self.params is None:
                 self.unseeded.append((group, fut))
             else:
@@ -246,7 +253,7 @@ class ShardServer:
             self.ckpt_scheduled.discard(v)
             self.ckpt_last = time.monotonic()
             self.writes.put((v, self._snapshot()))
-        if (self.shard == 0 and self.ckpt_seconds and not self.ckpt_scheduled
+        if (self.shard == 0 and self.ckpt_seconds and not self.ckpt_scheduled and self.ckpt_last is not None
                 and time.monotonic() - self.ckpt_last >= self.ckpt_seconds):
             # Shards may differ by up to one push per group; this version is ahead of all of them.
             target = v + len(self.clock) + 1

@@ -7,7 +7,7 @@ from hgcli.errors import ConfigError, UsageError
 from hgcli.launch import LaunchRequest, master_address, user_env
 from hgcli.launch_loop import rank_exit_code
 from hgcli.launch_metrics import MetricsBoard
-from hgcli.launch_spec import NodeLaunch, agent_spec, cuda_visible_devices, forwarded_env, read_env_file
+from hgcli.launch_spec import CheckpointPolicy, NodeLaunch, agent_spec, cuda_visible_devices, forwarded_env, read_env_file
 from hgcli.model import Cluster, NodeSpec, RankPlan, Role
 from hgcli.ranklist import parse_rank_list
 
@@ -42,6 +42,25 @@ def test_request_validation():
     with pytest.raises(UsageError, match="no command"):
         LaunchRequest(cluster=local_cluster(), command=())
     assert LaunchRequest(cluster=local_cluster(), command=("x",), heartbeat_timeout_s=8).heartbeat_interval_s == 2
+    with pytest.raises(UsageError, match="--detach"):
+        LaunchRequest(cluster=local_cluster(), command=("x",), restarts=1, detach=True)
+    with pytest.raises(UsageError, match=">= 0"):
+        LaunchRequest(cluster=local_cluster(), command=("x",), checkpoint_every=-1)
+
+
+def test_ps_ranks_get_the_checkpoint_policy_and_resume_only_when_told():
+    cluster = local_cluster(("a",))
+    plan = make_plan(cluster, [["a"]], ps=["a"])
+    node = NodeLaunch(name="a", python="py", package_root="/pkg", job_dir="/j-r1/a", plan_path="/j-r1/a/plan.json",
+                      checkpoint_dir="/j/a/ps-checkpoint")
+    common = dict(plan=plan, job_id="j-r1", node=node, command=("train",), user_env={}, master_addr="h",
+                  master_port=1, jobs_root="/r", grace_s=1, heartbeat_interval_s=1, heartbeat_timeout_s=4,
+                  detach=False)
+    ps = agent_spec(**common, checkpoint=CheckpointPolicy(every=5, seconds=30.0, resume=True)).ranks[1].argv
+    assert ps[1:] == ("-m", "hgcli.runtime.ps", "--checkpoint-dir", "/j/a/ps-checkpoint", "--checkpoint-every",
+                      "5", "--checkpoint-seconds", "30.0", "--resume")
+    assert agent_spec(**common).ranks[1].argv[-2:] == ("--checkpoint-dir", "/j/a/ps-checkpoint")
+    assert agent_spec(**common).ranks[0].argv == ("train",)
 
 
 def test_parse_rank_list():
@@ -61,7 +80,8 @@ def test_cuda_visible_devices_per_rank():
 def test_agent_spec_puts_the_package_first_and_each_rank_on_its_node():
     cluster = local_cluster(("a", "b"))
     plan = make_plan(cluster, [["a", "b", "a"]])
-    node = NodeLaunch(name="a", python="py", package_root="/pkg", job_dir="/j", plan_path="/j/plan.json")
+    node = NodeLaunch(name="a", python="py", package_root="/pkg", job_dir="/j", plan_path="/j/plan.json",
+                      checkpoint_dir="/j/ps-checkpoint")
     spec = agent_spec(plan=plan, job_id="j-1", node=node, command=("train",), user_env={"PYTHONPATH": "/u"},
                       master_addr="10.0.0.1", master_port=1234, jobs_root="/r", grace_s=1,
                       heartbeat_interval_s=1, heartbeat_timeout_s=4, detach=False)
@@ -121,9 +141,9 @@ def test_the_controller_side_of_launch_never_imports_torch():
             "from hgcli.cli import cli\n"
             "import hgcli.launch, hgcli.render.launch\n"
             "from tests.launch.plans import local_cluster, make_plan\n"
-            "from hgcli.launch_spec import NodeLaunch, agent_spec\n"
+            "from hgcli.launch_spec import CheckpointPolicy, NodeLaunch, agent_spec\n"
             "c = local_cluster(('a',)); p = make_plan(c, [['a']], ps=['a'])\n"
-            "n = NodeLaunch(name='a', python='py', package_root='/p', job_dir='/j', plan_path='/j/p')\n"
+            "n = NodeLaunch(name='a', python='py', package_root='/p', job_dir='/j', plan_path='/j/p', checkpoint_dir='/j/c')\n"
             "agent_spec(plan=p, job_id='j', node=n, command=('x',), user_env={}, master_addr='h',\n"
             "           master_port=1, jobs_root='/r', grace_s=1, heartbeat_interval_s=1,\n"
             "           heartbeat_timeout_s=4, detach=False)\n"
