@@ -131,6 +131,7 @@ time.sleep(600)
 
 
 def _restartable_job(tmp_path, hg, address, ns):
+    require_sshd()
     hosts = start_hosts(tmp_path / "hosts", 2, first=63, namespaced={1: (ns, address)})
     nodes = tuple(dataclasses.replace(n, python=PY) for n in hosts.nodes())
     cluster = Cluster(nodes=nodes, ssh=hosts.ssh_settings(connect_timeout=5.0))
@@ -141,19 +142,22 @@ def _restartable_job(tmp_path, hg, address, ns):
     return hosts, run
 
 
+def _cut_once_running(run, cut) -> None:
+    run.wait_all_started(2)
+    run.wait_event(lambda ev: {e["rank"] for e in ev if e["event"] == "log"} == {0, 1})
+    cut()
+
+
 def _no_process_of_any_attempt(job_id: str) -> None:
     wait_until(lambda: job_pids(job_id) + job_pids(attempt_job_id(job_id, 1)) == [], timeout=60,
                what="every rank of both attempts on both hosts to be gone")
 
 
 def test_cut_link_under_restarts_restarts_the_job_once_the_link_is_back(tmp_path, hg, cut_link):
-    require_sshd()
     ns, address, cut, mend = cut_link
     hosts, run = _restartable_job(tmp_path, hg, address, ns)
     try:
-        run.wait_all_started(2)
-        run.wait_event(lambda ev: {e["rank"] for e in ev if e["event"] == "log"} == {0, 1})
-        cut()
+        _cut_once_running(run, cut)
         run.wait_event(lambda ev: any(e["event"] == "stopping" for e in ev))
         mend()   # within the heartbeat timeout the restart waits for the lost node
         assert run.finish(timeout=180) == 0, run.stderr
@@ -171,13 +175,10 @@ def test_cut_link_under_restarts_restarts_the_job_once_the_link_is_back(tmp_path
 
 
 def test_cut_link_still_down_at_restart_fails_naming_the_node(tmp_path, hg, cut_link):
-    require_sshd()
     ns, address, cut, _ = cut_link
     hosts, run = _restartable_job(tmp_path, hg, address, ns)
     try:
-        run.wait_all_started(2)
-        run.wait_event(lambda ev: {e["rank"] for e in ev if e["event"] == "log"} == {0, 1})
-        cut()
+        _cut_once_running(run, cut)
         cut_at = time.monotonic()
         assert run.finish(timeout=180) == 6, run.stderr   # the restart could not start there
         failed_after = time.monotonic() - cut_at
