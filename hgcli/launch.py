@@ -299,7 +299,6 @@ class _Attempt:
             for link in links:
                 link.close()
 
-
     def _prepare(self, nodes: list[NodeSpec], agent_id: str,
                  number: int) -> tuple[dict[str, _Prepared], list[NodeResult[_Prepared]]]:
         """Every node's prelaunch (on a restart also listing the PS checkpoints of the nodes with PS
