@@ -5,6 +5,8 @@ File ``shard{i}-v{version:010d}.pt`` holds shard i's parameters and optimizer st
 and the directory fsynced, so a kill at any moment leaves either the old set of files or the new one.
 Every shard passes through the same version numbers (each push goes to every shard), so a *complete*
 checkpoint is a version for which every shard's file exists; resume loads the newest complete one.
+Shards on different nodes each write into their own node's directory: there the launcher combines
+every node's ``versions_by_shard`` (``complete_versions_of``) and names the version to load.
 """
 from __future__ import annotations
 
