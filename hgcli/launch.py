@@ -28,10 +28,10 @@ from .launch_metrics import MetricsBoard, predictions
 from .launch_record import JobBook
 from .mailbox import Mailbox
 from .launch_spec import CheckpointPolicy, NodeLaunch, agent_spec, forwarded_env, parse_assignment, read_env_file
-from .model import Cluster, JobRecord, JobSpec, JobState, NodeSpec, Plan, RankRecord, to_json
+from .model import Cluster, JobRecord, JobSpec, JobState, NodeSpec, Plan, RankRecord, Role, to_json
 from .node import frames
 from .node.spec import DEFAULT_JOBS_ROOT
-from .remote.fanout import fanout, open_transport
+from .remote.fanout import NodeResult, fanout, open_transport
 from .remote.transport import Transport, node_module_argv
 from .stream import AgentLink, Heartbeat, Inbound
 
@@ -39,6 +39,7 @@ PRELAUNCH_TIMEOUT_S = 60.0
 # PS checkpoints by default once a minute: cheap next to a minute of training, and bounds the work a
 # restart redoes; a count (--checkpoint-every) suits runs whose pace is known.
 DEFAULT_CHECKPOINT_S = 60.0
+RETRY_S = 2.0   # between two tries to prepare a node that failed on a restart
 
 
 @dataclass(frozen=True)
@@ -134,11 +135,20 @@ def _plan(request: LaunchRequest, emit: Callable[[Event], None], job_id: str) ->
     return plan
 
 
+@dataclass(frozen=True)
+class _Prepared:
+    launch: NodeLaunch
+    port: int | None
+    checkpoints: dict[str, list[int]] | None   # shard -> versions on the node (asked for on restarts)
+
+
 def _prepare_node(node: NodeSpec, transport: Transport, plan_json: str, job_id: str, jobs_root: str,
-                  want_port: bool) -> tuple[NodeLaunch, int | None]:
-    """Ship the package and run prelaunch: the plan file on the node, and a free port there."""
+                  want_port: bool, checkpoints: str | None) -> _Prepared:
+    """Ship the package and run prelaunch: the plan file on the node, a free port there, and the
+    PS checkpoint versions in ``checkpoints`` (a directory on the node)."""
     root = transport.package_root()
     args = ["--job", job_id, "--node", node.name, "--jobs-root", jobs_root] + (["--port"] if want_port else [])
+    args += ["--checkpoints", checkpoints] if checkpoints else []
     argv, env = node_module_argv(transport, "prelaunch", *args)
     done = transport.run(argv, stdin=plan_json.encode(), env=env, timeout=PRELAUNCH_TIMEOUT_S)
     found = [f for f in map(frames.decode, done.stdout.split("\n")) if f is not None]
@@ -148,8 +158,9 @@ def _prepare_node(node: NodeSpec, transport: Transport, plan_json: str, job_id: 
         last = [line for line in done.stderr.split("\n") if line.strip()]
         why = error or (last[-1] if last else f"exit code {done.exit_code}")
         raise HgError(f"cannot prepare the job there: {why}")
-    return (NodeLaunch(name=node.name, python=node.python, package_root=root, job_dir=ok["job_dir"],
-                       plan_path=ok["plan"], checkpoint_dir=f"{ok['job_dir']}/ps-checkpoint"), ok.get("port"))
+    return _Prepared(NodeLaunch(name=node.name, python=node.python, package_root=root, job_dir=ok["job_dir"],
+                                plan_path=ok["plan"], checkpoint_dir=f"{ok['job_dir']}/ps-checkpoint"),
+                     ok.get("port"), ok.get("checkpoints"))
 
 
 @contextlib.contextmanager
@@ -240,22 +251,18 @@ class _Attempt:
         agent_id = jobs.attempt_job_id(job_id, number)
         node_names = list(self.transports)
         nodes = [request.cluster.node(n) for n in node_names]
-        plan_json = to_json(plan)
-        rank0_node = plan.rank(0).node
-        prepared = fanout(nodes, lambda n: _prepare_node(
-            n, self.transports[n.name], plan_json, agent_id, request.jobs_root, n.name == rank0_node))
-        if prepared.failed or self.interrupt.count:
-            return _not_started(prepared.failed, self.interrupt)
+        prepared, failed = self._prepare(nodes, agent_id, number)
+        if failed or self.interrupt.count:
+            return _not_started(failed, self.interrupt, number)
         if number and jobs.load(job_id).state is JobState.STOPPED:
             return Outcome(JobState.STOPPED, EXIT_JOB, None)   # 'hgtrain stop' between two attempts
         launches = {}
-        for r in prepared.results:
-            launch_ = r.value[0]
-            self.checkpoint_dirs.setdefault(launch_.name, launch_.checkpoint_dir)
-            launches[launch_.name] = dataclasses.replace(launch_, checkpoint_dir=self.checkpoint_dirs[launch_.name])
-        port = next(r.value[1] for r in prepared.results if r.node.name == rank0_node)
+        for name, ready in prepared.items():
+            self.checkpoint_dirs.setdefault(name, ready.launch.checkpoint_dir)
+            launches[name] = dataclasses.replace(ready.launch, checkpoint_dir=self.checkpoint_dirs[name])
+        port = prepared[plan.rank(0).node].port
         policy = CheckpointPolicy(every=request.checkpoint_every, seconds=request.checkpoint_seconds,
-                                  resume=number > 0)
+                                  resume=number > 0, resume_version=_resume_version(plan, prepared))
         inbox: Mailbox[Inbound] = Mailbox()
         links = [AgentLink(self.transports[n], inbox) for n in node_names]
         try:
@@ -292,6 +299,40 @@ class _Attempt:
             for link in links:
                 link.close()
 
+    def _prepare(self, nodes: list[NodeSpec], agent_id: str,
+                 number: int) -> tuple[dict[str, _Prepared], list[NodeResult[_Prepared]]]:
+        """Every node's prelaunch (on a restart also listing the PS checkpoints of the nodes with PS
+        ranks). On a restart a node that fails (typically the node lost by the previous attempt, not
+        reachable yet) is tried again every ``RETRY_S`` for up to one heartbeat timeout, so a short
+        network outage costs one restart, not the job; after that the restart fails naming it."""
+        plan, request = self.plan, self.request
+        plan_json = to_json(plan)
+        ps_nodes = {r.node for r in plan.ranks if r.role is Role.PS}
+        deadline = time.monotonic() + (request.heartbeat_timeout_s if number else 0.0)
+        done: dict[str, _Prepared] = {}
+        todo = nodes
+        while True:
+            results = fanout(todo, lambda n: _prepare_node(
+                n, self.transports[n.name], plan_json, agent_id, request.jobs_root, n.name == plan.rank(0).node,
+                self.checkpoint_dirs.get(n.name) if number and n.name in ps_nodes else None))
+            done.update((r.node.name, r.value) for r in results.succeeded if r.value is not None)
+            failed = list(results.failed)
+            if not failed or self.interrupt.count or time.monotonic() + RETRY_S > deadline:
+                return done, failed
+            todo = [r.node for r in failed]
+            time.sleep(RETRY_S)
+
+
+def _resume_version(plan: Plan, prepared: Mapping[str, _Prepared]) -> int | None:
+    """The newest PS checkpoint version that every shard has, over the files of every node."""
+    listings = [p.checkpoints for p in prepared.values() if p.checkpoints]
+    if not plan.ps_shards or not listings:
+        return None
+    from .runtime.checkpoint import complete_versions_of   # imports no torch
+
+    versions = complete_versions_of(listings, len(plan.ps_shards))
+    return versions[0] if versions else None
+
 
 def _source(cluster: Cluster) -> str | None:
     """The node source as `status`/`stop` must read it again from any directory: a file made absolute."""
@@ -313,12 +354,13 @@ def _stop_detached(links: list[AgentLink], job_id: str, jobs_root: str) -> None:
            lambda n: stop(next(link for link in links if link.node == n.name)))
 
 
-def _not_started(failed, interrupt: Interrupt) -> Outcome:
+def _not_started(failed, interrupt: Interrupt, number: int) -> Outcome:
     if failed:
         first = failed[0]
         others = "".join(f"; {r.node.name}: {r.error}" for r in failed[1:])
+        when = f"cannot restart the job (restart {number}) there: " if number else ""
         cause = RootCause(node=first.node.name, rank=None, exit_code=None, signal=None,
-                          reason=f"{first.error}{others}", oom=None)
+                          reason=f"{when}{first.error}{others}", oom=None)
         return Outcome(JobState.FAILED, EXIT_JOB, cause)
     return Outcome(JobState.STOPPED, interrupt.exit_code, None)
 

@@ -89,6 +89,9 @@ class CheckpointPolicy:
     every: int = 0
     seconds: float = 0.0
     resume: bool = False
+    # The newest version every shard has a file of, over every node (the launcher lists them through
+    # prelaunch); None: each PS looks in its own directory (which suffices when all are on one node).
+    resume_version: int | None = None
 
 
 def cuda_visible_devices(rank: RankPlan) -> str | None:
@@ -107,7 +110,8 @@ def rank_argv(plan: Plan, rank: RankPlan, command: Sequence[str], node: NodeLaun
         from .runtime.env import ps_argv
 
         return tuple(ps_argv(node.python, checkpoint_dir=node.checkpoint_dir, checkpoint_every=checkpoint.every,
-                             checkpoint_seconds=checkpoint.seconds, resume=checkpoint.resume))
+                             checkpoint_seconds=checkpoint.seconds, resume=checkpoint.resume,
+                             resume_version=checkpoint.resume_version))
     return tuple(command)
 
 

@@ -9,7 +9,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Callable
 
 from .errors import StateError
 
@@ -54,23 +54,38 @@ def write_private(path: Path, text: str) -> None:
         raise StateError(f"cannot write {path}: {exc.strerror or exc}") from exc
 
 
-def atomic_write(path: Path, text: str, *, mode: int) -> None:
-    """Replace ``path`` with ``text`` (temp file in the same directory, fsync, rename), so a reader
-    never sees half a file; raises OSError for the caller to word (state vs user file)."""
+def atomic_write(path: Path, content: str | Callable[[BinaryIO], None], *, mode: int) -> None:
+    """Replace ``path`` with ``content`` (text, or a function writing bytes to the file): a temp file in
+    the same directory, fsync, rename, fsync of the directory; a reader never sees half a file and a
+    crash at any moment leaves the old file or the new one. Raises OSError for the caller to word
+    (state vs user file). Also used on nodes (PS checkpoints): imports nothing beyond the stdlib."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, mode)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            if isinstance(content, str):
+                fh.write(content.encode("utf-8"))
+            else:
+                content(fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except OSError:
+    except BaseException:   # also a KeyboardInterrupt: never leave the temp file behind
         try:
             os.unlink(tmp)
         except OSError:
             pass
         raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Makes the rename itself durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_json(path: Path, data: Any) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -36,6 +37,12 @@ class LocalProcess:
                     stream.close()
             except OSError:
                 pass
+        # The process (an agent) may still be finishing: reap it when it exits. Without this it
+        # stayed a zombie child of the controller until some later Popen happened to collect it
+        # (subprocess reaps dropped children only then): a stray child after the last job.
+        if self._popen.poll() is None:
+            threading.Thread(target=self._popen.wait, name=f"hgtrain-reap-{self._popen.pid}",
+                             daemon=True).start()
 
 
 class LocalTransport:

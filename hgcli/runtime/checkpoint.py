@@ -5,17 +5,18 @@ File ``shard{i}-v{version:010d}.pt`` holds shard i's parameters and optimizer st
 and the directory fsynced, so a kill at any moment leaves either the old set of files or the new one.
 Every shard passes through the same version numbers (each push goes to every shard), so a *complete*
 checkpoint is a version for which every shard's file exists; resume loads the newest complete one.
+Shards on different nodes each write into their own node's directory: there the launcher combines
+every node's ``versions_by_shard`` (``complete_versions_of``) and names the version to load.
 """
 from __future__ import annotations
 
 import os
 import re
-import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Iterable, Mapping
 
-import torch
+from ..state import atomic_write
 
 FORMAT = "hgtrain-ps-shard/1"
 KEEP = 3                                   # own files kept per shard; older ones are removed
@@ -29,43 +30,53 @@ def shard_path(directory: Path, shard: int, version: int) -> Path:
 
 
 def save(directory: Path, shard: int, version: int, state: dict[str, Any]) -> Path:
+    import torch   # lazily: the launcher lists checkpoints (``versions_by_shard``) without torch
+
+    def write(fh: BinaryIO) -> None:
+        torch.save({"format": FORMAT, "shard": shard, "version": version, **state}, fh)
+        pause = float(os.environ.get(PAUSE_ENV) or 0)
+        if pause:
+            fh.flush()
+            time.sleep(pause)
+
     directory.mkdir(parents=True, exist_ok=True)
     final = shard_path(directory, shard, version)
-    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            torch.save({"format": FORMAT, "shard": shard, "version": version, **state}, fh)
-            fh.flush()
-            pause = float(os.environ.get(PAUSE_ENV) or 0)
-            if pause:
-                time.sleep(pause)
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_dir(directory)
+    atomic_write(final, write, mode=0o600)
     _prune(directory, shard)
     return final
 
 
-def complete_versions(directory: Path, n_shards: int) -> list[int]:
-    """Versions for which every shard 0..n_shards-1 has a file, newest first."""
-    seen: dict[int, set[int]] = {}
-    if not directory.is_dir():
-        return []
-    for entry in directory.iterdir():
-        m = _NAME.match(entry.name)
-        if m:
-            seen.setdefault(int(m.group(2)), set()).add(int(m.group(1)))
+def versions_by_shard(directory: Path) -> dict[int, list[int]]:
+    """The versions each shard has a (complete, renamed) file of in ``directory``, oldest first."""
+    seen: dict[int, list[int]] = {}
+    if directory.is_dir():
+        for entry in directory.iterdir():
+            m = _NAME.match(entry.name)
+            if m:
+                seen.setdefault(int(m.group(1)), []).append(int(m.group(2)))
+    return {shard: sorted(versions) for shard, versions in seen.items()}
+
+
+def complete_versions_of(listings: Iterable[Mapping[int, Iterable[int]]], n_shards: int) -> list[int]:
+    """Versions that every shard 0..n_shards-1 has, newest first, from the listings of several
+    directories (one per node when the shards sit on different nodes)."""
+    shards_of: dict[int, set[int]] = {}
+    for listing in listings:
+        for shard, versions in listing.items():
+            for version in versions:
+                shards_of.setdefault(int(version), set()).add(int(shard))
     wanted = set(range(n_shards))
-    return sorted((v for v, shards in seen.items() if shards >= wanted), reverse=True)
+    return sorted((v for v, shards in shards_of.items() if shards >= wanted), reverse=True)
+
+
+def complete_versions(directory: Path, n_shards: int) -> list[int]:
+    """Versions for which every shard 0..n_shards-1 has a file in ``directory``, newest first."""
+    return complete_versions_of([versions_by_shard(directory)], n_shards)
 
 
 def load(directory: Path, shard: int, version: int) -> dict[str, Any]:
+    import torch
+
     path = shard_path(directory, shard, version)
     data = torch.load(path, map_location="cpu", weights_only=True)
     if data.get("format") != FORMAT or data.get("shard") != shard or data.get("version") != version:
@@ -84,11 +95,3 @@ def _prune(directory: Path, shard: int) -> None:
     mine = sorted(p for p in directory.glob(f"shard{shard}-v*.pt") if _NAME.match(p.name))
     for old in mine[:-KEEP]:
         old.unlink(missing_ok=True)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

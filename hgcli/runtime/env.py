@@ -82,7 +82,7 @@ def rank_env(plan: model.Plan, rank: int, *, master_addr: str, master_port: int,
 
 def ps_argv(python: str = sys.executable, *, checkpoint_dir: str | None = None,
             checkpoint_every: int | None = None, checkpoint_seconds: float | None = None,
-            resume: bool = False, trace: str | None = None) -> list[str]:
+            resume: bool = False, resume_version: int | None = None, trace: str | None = None) -> list[str]:
     """The command a launcher runs on a PS rank (same environment as a worker rank)."""
     argv = [python, "-m", PS_MODULE]
     if checkpoint_dir:
@@ -91,7 +91,9 @@ def ps_argv(python: str = sys.executable, *, checkpoint_dir: str | None = None,
         argv += ["--checkpoint-every", str(checkpoint_every)]
     if checkpoint_seconds:
         argv += ["--checkpoint-seconds", repr(checkpoint_seconds)]
-    if resume:
+    if resume_version is not None:
+        argv += ["--resume-version", str(resume_version)]
+    elif resume:
         argv.append("--resume")
     if trace:
         argv += ["--trace", trace]

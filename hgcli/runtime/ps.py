@@ -278,20 +278,30 @@ class ShardServer:
             with self.cv:
                 self._trace("checkpoint", version=version, path=str(path))
 
-    def resume(self) -> int | None:
-        """Load the newest complete checkpoint set, if there is one; returns its version."""
+    def resume(self, version: int | None = None) -> int | None:
+        """Load a complete checkpoint set; returns its version, or None when there is none.
+
+        ``version``: the one the launcher chose from every node's files (shards on several nodes
+        each keep their own files, so no single directory shows a complete set); without it, the
+        newest complete set in this shard's own directory (all shards on one node, ``localrun``)."""
         assert self.ckpt_dir is not None
         checkpoint.remove_temp_files(self.ckpt_dir, self.shard)
-        versions = checkpoint.complete_versions(self.ckpt_dir, len(self.ps_ranks))
-        if not versions:
-            self._trace("resume", version=None)
-            return None
-        data = checkpoint.load(self.ckpt_dir, self.shard, versions[0])
+        if version is None:
+            versions = checkpoint.complete_versions(self.ckpt_dir, len(self.ps_ranks))
+            if not versions:
+                self._trace("resume", version=None)
+                return None
+            version = versions[0]
+        try:
+            data = checkpoint.load(self.ckpt_dir, self.shard, version)
+        except (OSError, ValueError) as exc:
+            raise TrainingError(f"PS shard {self.shard}: cannot load checkpoint version {version} "
+                                f"from {self.ckpt_dir}: {exc}") from exc
         self.params = [p.clone() for p in data["params"]]
         self.opt_spec = data["opt_spec"]
         self.opt = _make_optimizer(self.params, self.opt_spec)
         self.opt.load_state_dict(data["optimizer"])
-        self.version = versions[0]
+        self.version = version
         self.base = {g: self.version for g in self.base}
         self._trace("resume", version=self.version)
         return self.version
@@ -382,6 +392,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="seconds between checkpoints")
     parser.add_argument("--resume", action="store_true",
                         help="continue from the newest complete checkpoint in --checkpoint-dir")
+    parser.add_argument("--resume-version", type=int, metavar="V",
+                        help="continue from exactly checkpoint version V (the launcher's choice from "
+                             "every node's files; implies --resume)")
     parser.add_argument("--trace", type=Path, help="append one JSON line per push/release/checkpoint")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -390,7 +403,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan = env.plan
         if plan is None or env.rank not in plan.ps_shards:
             raise TrainingError(f"rank {env.rank} is not a PS rank of the plan (HGTRAIN_PLAN)")
-        if args.resume and args.checkpoint_dir is None:
+        resume = args.resume or args.resume_version is not None
+        if resume and args.checkpoint_dir is None:
             raise TrainingError("--resume needs --checkpoint-dir")
         shard = plan.ps_shards.index(env.rank)
         metrics = MetricsSink(env.metrics_fd, {"rank": env.rank, "role": "ps"})
@@ -400,8 +414,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             timeout_s=env.timeout_s, metrics=metrics,
             checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
             checkpoint_seconds=args.checkpoint_seconds, trace=args.trace)
-        if args.resume:
-            version = server.resume()
+        if resume:
+            version = server.resume(args.resume_version)
             print(f"PS shard {shard}: " + (f"resumed from checkpoint version {version}"
                   if version is not None else "no complete checkpoint, starting fresh"), flush=True)
         init_distributed(env, plan)

@@ -4,8 +4,8 @@ threads and child processes can be counted before and after; half the jobs are s
 a rank, as `hgtrain stop` ends it on a node) rather than left to finish.
 
 The issue asks for 200 cycles; they take several minutes on the shared 2-core machine, so the test
-runs ``CYCLES`` (30: about a minute here); ``HGTRAIN_FAULT_CYCLES=200`` runs the full count (about
-7 minutes measured here).
+runs ``CYCLES`` (30: about a minute here); ``HGTRAIN_FAULT_CYCLES=200`` runs the full count (3 to 7
+minutes here, depending on the load; figures in docs/reliability.md).
 """
 from __future__ import annotations
 
@@ -18,8 +18,10 @@ import pytest
 
 from hgcli.launch import LaunchRequest, launch
 from hgcli.launch_events import RankStarted
+from hgcli.remote.local import LocalTransport
 from tests.agent.harness import job_pids
 from tests.launch.hg import cluster_toml
+from tests.agent.harness import wait_until
 from tests.launch.plans import local_cluster, make_plan, plan_file
 from tests.sshhosts import _descendants
 
@@ -81,3 +83,17 @@ def test_launch_stop_cycles_leak_no_processes_descriptors_or_sockets(tmp_path, n
     assert after == before or all(after[k] <= before[k] for k in before), (before, after)
     assert [j for j in job_ids if job_pids(j)] == []     # no rank of any job is left on the node
     print(f"{CYCLES} cycles in {elapsed:.1f} s; before {before}, after {after}")
+
+
+def test_a_local_agent_that_exits_after_its_connection_was_dropped_is_reaped():
+    """The race behind a stray child after many cycles under load: the controller drops an agent's
+    connection (stdin EOF) while the agent is still finishing, and nothing waited for it once it
+    exited, so it stayed a zombie child of the controller."""
+    cluster = local_cluster(("a",))
+    slow_exit = "import sys, time; sys.stdin.read(); time.sleep(1.0)"
+    proc = LocalTransport(cluster.nodes[0]).start([PY, "-c", slow_exit])
+    pid = proc.pid
+    proc.close()
+    del proc    # as launch() drops its links: no reference left to wait with
+    wait_until(lambda: pid not in _descendants(os.getpid()), timeout=60,
+               what=f"the exited process {pid} to be reaped, not left a zombie")

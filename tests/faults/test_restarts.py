@@ -150,3 +150,74 @@ def test_restart_over_sshd_hosts_gets_fresh_agent_dirs_and_completes(hg, tmp_pat
     stop = cli(hg, "stop", job_id, "--json")                   # after the end: reaches attempt 1, nothing left
     assert stop.returncode == 0, stop.stderr
     assert attempt_pids(job_id) == []
+
+
+def _wait_for_checkpoints(run, dirs_and_shards) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not all(list(d.glob(f"shard{s}-v*.pt")) for d, s in dirs_and_shards):
+        assert time.monotonic() < deadline and run.proc.poll() is None, (run.stderr, run.lines[-5:])
+        time.sleep(0.1)
+
+
+def test_agent_killed_under_restarts_restarts_the_job_and_the_ps_resumes(hg, tmp_path):
+    """Node b (a worker and the PS) loses its agent: the node is lost, what the agent left is stopped
+    over a fresh command, and the job starts again with the PS resuming from its checkpoint."""
+    ctoml, plan = two_nodes(tmp_path, ps=True)
+    run = hg.start("-c", ctoml, "--plan", plan, "--json", "--grace", "3", "--heartbeat-timeout", "10",
+                   "--restarts", "1", "--checkpoint-every", "5", "--", PY, "-m", "hgcli.examples.train",
+                   "--epochs", "1", "--max-steps", "200")
+    run.wait_all_started(3)
+    _wait_for_checkpoints(run, [(hg.node_dir(run.job_id, "b") / "ps-checkpoint", 0)])
+    agent = json.loads((hg.node_dir(run.job_id, "b") / "agent.json").read_text())["agent"]["pid"]
+    os.kill(agent, signal.SIGKILL)
+    assert run.finish(timeout=300) == 0, run.stderr
+    events = run.events()
+    restarted = [e for e in events if e["event"] == "job_restarted"]
+    assert len(restarted) == 1 and restarted[0]["resume"] is True, restarted
+    assert "node b" in restarted[0]["reason"] and "lost" in restarted[0]["reason"], restarted
+    assert hg.record(run.job_id)["restarts"] == [restarted[0]["reason"]]
+    notes = [e for e in events if e["event"] == "notice"]
+    assert any(e["node"] == "b" and "stopped what its agent left" in e["message"] for e in notes), notes
+    resumed = re.findall(r"resumed from checkpoint version (\d+)", (hg.job_dir(run.job_id) / "rank2.log").read_text())
+    assert resumed and int(resumed[0]) >= 5 and int(resumed[0]) % 5 == 0, resumed
+    assert attempt_pids(run.job_id) == []
+
+
+def _push_versions(job_dir, rank: int) -> list[int]:
+    lines = (job_dir / "metrics.jsonl").read_text().splitlines()
+    return [m["version"] for m in map(json.loads, lines) if m["rank"] == rank and m.get("event") == "ps_push"]
+
+
+@pytest.mark.sshd
+def test_ps_shards_on_two_sshd_hosts_resume_the_newest_version_both_have(hg, tmp_path, hosts):
+    """Shard 0 on one host, shard 1 on another, each writing its own files: the restart resumes both
+    from the same version, the newest that both hosts have, and training continues from it."""
+    cluster = Cluster(nodes=tuple(dataclasses.replace(n, python=PY) for n in hosts.nodes()[:2]),
+                      ssh=hosts.ssh_settings())
+    first, second = (n.name for n in cluster.nodes)
+    ctoml = cluster_toml(tmp_path / "cluster.toml", cluster, known_hosts=str(hosts.known_hosts))
+    plan = plan_file(tmp_path, make_plan(cluster, [[first], [second]], ps=[first, second], batch=32))
+    run = hg.start("-c", str(ctoml), "--plan", str(plan), "--json", "--grace", "3", "--restarts", "1",
+                   "--checkpoint-every", "5", "--", PY, "-m", "hgcli.examples.train", "--epochs", "1",
+                   "--max-steps", "150")
+    pids = run.wait_all_started(4)
+    ckpt = [hg.node_dir(run.job_id, node.name, home=host.home) / "ps-checkpoint"
+            for host, node in zip(hosts.hosts[:2], cluster.nodes)]
+    _wait_for_checkpoints(run, [(ckpt[0], 0), (ckpt[1], 1)])
+    assert not list(ckpt[0].glob("shard1-*")) and not list(ckpt[1].glob("shard0-*"))   # apart
+    os.kill(pids[1], signal.SIGKILL)   # the worker of the second group
+    assert run.finish(timeout=300) == 0, run.stderr
+    assert len([e for e in run.events() if e["event"] == "job_restarted"]) == 1
+    job_dir = hg.job_dir(run.job_id)
+    resumed = [re.findall(r"resumed from checkpoint version (\d+)", (job_dir / f"rank{r}.log").read_text())
+               for r in (2, 3)]
+    assert resumed[0] and resumed[0] == resumed[1], resumed   # both shards, the same version
+    version = int(resumed[0][0])
+    assert version >= 5 and version % 5 == 0, version
+    for rank in (2, 3):
+        # attempt 0 went past the checkpoint; attempt 1's first push builds on the resumed version
+        # (a fresh start would push version 1)
+        pushes = _push_versions(job_dir, rank)
+        restart = next(i for i in range(1, len(pushes)) if pushes[i] <= pushes[i - 1])
+        assert pushes[restart - 1] >= version and pushes[restart] == version + 1, (rank, version, pushes)
+    assert attempt_pids(run.job_id) == []
