@@ -132,4 +132,5 @@ def agent_spec(*, plan: Plan, job_id: str, node: NodeLaunch, command: Sequence[s
         ranks.append(RankSpec(rank=rp.rank, argv=rank_argv(plan, rp, command, node, checkpoint), env=renv))
     return AgentSpec(job_id=job_id, node=node.name, ranks=tuple(ranks), env=env, jobs_root=jobs_root,
                      grace_s=grace_s, heartbeat_interval_s=heartbeat_interval_s,
-                     heartbeat_timeout_s=heartbeat_timeout_s, detach=detach)
+                     heartbeat_timeout_s=heartbeat_timeout_s, detach=detach,
+                     raw_logs=True)   # AgentLink reads raw log payloads (frames.read_stream)

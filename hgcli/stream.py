@@ -56,15 +56,13 @@ class AgentLink:
 
     def _read_frames(self) -> None:
         assert self._proc is not None
-        decode, monotonic, put, node = frames.decode, time.monotonic, self._inbox.put, self.node
+        monotonic, put, node = time.monotonic, self._inbox.put, self.node
         try:
-            for raw in self._proc.stdout:
+            for frame in frames.read_stream(self._proc.stdout):
                 if self._stop.is_set():
                     break
-                frame = decode(raw.decode("utf-8", "replace"))
-                if frame is not None:
-                    self.last_heard = monotonic()
-                    put(Inbound(node, frame))
+                self.last_heard = monotonic()
+                put(Inbound(node, frame))
         except (OSError, ValueError, EOFError):
             pass   # the connection was dropped under us: that is the EOF below
         self._inbox.put(Inbound(self.node, None))

@@ -115,7 +115,7 @@ class Supervisor:
             for stream in STREAMS:
                 cap = rank.captures[stream]
                 self.followers.append(Follower(
-                    cap.path, 0, log_frames(rank.rank, stream), self.writer.send, cap.done.is_set,
+                    cap.path, 0, log_frames(rank.rank, stream, self.spec.raw_logs), self.writer.send, cap.done.is_set,
                     wake=cap.wake).start(f"rank{rank.rank}-{stream}"))
             cap = rank.captures["metrics"]
             self.followers.append(Follower(
