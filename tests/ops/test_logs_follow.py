@@ -44,9 +44,10 @@ def parent(pid: int) -> int:
 class Follow:
     """``hgtrain logs JOB -f`` as a user runs it; its lines are collected as they come."""
 
-    def __init__(self, job: str) -> None:
+    def __init__(self, job: str, *, env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "hgcli", "logs", job, "-f"], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                                     stderr=subprocess.PIPE, text=True, cwd=cwd,
+                                     env=env or {**os.environ, "PYTHONPATH": str(ROOT)})
         self.lines: list[str] = []
         self._queue: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
