@@ -33,7 +33,7 @@ from .node import frames
 from .node.spec import DEFAULT_JOBS_ROOT
 from .remote.fanout import fanout, open_transport
 from .remote.transport import Transport, node_module_argv
-from .stream import AgentLink, Heartbeat, Inbound
+from .stream import AgentLink, Heartbeat, Inbound, without_site
 
 PRELAUNCH_TIMEOUT_S = 60.0
 # PS checkpoints by default once a minute: cheap next to a minute of training, and bounds the work a
@@ -140,7 +140,7 @@ def _prepare_node(node: NodeSpec, transport: Transport, plan_json: str, job_id: 
     root = transport.package_root()
     args = ["--job", job_id, "--node", node.name, "--jobs-root", jobs_root] + (["--port"] if want_port else [])
     argv, env = node_module_argv(transport, "prelaunch", *args)
-    done = transport.run(argv, stdin=plan_json.encode(), env=env, timeout=PRELAUNCH_TIMEOUT_S)
+    done = transport.run(without_site(argv), stdin=plan_json.encode(), env=env, timeout=PRELAUNCH_TIMEOUT_S)
     found = [f for f in map(frames.decode, done.stdout.split("\n")) if f is not None]
     ok = next((f for f in found if f.get("type") == "prelaunch"), None)
     if done.exit_code != 0 or ok is None:

@@ -20,6 +20,14 @@ from .mailbox import Mailbox
 from .remote.transport import RemoteProcess, Transport, node_module_argv
 
 
+def without_site(argv: list[str]) -> list[str]:
+    """``python -S -m hgcli.node...``: a launch's node programs need only the standard library and the
+    shipped package (``PYTHONPATH``), and the site module (site-packages, ``.pth`` files of editable
+    installs and the like) was most of their start-up: 0.05-0.15 s per program, twice per node per
+    launch. The ranks are started with their own command line and do get ``site``."""
+    return [argv[0], "-S", *argv[1:]]
+
+
 class Inbound(NamedTuple):
     """A frame from ``node``'s agent; ``frame is None`` means its connection ended (EOF).
     A tuple, not a dataclass: one is made per frame, and a chatty agent sends many."""
@@ -46,7 +54,7 @@ class AgentLink:
 
     def start(self, spec: AgentSpec) -> None:
         argv, env = node_module_argv(self.transport, "agent")
-        self._proc = self.transport.start(argv, env=env)
+        self._proc = self.transport.start(without_site(argv), env=env)
         self.last_heard = time.monotonic()
         for target, name in ((self._read_frames, "frames"), (self._read_stderr, "stderr")):
             t = threading.Thread(target=target, name=f"hgtrain-{self.node}-{name}", daemon=True)
