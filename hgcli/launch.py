@@ -29,13 +29,11 @@ from .launch_record import JobBook
 from .mailbox import Mailbox
 from .launch_spec import CheckpointPolicy, NodeLaunch, agent_spec, forwarded_env, parse_assignment, read_env_file
 from .model import Cluster, JobRecord, JobSpec, JobState, NodeSpec, Plan, RankRecord, to_json
-from .node import frames
 from .node.spec import DEFAULT_JOBS_ROOT
 from .remote.fanout import fanout, open_transport
 from .remote.transport import Transport, node_module_argv
-from .stream import AgentLink, Heartbeat, Inbound, without_site
+from .stream import AgentLink, Heartbeat, Inbound
 
-PRELAUNCH_TIMEOUT_S = 60.0
 # PS checkpoints by default once a minute: cheap next to a minute of training, and bounds the work a
 # restart redoes; a count (--checkpoint-every) suits runs whose pace is known.
 DEFAULT_CHECKPOINT_S = 60.0
@@ -134,22 +132,16 @@ def _plan(request: LaunchRequest, emit: Callable[[Event], None], job_id: str) ->
     return plan
 
 
-def _prepare_node(node: NodeSpec, transport: Transport, plan_json: str, job_id: str, jobs_root: str,
+def _prepare_node(node: NodeSpec, link: AgentLink, plan_json: str, job_id: str, jobs_root: str,
                   want_port: bool) -> tuple[NodeLaunch, int | None]:
-    """Ship the package and run prelaunch: the plan file on the node, and a free port there."""
-    root = transport.package_root()
-    args = ["--job", job_id, "--node", node.name, "--jobs-root", jobs_root] + (["--port"] if want_port else [])
-    argv, env = node_module_argv(transport, "prelaunch", *args)
-    done = transport.run(without_site(argv), stdin=plan_json.encode(), env=env, timeout=PRELAUNCH_TIMEOUT_S)
-    found = [f for f in map(frames.decode, done.stdout.split("\n")) if f is not None]
-    ok = next((f for f in found if f.get("type") == "prelaunch"), None)
-    if done.exit_code != 0 or ok is None:
-        error = next((f.get("message") for f in found if f.get("type") == "error"), None)
-        last = [line for line in done.stderr.split("\n") if line.strip()]
-        why = error or (last[-1] if last else f"exit code {done.exit_code}")
-        raise HgError(f"cannot prepare the job there: {why}")
-    return (NodeLaunch(name=node.name, python=node.python, package_root=root, job_dir=ok["job_dir"],
-                       plan_path=ok["plan"], checkpoint_dir=f"{ok['job_dir']}/ps-checkpoint"), ok.get("port"))
+    """Start the node's agent (shipping the package if needed) and let it write the plan file and
+    find a free port there (``node/prelaunch.py``); its spec follows once every node is prepared."""
+    link.start()
+    ok = link.prepare({"job_id": job_id, "node": node.name, "jobs_root": jobs_root, "plan": plan_json,
+                       "port": want_port})
+    return (NodeLaunch(name=node.name, python=node.python, package_root=link.transport.package_root(),
+                       job_dir=ok["job_dir"], plan_path=ok["plan"],
+                       checkpoint_dir=f"{ok['job_dir']}/ps-checkpoint"), ok.get("port"))
 
 
 @contextlib.contextmanager
@@ -242,23 +234,24 @@ class _Attempt:
         nodes = [request.cluster.node(n) for n in node_names]
         plan_json = to_json(plan)
         rank0_node = plan.rank(0).node
-        prepared = fanout(nodes, lambda n: _prepare_node(
-            n, self.transports[n.name], plan_json, agent_id, request.jobs_root, n.name == rank0_node))
-        if prepared.failed or self.interrupt.count:
-            return _not_started(prepared.failed, self.interrupt)
-        if number and jobs.load(job_id).state is JobState.STOPPED:
-            return Outcome(JobState.STOPPED, EXIT_JOB, None)   # 'hgtrain stop' between two attempts
-        launches = {}
-        for r in prepared.results:
-            launch_ = r.value[0]
-            self.checkpoint_dirs.setdefault(launch_.name, launch_.checkpoint_dir)
-            launches[launch_.name] = dataclasses.replace(launch_, checkpoint_dir=self.checkpoint_dirs[launch_.name])
-        port = next(r.value[1] for r in prepared.results if r.node.name == rank0_node)
-        policy = CheckpointPolicy(every=request.checkpoint_every, seconds=request.checkpoint_seconds,
-                                  resume=number > 0)
         inbox: Mailbox[Inbound] = Mailbox()
         links = [AgentLink(self.transports[n], inbox) for n in node_names]
         try:
+            prepared = fanout(nodes, lambda n: _prepare_node(
+                n, links[node_names.index(n.name)], plan_json, agent_id, request.jobs_root, n.name == rank0_node))
+            if prepared.failed or self.interrupt.count:
+                return _not_started(prepared.failed, self.interrupt)
+            if number and jobs.load(job_id).state is JobState.STOPPED:
+                return Outcome(JobState.STOPPED, EXIT_JOB, None)   # 'hgtrain stop' between two attempts
+            launches = {}
+            for r in prepared.results:
+                launch_ = r.value[0]
+                self.checkpoint_dirs.setdefault(launch_.name, launch_.checkpoint_dir)
+                launches[launch_.name] = dataclasses.replace(launch_,
+                                                             checkpoint_dir=self.checkpoint_dirs[launch_.name])
+            port = next(r.value[1] for r in prepared.results if r.node.name == rank0_node)
+            policy = CheckpointPolicy(every=request.checkpoint_every, seconds=request.checkpoint_seconds,
+                                      resume=number > 0)
             specs = {n: agent_spec(plan=plan, job_id=agent_id, node=launches[n], command=request.command,
                                    user_env=self.env, master_addr=self.master_addr, master_port=port,
                                    jobs_root=request.jobs_root, grace_s=request.grace_s,
@@ -272,7 +265,7 @@ class _Attempt:
                                 nodes=tuple(node_names), command=request.command, job_dir=str(self.book.dir),
                                 master=f"{self.master_addr}:{port}", detached=request.detach,
                                 predicted_samples_per_s=predicted, ideal_samples_per_s=ideal))
-            start_links = fanout(nodes, lambda n: links[node_names.index(n.name)].start(specs[n.name]))
+            start_links = fanout(nodes, lambda n: links[node_names.index(n.name)].send_spec(specs[n.name]))
             heartbeat = Heartbeat(links, request.heartbeat_interval_s).start()
             controller = JobController(job_id=job_id, plan=plan, links=links, inbox=inbox, book=self.book,
                                        board=self.board, emit=emit, interrupt=self.interrupt,

@@ -40,6 +40,7 @@ class AgentLink:
     """Start ``python -m hgcli.node.agent`` on a node and talk to it."""
 
     STDERR_LINES = 20   # the agent's own stderr (a traceback, "python3: not found") kept for errors
+    PREPARE_TIMEOUT_S = 60.0
 
     def __init__(self, transport: Transport, inbox: Mailbox[Inbound]) -> None:
         self.transport = transport
@@ -51,8 +52,11 @@ class AgentLink:
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=self.STDERR_LINES)
         self.last_heard = time.monotonic()
         self._threads: list[threading.Thread] = []
+        self._answered = threading.Event()   # the answer to prepare() (or the end of the stream) came
+        self._answer: dict[str, Any] | None = None
 
-    def start(self, spec: AgentSpec) -> None:
+    def start(self) -> None:
+        """Start the agent; it waits (bounded) for ``prepare`` and then its spec on stdin."""
         argv, env = node_module_argv(self.transport, "agent")
         self._proc = self.transport.start(without_site(argv), env=env)
         self.last_heard = time.monotonic()
@@ -60,7 +64,27 @@ class AgentLink:
             t = threading.Thread(target=target, name=f"hgtrain-{self.node}-{name}", daemon=True)
             t.start()
             self._threads.append(t)
-        self.send({"type": "spec", **to_dict(spec)})
+
+    def prepare(self, request: dict[str, Any]) -> dict[str, Any]:
+        """The agent's first exchange: the plan file on the node, and a free port there (node/prelaunch.py).
+        HgError with the node's reason when it cannot."""
+        self.send({"type": "prepare", **request})   # a dead agent shows as the end of its stream
+        if not self._answered.wait(self.PREPARE_TIMEOUT_S):
+            raise HgError(f"cannot prepare the job there: its agent did not answer within "
+                          f"{self.PREPARE_TIMEOUT_S:g} s")
+        answer = self._answer
+        if answer is not None and answer.get("type") == "prepared":
+            return answer
+        if answer is not None:
+            why = str(answer.get("message"))
+        else:
+            self._threads[-1].join(2.0)   # the agent ended: its stderr says why ("python3: not found")
+            why = self.stderr_tail[-1] if self.stderr_tail else "its agent ended without a word"
+        raise HgError(f"cannot prepare the job there: {why}")
+
+    def send_spec(self, spec: AgentSpec) -> None:
+        if not self.send({"type": "spec", **to_dict(spec)}):
+            raise HgError("the connection to its agent closed before the job spec was sent")
 
     def _read_frames(self) -> None:
         assert self._proc is not None
@@ -70,9 +94,14 @@ class AgentLink:
                 if self._stop.is_set():
                     break
                 self.last_heard = monotonic()
+                if not self._answered.is_set() and frame.get("type") in ("prepared", "error"):
+                    self._answer = frame   # prepare()'s answer, not the job's
+                    self._answered.set()
+                    continue
                 put(Inbound(node, frame))
         except (OSError, ValueError, EOFError):
             pass   # the connection was dropped under us: that is the EOF below
+        self._answered.set()
         self._inbox.put(Inbound(self.node, None))
 
     def _read_stderr(self) -> None:

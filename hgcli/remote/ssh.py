@@ -453,8 +453,13 @@ class SshTransport:
 
     def start(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> SshProcess:
         if self._runs_unverified_package(env):
-            # A long-running command cannot be rerun transparently: make sure of the package first.
-            self._ship()
+            # A long-running command cannot be rerun transparently: make sure of the package first,
+            # with the guard's sh test (one round trip, no Python start-up); ship only if it is gone.
+            check = self._run(["sh", "-c", ship.GUARD_SCRIPT, "sh", str(self._package_root), "true"], None, None,
+                              ship.SHIP_TIMEOUT_S)
+            if ship.says_missing(check):
+                self._ship()
+            self._package_verified = True
             env = {**(env or {}), "PYTHONPATH": str(self._package_root)}
         return SshProcess(self._channel(argv, env, None))
 
