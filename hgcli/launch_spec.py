@@ -71,7 +71,7 @@ def forwarded_env(environ: Mapping[str, str]) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class NodeLaunch:
-    """What the controller learned of one node before its agent starts (``hgcli.node.prelaunch``)."""
+    """What the controller learned of one node before its agent gets its spec (``hgcli.node.prelaunch``)."""
 
     name: str
     python: str
