@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import io
 import json
 import os
 import threading
@@ -63,12 +64,16 @@ class Capture:
         self._thread.start()
 
     def _run(self) -> None:
+        # One buffer for every read: os.read would allocate PIPE_READ bytes per call (an mmap at
+        # this size) however little the pipe holds.
+        pipe = io.FileIO(self._fd, "rb", closefd=False)
+        view = memoryview(bytearray(PIPE_READ))
         try:
             while True:
-                data = os.read(self._fd, PIPE_READ)
-                if not data:
+                n = pipe.readinto(view)
+                if not n:
                     break
-                self._append(data)
+                self._append(view[:n])
                 self.wake.set()
         finally:
             os.close(self._fd)
@@ -76,8 +81,7 @@ class Capture:
             self.done.set()
             self.wake.set()
 
-    def _append(self, data: bytes) -> None:
-        view = memoryview(data)
+    def _append(self, view: memoryview) -> None:
         while view:
             try:
                 view = view[os.write(self._out, view):]
