@@ -12,18 +12,44 @@ TCP connect (refused / no answer), SSH banner and handshake, host key, authentic
 from __future__ import annotations
 
 import getpass
+import importlib
+import importlib.util
 import io
 import os
 import re
 import select
 import shlex
 import socket
+import sys
 import threading
 import time
+import types
 from pathlib import Path
 from typing import Mapping, Sequence
 
-import paramiko
+
+class _Deferred(types.ModuleType):
+    """Stands for a module in ``sys.modules`` until one of its attributes is used, then imports it.
+    (importlib's LazyLoader does not defer here: Python 3.11's import statement reads the module's
+    ``__spec__`` and so loads a lazy module at once.)"""
+
+    def __getattr__(self, name: str) -> object:
+        if sys.modules.get(self.__name__) is self:
+            del sys.modules[self.__name__]
+        return getattr(importlib.import_module(self.__name__), name)
+
+
+def _defer_invoke() -> None:
+    """paramiko.config imports ``invoke`` (a task runner that pulls in asyncio, yaml, unittest.mock...)
+    at import time for one thing only: the ssh-config keyword ``Match exec``. That was half of
+    paramiko's import and a tenth of every ``hgtrain launch``'s start-up; deferred, ``Match exec``
+    still works as before (it imports invoke when it runs)."""
+    if "invoke" not in sys.modules and importlib.util.find_spec("invoke") is not None:
+        sys.modules["invoke"] = _Deferred("invoke")
+
+
+_defer_invoke()
+import paramiko  # noqa: E402  (after _defer_invoke)
 
 from ..errors import RemoteError
 from ..model import HostKeyPolicy, NodeSpec, SshSettings

@@ -9,7 +9,8 @@ from rich.console import Console
 from hgcli.launch_events import (
     BoardView, GroupView, JobEnded, JobStarted, LogLines, Metric, Progress, RankExited, RootCause, Summary,
 )
-from hgcli.render.launch import JsonSink, PlainSink, RichSink
+from hgcli.render.launch import JsonSink, PlainSink
+from hgcli.render.launch_live import RichSink
 
 CAUSE = RootCause(node="gpu-b", rank=3, exit_code=137, signal="SIGKILL",
                   reason="killed by SIGKILL: out of memory (the OOM killer)", oom=True,
