@@ -21,10 +21,10 @@ from .remote.transport import RemoteProcess, Transport, node_module_argv
 
 
 def without_site(argv: list[str]) -> list[str]:
-    """``python -S -m hgcli.node...``: a launch's node programs need only the standard library and the
-    shipped package (``PYTHONPATH``), and the site module (site-packages, ``.pth`` files of editable
-    installs and the like) was most of their start-up: 0.05-0.15 s per program, twice per node per
-    launch. The ranks are started with their own command line and do get ``site``."""
+    """``python -S -m hgcli.node.agent``: the agent needs only the standard library and the shipped
+    package (``PYTHONPATH``), and the site module (site-packages, ``.pth`` files of editable installs
+    and the like) was most of its start-up (0.05-0.15 s on the test machines), which every launch
+    waits for. The ranks are started with their own command line and do get ``site``."""
     return [argv[0], "-S", *argv[1:]]
 
 
@@ -37,7 +37,7 @@ class Inbound(NamedTuple):
 
 
 class AgentLink:
-    """Start ``python -m hgcli.node.agent`` on a node and talk to it."""
+    """Start ``python -S -m hgcli.node.agent`` on a node and talk to it: ``prepare``, then the spec."""
 
     STDERR_LINES = 20   # the agent's own stderr (a traceback, "python3: not found") kept for errors
     PREPARE_TIMEOUT_S = 60.0
