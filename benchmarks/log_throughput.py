@@ -16,7 +16,7 @@ ratios, and every pair is printed. Prints a table, then one JSON object.
 
 Two more figures say where the time goes (the goal stays the ratio above): the same launch of a
 rank that prints nothing (start-up and teardown, which ``ssh cat`` barely has) against ``ssh host
-true``, giving the streaming rate of each with its fixed cost taken off; and the printing rank
+true`` (medians of 3), giving the streaming rate of each with its fixed cost taken off; and the printing rank
 alone, writing into a pipe on this machine: no forwarding can beat the rank that makes the lines.
 """
 from __future__ import annotations
@@ -88,9 +88,12 @@ def main() -> int:
                     "--", sys.executable, str(script)]
             empty = base[:-2] + [sys.executable, "-c", "pass"]
             subprocess.run(empty, env=env, check=True, capture_output=True, timeout=300)   # ships the package once
-            t0 = time.perf_counter()
-            subprocess.run(empty, env=env, check=True, capture_output=True, timeout=300)
-            empty_s = time.perf_counter() - t0
+            empties = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                subprocess.run(empty, env=env, check=True, capture_output=True, timeout=300)
+                empties.append(time.perf_counter() - t0)
+            empty_s = median(empties)
             t0 = time.perf_counter()
             alone = subprocess.run([sys.executable, str(script)], capture_output=True, timeout=600, env=env)
             alone_s = time.perf_counter() - t0
@@ -124,9 +127,12 @@ def main() -> int:
                               "hgtrain_log_file_in_order_none_lost": file_ok and file_received == n,
                               "ssh_cat_s": round(cat_s, 3), "ssh_cat_in_order_none_lost": cat_ok and cat_received == n,
                               "ratio": round(cat_s / hg_s, 4)})
-            t0 = time.perf_counter()
-            subprocess.run(["ssh", "-F", str(config), "h", "true"], check=True, capture_output=True, timeout=60)
-            true_s = time.perf_counter() - t0
+            trues = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                subprocess.run(["ssh", "-F", str(config), "h", "true"], check=True, capture_output=True, timeout=60)
+                trues.append(time.perf_counter() - t0)
+            true_s = median(trues)
         finally:
             hosts.stop()
     hg_s = median([p["hgtrain_s"] for p in pairs])
@@ -141,13 +147,14 @@ def main() -> int:
         "ratio": round(median([p["ratio"] for p in pairs]), 4), "goal_ratio": 0.5,
         "pairs": pairs,
         "hgtrain_empty_job_s": round(empty_s, 3), "ssh_true_s": round(true_s, 3),
-        "hgtrain_streaming_lines_per_s": round(n / max(hg_s - empty_s, 1e-3)),
-        "ssh_cat_streaming_lines_per_s": round(n / max(cat_s - true_s, 1e-3)),
+        # None when the run's fixed cost was measured longer than a whole run (a load spike)
+        "hgtrain_streaming_lines_per_s": round(n / (hg_s - empty_s)) if hg_s > empty_s else None,
+        "ssh_cat_streaming_lines_per_s": round(n / (cat_s - true_s)) if cat_s > true_s else None,
         "rank_alone_s": round(alone_s, 3), "rank_alone_lines_per_s": round(n / alone_s),
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
-    figures["streaming_ratio"] = round(figures["hgtrain_streaming_lines_per_s"]
-                                       / figures["ssh_cat_streaming_lines_per_s"], 4)
+    streams = (figures["hgtrain_streaming_lines_per_s"], figures["ssh_cat_streaming_lines_per_s"])
+    figures["streaming_ratio"] = round(streams[0] / streams[1], 4) if None not in streams else None
     figures["ok"] = figures["ratio"] >= 0.5 and complete
     print(f"{'pair':<6}{'hgtrain s':>10}{'ssh cat s':>10}{'ratio':>8}  complete+ordered (stdout, rank0.log, cat)")
     for i, p in enumerate(pairs, 1):
@@ -157,8 +164,7 @@ def main() -> int:
     print(f"median: hgtrain {hg_s:.2f} s ({n / hg_s:,.0f} lines/s), ssh cat {cat_s:.2f} s ({n / cat_s:,.0f} lines/s); "
           f"ratio hgtrain/ssh-cat {figures['ratio']:.3f} (goal >= 0.5)")
     print(f"fixed cost: hgtrain job printing nothing {empty_s:.2f} s, ssh host true {true_s:.2f} s; without it "
-          f"{figures['hgtrain_streaming_lines_per_s']:,} vs {figures['ssh_cat_streaming_lines_per_s']:,} lines/s "
-          f"(ratio {figures['streaming_ratio']:.3f})")
+          f"{streams[0] or '-'} vs {streams[1] or '-'} lines/s (ratio {figures['streaming_ratio'] or '-'})")
     print(f"the printing rank alone, into a pipe: {alone_s:.2f} s ({figures['rank_alone_lines_per_s']:,} lines/s); "
           f"load average {figures['load_average']}")
     print(json.dumps(figures))
