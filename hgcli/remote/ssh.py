@@ -478,16 +478,38 @@ class SshTransport:
             pass   # the command exited or the channel closed; run() reports what happened
 
     def start(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> SshProcess:
-        if self._runs_unverified_package(env):
-            # A long-running command cannot be rerun transparently: make sure of the package first,
-            # with the guard's sh test (one round trip, no Python start-up); ship only if it is gone.
-            check = self._run(["sh", "-c", ship.GUARD_SCRIPT, "sh", str(self._package_root), "true"], None, None,
-                              ship.SHIP_TIMEOUT_S)
-            if ship.says_missing(check):
-                self._ship()
-            self._package_verified = True
-            env = {**(env or {}), "PYTHONPATH": str(self._package_root)}
-        return SshProcess(self._channel(argv, env, None))
+        if not self._runs_unverified_package(env):
+            return SshProcess(self._channel(argv, env, None))
+        # A package remembered from an earlier session: the guard's sh test checks it on a second
+        # channel while the command starts, so the check adds no round trip. Such a command is a
+        # node program (PYTHONPATH is the package): without its package it only fails to import
+        # it, so when the check says the package is gone it is dropped, the package shipped, and
+        # the command started again.
+        self._connection()   # connect once, before the two channels
+        found: list[Completed | BaseException] = []
+
+        def check() -> None:
+            try:
+                found.append(self._run(["sh", "-c", ship.GUARD_SCRIPT, "sh", str(self._package_root), "true"],
+                                       None, None, ship.SHIP_TIMEOUT_S))
+            except BaseException as exc:   # noqa: BLE001 - raised below, on the caller's thread
+                found.append(exc)
+
+        checker = threading.Thread(target=check, name=f"package check {self.node.name}", daemon=True)
+        checker.start()
+        try:
+            channel = self._channel(argv, env, None)
+        finally:
+            checker.join()
+        result = found[0]
+        if isinstance(result, BaseException) or ship.says_missing(result):
+            _drop(channel)
+            if isinstance(result, BaseException):
+                raise result
+            self._ship()
+            channel = self._channel(argv, {**(env or {}), "PYTHONPATH": str(self._package_root)}, None)
+        self._package_verified = True
+        return SshProcess(channel)
 
     # -- the shipped package -------------------------------------------------------------------
 
