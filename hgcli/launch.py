@@ -3,9 +3,9 @@
 ``launch(request, on_event)`` runs a whole job and returns its result; ``on_event`` receives every
 event (``launch_events``) on a separate thread, so the console can never slow the agents down.
 Steps, each bounded: the plan (a plan file, or probe -> bench -> plan through ``pipeline``), the job
-record, then on every node at once: connect, ship the package, ``hgcli.node.prelaunch`` (writes the
-plan where ``HGTRAIN_PLAN`` points, and on rank 0's node finds a free ``MASTER_PORT``), the agent
-with its spec on stdin; then ``launch_loop.JobController`` until every agent has ended (or, with
+record, then on every node at once: connect, ship the package, start the agent and let it prepare
+the node (``hgcli.node.prelaunch``: writes the plan where ``HGTRAIN_PLAN`` points, and on rank 0's
+node finds a free ``MASTER_PORT``), then send every agent its spec on stdin; then ``launch_loop.JobController`` until every agent has ended (or, with
 ``detach``, has detached). Failure semantics and exit codes: docs/launch.md.
 """
 from __future__ import annotations
@@ -29,13 +29,11 @@ from .launch_record import JobBook
 from .mailbox import Mailbox
 from .launch_spec import CheckpointPolicy, NodeLaunch, agent_spec, forwarded_env, parse_assignment, read_env_file
 from .model import Cluster, JobRecord, JobSpec, JobState, NodeSpec, Plan, RankRecord, Role, to_json
-from .node import frames
 from .node.spec import DEFAULT_JOBS_ROOT
 from .remote.fanout import NodeResult, fanout, open_transport
 from .remote.transport import Transport, node_module_argv
 from .stream import AgentLink, Heartbeat, Inbound
 
-PRELAUNCH_TIMEOUT_S = 60.0
 # PS checkpoints by default once a minute: cheap next to a minute of training, and bounds the work a
 # restart redoes; a count (--checkpoint-every) suits runs whose pace is known.
 DEFAULT_CHECKPOINT_S = 60.0
@@ -137,29 +135,27 @@ def _plan(request: LaunchRequest, emit: Callable[[Event], None], job_id: str) ->
 
 @dataclass(frozen=True)
 class _Prepared:
+    link: AgentLink   # started, its agent waiting for the spec
     launch: NodeLaunch
     port: int | None
     checkpoints: dict[str, list[int]] | None   # shard -> versions on the node (asked for on restarts)
 
 
-def _prepare_node(node: NodeSpec, transport: Transport, plan_json: str, job_id: str, jobs_root: str,
+def _prepare_node(node: NodeSpec, link: AgentLink, plan_json: str, job_id: str, jobs_root: str,
                   want_port: bool, checkpoints: str | None) -> _Prepared:
-    """Ship the package and run prelaunch: the plan file on the node, a free port there, and the
-    PS checkpoint versions in ``checkpoints`` (a directory on the node)."""
-    root = transport.package_root()
-    args = ["--job", job_id, "--node", node.name, "--jobs-root", jobs_root] + (["--port"] if want_port else [])
-    args += ["--checkpoints", checkpoints] if checkpoints else []
-    argv, env = node_module_argv(transport, "prelaunch", *args)
-    done = transport.run(argv, stdin=plan_json.encode(), env=env, timeout=PRELAUNCH_TIMEOUT_S)
-    found = [f for f in map(frames.decode, done.stdout.split("\n")) if f is not None]
-    ok = next((f for f in found if f.get("type") == "prelaunch"), None)
-    if done.exit_code != 0 or ok is None:
-        error = next((f.get("message") for f in found if f.get("type") == "error"), None)
-        last = [line for line in done.stderr.split("\n") if line.strip()]
-        why = error or (last[-1] if last else f"exit code {done.exit_code}")
-        raise HgError(f"cannot prepare the job there: {why}")
-    return _Prepared(NodeLaunch(name=node.name, python=node.python, package_root=root, job_dir=ok["job_dir"],
-                                plan_path=ok["plan"], checkpoint_dir=f"{ok['job_dir']}/ps-checkpoint"),
+    """Start the node's agent (shipping the package if needed) and let it write the plan file, find a
+    free port there and, with ``checkpoints`` (a directory on the node), list the PS checkpoint
+    versions in it (``node/prelaunch.py``); its spec follows once every node is prepared."""
+    try:
+        link.start()
+        ok = link.prepare({"job_id": job_id, "node": node.name, "jobs_root": jobs_root, "plan": plan_json,
+                           "port": want_port, "checkpoints": checkpoints})
+    except BaseException:
+        link.close(join_s=0.5)   # a retry starts a fresh link; this one must not linger
+        raise
+    return _Prepared(link, NodeLaunch(name=node.name, python=node.python,
+                                      package_root=link.transport.package_root(), job_dir=ok["job_dir"],
+                                      plan_path=ok["plan"], checkpoint_dir=f"{ok['job_dir']}/ps-checkpoint"),
                      ok.get("port"), ok.get("checkpoints"))
 
 
@@ -251,21 +247,21 @@ class _Attempt:
         agent_id = jobs.attempt_job_id(job_id, number)
         node_names = list(self.transports)
         nodes = [request.cluster.node(n) for n in node_names]
-        prepared, failed = self._prepare(nodes, agent_id, number)
-        if failed or self.interrupt.count:
-            return _not_started(failed, self.interrupt, number)
-        if number and jobs.load(job_id).state is JobState.STOPPED:
-            return Outcome(JobState.STOPPED, EXIT_JOB, None)   # 'hgtrain stop' between two attempts
-        launches = {}
-        for name, ready in prepared.items():
-            self.checkpoint_dirs.setdefault(name, ready.launch.checkpoint_dir)
-            launches[name] = dataclasses.replace(ready.launch, checkpoint_dir=self.checkpoint_dirs[name])
-        port = prepared[plan.rank(0).node].port
-        policy = CheckpointPolicy(every=request.checkpoint_every, seconds=request.checkpoint_seconds,
-                                  resume=number > 0, resume_version=_resume_version(plan, prepared))
         inbox: Mailbox[Inbound] = Mailbox()
-        links = [AgentLink(self.transports[n], inbox) for n in node_names]
+        prepared, failed = self._prepare(nodes, agent_id, number, inbox)
+        links = [prepared[n].link for n in node_names if n in prepared]
         try:
+            if failed or self.interrupt.count:
+                return _not_started(failed, self.interrupt, number)
+            if number and jobs.load(job_id).state is JobState.STOPPED:
+                return Outcome(JobState.STOPPED, EXIT_JOB, None)   # 'hgtrain stop' between two attempts
+            launches = {}
+            for name, ready in prepared.items():
+                self.checkpoint_dirs.setdefault(name, ready.launch.checkpoint_dir)
+                launches[name] = dataclasses.replace(ready.launch, checkpoint_dir=self.checkpoint_dirs[name])
+            port = prepared[plan.rank(0).node].port
+            policy = CheckpointPolicy(every=request.checkpoint_every, seconds=request.checkpoint_seconds,
+                                      resume=number > 0, resume_version=_resume_version(plan, prepared))
             specs = {n: agent_spec(plan=plan, job_id=agent_id, node=launches[n], command=request.command,
                                    user_env=self.env, master_addr=self.master_addr, master_port=port,
                                    jobs_root=request.jobs_root, grace_s=request.grace_s,
@@ -279,7 +275,7 @@ class _Attempt:
                                 nodes=tuple(node_names), command=request.command, job_dir=str(self.book.dir),
                                 master=f"{self.master_addr}:{port}", detached=request.detach,
                                 predicted_samples_per_s=predicted, ideal_samples_per_s=ideal))
-            start_links = fanout(nodes, lambda n: links[node_names.index(n.name)].start(specs[n.name]))
+            start_links = fanout(nodes, lambda n: prepared[n.name].link.send_spec(specs[n.name]))
             heartbeat = Heartbeat(links, request.heartbeat_interval_s).start()
             controller = JobController(job_id=job_id, plan=plan, links=links, inbox=inbox, book=self.book,
                                        board=self.board, emit=emit, interrupt=self.interrupt,
@@ -299,10 +295,10 @@ class _Attempt:
             for link in links:
                 link.close()
 
-    def _prepare(self, nodes: list[NodeSpec], agent_id: str,
-                 number: int) -> tuple[dict[str, _Prepared], list[NodeResult[_Prepared]]]:
-        """Every node's prelaunch (on a restart also listing the PS checkpoints of the nodes with PS
-        ranks). On a restart a node that fails (typically the node lost by the previous attempt, not
+    def _prepare(self, nodes: list[NodeSpec], agent_id: str, number: int,
+                 inbox: Mailbox[Inbound]) -> tuple[dict[str, _Prepared], list[NodeResult[_Prepared]]]:
+        """Start every node's agent and prepare the node (on a restart also listing the PS checkpoints
+        of the nodes with PS ranks). On a restart a node that fails (typically the node lost by the previous attempt, not
         reachable yet) is tried again every ``RETRY_S`` for up to one heartbeat timeout, so a short
         network outage costs one restart, not the job; after that the restart fails naming it."""
         plan, request = self.plan, self.request
@@ -313,8 +309,8 @@ class _Attempt:
         todo = nodes
         while True:
             results = fanout(todo, lambda n: _prepare_node(
-                n, self.transports[n.name], plan_json, agent_id, request.jobs_root, n.name == plan.rank(0).node,
-                self.checkpoint_dirs.get(n.name) if number and n.name in ps_nodes else None))
+                n, AgentLink(self.transports[n.name], inbox), plan_json, agent_id, request.jobs_root,
+                n.name == plan.rank(0).node, self.checkpoint_dirs.get(n.name) if number and n.name in ps_nodes else None))
             done.update((r.node.name, r.value) for r in results.succeeded if r.value is not None)
             failed = list(results.failed)
             if not failed or self.interrupt.count or time.monotonic() + RETRY_S > deadline:

@@ -243,8 +243,10 @@ class Dispatcher:
         self.error: BaseException | None = None
 
     def put(self, event: Event) -> None:
-        if isinstance(event, LogLines):
-            if self._may_skip and self._queued - self._taken >= self.MAX_BACKLOG:
+        # Lines are counted only where they may be skipped: counting a flood's newlines twice (here
+        # and on the console thread) was a tenth of the controller's work for a pipe reader.
+        if self._may_skip and isinstance(event, LogLines):
+            if self._queued - self._taken >= self.MAX_BACKLOG:
                 self._skipped += event.count()
                 self._job_id = event.job_id
                 return
@@ -257,7 +259,8 @@ class Dispatcher:
                 if event is None:
                     return
                 if isinstance(event, LogLines):
-                    self._taken += event.count()
+                    if self._may_skip:
+                        self._taken += event.count()
                 elif self._skipped > self._told:
                     skipped = self._skipped - self._told
                     self._told += skipped

@@ -71,7 +71,7 @@ def forwarded_env(environ: Mapping[str, str]) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class NodeLaunch:
-    """What the controller learned of one node before its agent starts (``hgcli.node.prelaunch``)."""
+    """What the controller learned of one node before its agent gets its spec (``hgcli.node.prelaunch``)."""
 
     name: str
     python: str
@@ -136,4 +136,5 @@ def agent_spec(*, plan: Plan, job_id: str, node: NodeLaunch, command: Sequence[s
         ranks.append(RankSpec(rank=rp.rank, argv=rank_argv(plan, rp, command, node, checkpoint), env=renv))
     return AgentSpec(job_id=job_id, node=node.name, ranks=tuple(ranks), env=env, jobs_root=jobs_root,
                      grace_s=grace_s, heartbeat_interval_s=heartbeat_interval_s,
-                     heartbeat_timeout_s=heartbeat_timeout_s, detach=detach)
+                     heartbeat_timeout_s=heartbeat_timeout_s, detach=detach,
+                     raw_logs=True)   # AgentLink reads raw log payloads (frames.read_stream)

@@ -20,6 +20,14 @@ from .mailbox import Mailbox
 from .remote.transport import RemoteProcess, Transport, node_module_argv
 
 
+def without_site(argv: list[str]) -> list[str]:
+    """``python -S -m hgcli.node.agent``: the agent needs only the standard library and the shipped
+    package (``PYTHONPATH``), and the site module (site-packages, ``.pth`` files of editable installs
+    and the like) was most of its start-up (0.05-0.15 s on the test machines), which every launch
+    waits for. The ranks are started with their own command line and do get ``site``."""
+    return [argv[0], "-S", *argv[1:]]
+
+
 class Inbound(NamedTuple):
     """A frame from ``node``'s agent; ``frame is None`` means its connection ended (EOF).
     A tuple, not a dataclass: one is made per frame, and a chatty agent sends many."""
@@ -29,9 +37,10 @@ class Inbound(NamedTuple):
 
 
 class AgentLink:
-    """Start ``python -m hgcli.node.agent`` on a node and talk to it."""
+    """Start ``python -S -m hgcli.node.agent`` on a node and talk to it: ``prepare``, then the spec."""
 
     STDERR_LINES = 20   # the agent's own stderr (a traceback, "python3: not found") kept for errors
+    PREPARE_TIMEOUT_S = 60.0
 
     def __init__(self, transport: Transport, inbox: Mailbox[Inbound]) -> None:
         self.transport = transport
@@ -43,31 +52,72 @@ class AgentLink:
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=self.STDERR_LINES)
         self.last_heard = time.monotonic()
         self._threads: list[threading.Thread] = []
+        self._answered = threading.Event()   # the answer to prepare() (or the end of the stream) came
+        self._answer: dict[str, Any] | None = None
+        # The end of the stream reaches the inbox only once the link carries a job (``send_spec``): a
+        # link whose prepare failed is dropped and retried with a fresh one on a restart, and its end
+        # must not read as the retried node's end.
+        self._eof_lock = threading.Lock()
+        self._attached = False
+        self._ended = False
 
-    def start(self, spec: AgentSpec) -> None:
+    def start(self) -> None:
+        """Start the agent; it waits (bounded) for ``prepare`` and then its spec on stdin."""
         argv, env = node_module_argv(self.transport, "agent")
-        self._proc = self.transport.start(argv, env=env)
+        self._proc = self.transport.start(without_site(argv), env=env)
         self.last_heard = time.monotonic()
         for target, name in ((self._read_frames, "frames"), (self._read_stderr, "stderr")):
             t = threading.Thread(target=target, name=f"hgtrain-{self.node}-{name}", daemon=True)
             t.start()
             self._threads.append(t)
-        self.send({"type": "spec", **to_dict(spec)})
+
+    def prepare(self, request: dict[str, Any]) -> dict[str, Any]:
+        """The agent's first exchange: the plan file on the node, and a free port there (node/prelaunch.py).
+        HgError with the node's reason when it cannot."""
+        self.send({"type": "prepare", **request})   # a dead agent shows as the end of its stream
+        if not self._answered.wait(self.PREPARE_TIMEOUT_S):
+            raise HgError(f"cannot prepare the job there: its agent did not answer within "
+                          f"{self.PREPARE_TIMEOUT_S:g} s")
+        answer = self._answer
+        if answer is not None and answer.get("type") == "prepared":
+            return answer
+        if answer is not None:
+            why = str(answer.get("message"))
+        else:
+            self._threads[-1].join(2.0)   # the agent ended: its stderr says why ("python3: not found")
+            why = self.stderr_tail[-1] if self.stderr_tail else "its agent ended without a word"
+        raise HgError(f"cannot prepare the job there: {why}")
+
+    def send_spec(self, spec: AgentSpec) -> None:
+        with self._eof_lock:
+            self._attached = True
+            ended = self._ended
+        if ended:
+            self._inbox.put(Inbound(self.node, None))
+        if not self.send({"type": "spec", **to_dict(spec)}):
+            raise HgError("the connection to its agent closed before the job spec was sent")
 
     def _read_frames(self) -> None:
         assert self._proc is not None
-        decode, monotonic, put, node = frames.decode, time.monotonic, self._inbox.put, self.node
+        monotonic, put, node = time.monotonic, self._inbox.put, self.node
         try:
-            for raw in self._proc.stdout:
+            for frame in frames.read_stream(self._proc.stdout):
                 if self._stop.is_set():
                     break
-                frame = decode(raw.decode("utf-8", "replace"))
-                if frame is not None:
-                    self.last_heard = monotonic()
-                    put(Inbound(node, frame))
+                self.last_heard = monotonic()
+                if not self._answered.is_set() and frame.get("type") in ("prepared", "error"):
+                    self._answer = frame   # prepare()'s answer, not the job's
+                    self._answered.set()
+                    continue
+                put(Inbound(node, frame))
         except (OSError, ValueError, EOFError):
             pass   # the connection was dropped under us: that is the EOF below
-        self._inbox.put(Inbound(self.node, None))
+        self._answered.set()
+        with self._eof_lock:
+            self._ended = True
+            attached = self._attached
+        if attached:
+            self._inbox.put(Inbound(self.node, None))
 
     def _read_stderr(self) -> None:
         assert self._proc is not None

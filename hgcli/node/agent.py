@@ -1,6 +1,6 @@
 """The per-node agent: supervisor of one job's ranks on one node (protocol: docs/agent.md).
 
-    python -m hgcli.node.agent                      # read a spec frame on stdin, run the job
+    python -m hgcli.node.agent                      # read [a prepare frame and] a spec frame on stdin, run the job
     python -m hgcli.node.agent --status JOB [--node N]
     python -m hgcli.node.agent --stop JOB [--node N]
     python -m hgcli.node.agent --tail JOB [--node N] [--follow] [--from OFFSETS]
@@ -21,11 +21,15 @@ from . import control, frames
 from .daemon import detach
 from .jobdir import node_dirs
 from .output import FrameWriter
+from .prelaunch import prepare
 from .spec import DEFAULT_JOBS_ROOT, parse_spec
 from .supervisor import Supervisor, prepare_job_dir
 from ..errors import StateError
 
 SPEC_TIMEOUT_S = 60   # a controller that connects but never sends its spec does not leave us waiting
+# After ``prepare``: the launcher sends the spec once every node is prepared, and a slow node may
+# first need the package shipped (remote/ship.py allows 120 s) after its connection (bounded too).
+SPEC_AFTER_PREPARE_S = 300
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_NO_JOB = 0, 1, 2, 3
 
 
@@ -34,12 +38,23 @@ def _error(message: str, code: int) -> int:
     return code
 
 
-def run_agent() -> int:
-    signal.alarm(SPEC_TIMEOUT_S)   # default SIGALRM action ends the process: a bounded wait
+def _read_frame(timeout_s: int) -> dict | None:
+    signal.alarm(timeout_s)   # default SIGALRM action ends the process: a bounded wait
     line = sys.stdin.buffer.readline()
     signal.alarm(0)
+    return frames.decode(line.decode("utf-8", "replace"))
+
+
+def run_agent() -> int:
+    first = _read_frame(SPEC_TIMEOUT_S)
+    if first is not None and first.get("type") == "prepare":   # the launcher's plan file and port
+        try:
+            frames.emit(prepare(first))
+        except (ValueError, StateError) as exc:
+            return _error(f"cannot prepare the job: {exc}", EXIT_BAD_INPUT)
+        first = _read_frame(SPEC_AFTER_PREPARE_S)
     try:
-        spec = parse_spec(frames.decode(line.decode("utf-8", "replace")))
+        spec = parse_spec(first)
         prepare_job_dir(spec)
     except ValueError as exc:
         return _error(f"bad job spec: {exc}", EXIT_BAD_INPUT)

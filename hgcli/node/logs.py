@@ -23,6 +23,8 @@ Metrics stay one frame per line: each line is one JSON object that the controlle
 from __future__ import annotations
 
 import errno
+import fcntl
+import io
 import json
 import os
 import threading
@@ -35,7 +37,9 @@ READ_SIZE = 1 << 20      # bytes read from a log file per step
 GATHER_BYTES = 1 << 18   # a read smaller than this was a trickle (or the front of a flood) ...
 GATHER_S = 0.01          # ... so let more gather this long before the next read: big frames in a
                          # flood, and a quiet rank's line is still on its way within 10 ms
-PIPE_READ = 1 << 16
+PIPE_READ = 1 << 20     # a rank's pipe is grown to this (F_SETPIPE_SZ; 1 MiB is the unprivileged
+                        # limit): a flooding rank then rarely waits for the capture thread, and the
+                        # thread moves its output in few large reads instead of one per 64 KiB
 
 
 def open_private_append(path: Path) -> int:
@@ -51,17 +55,25 @@ class Capture:
         self.done = threading.Event()
         self.dropped = 0      # bytes lost because the disk refused them (reported, never silent)
         self._fd = fd
+        try:
+            fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_READ)
+        except OSError:
+            pass   # not a pipe, or over this node's pipe-max-size: the default size still works
         self._out = open_private_append(path)
         self._thread = threading.Thread(target=self._run, name=f"capture-{name}", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
+        # One buffer for every read: os.read would allocate PIPE_READ bytes per call (an mmap at
+        # this size) however little the pipe holds.
+        pipe = io.FileIO(self._fd, "rb", closefd=False)
+        view = memoryview(bytearray(PIPE_READ))
         try:
             while True:
-                data = os.read(self._fd, PIPE_READ)
-                if not data:
+                n = pipe.readinto(view)
+                if not n:
                     break
-                self._append(data)
+                self._append(view[:n])
                 self.wake.set()
         finally:
             os.close(self._fd)
@@ -69,8 +81,7 @@ class Capture:
             self.done.set()
             self.wake.set()
 
-    def _append(self, data: bytes) -> None:
-        view = memoryview(data)
+    def _append(self, view: memoryview) -> None:
         while view:
             try:
                 view = view[os.write(self._out, view):]
@@ -153,12 +164,18 @@ def text(piece: bytes) -> str:
     return piece.decode("utf-8", "backslashreplace")
 
 
-def log_frames(rank: int, stream: str) -> Framer:
+def log_frames(rank: int, stream: str, raw: bool = False) -> Framer:
+    """``logs`` frames with ``text``; with ``raw`` the bytes go as the frame's payload instead
+    (``frames.encode_raw``: no decoding or JSON escaping on the node; readers get ``text`` back)."""
     def make(buf: bytearray, base: int, final: bool, open_end: bool) -> list[dict[str, Any]]:
         out = []
         for data, end, partial in split_batches(buf, base, final, open_end):
             frame: dict[str, Any] = {"type": "logs", "rank": rank, "stream": stream, "offset": end - len(data),
-                                     "end": end, "text": text(data)}
+                                     "end": end}
+            if raw:
+                frame["payload"] = data
+            else:
+                frame["text"] = text(data)
             if partial:
                 frame["partial"] = True
             out.append(frame)

@@ -32,7 +32,7 @@ class FrameWriter:
         """Write frames now (blocking); False once the connection is gone."""
         if not objs:
             return not self._broken
-        data = "".join(frames.encode(o) for o in objs).encode("utf-8")
+        data = b"".join(_wire(o) for o in objs)
         with self._lock:
             if self._broken:
                 return False
@@ -70,3 +70,11 @@ class FrameWriter:
                 item.set()
             else:
                 self.send([item])
+
+
+def _wire(obj: dict[str, Any]) -> bytes:
+    """A frame as bytes; a ``payload`` (raw log bytes) follows its line unescaped (frames.encode_raw)."""
+    payload = obj.get("payload")
+    if payload is None:
+        return frames.encode(obj).encode("utf-8")
+    return frames.encode_raw({k: v for k, v in obj.items() if k != "payload"}, payload)

@@ -50,6 +50,8 @@ class AgentSpec:
     heartbeat_interval_s: float = 5.0  # how often the agent sends a heartbeat frame
     heartbeat_timeout_s: float = 30.0  # silence on stdin after which the agent stops the job; 0 = never
     detach: bool = False
+    raw_logs: bool = False             # logs frames carry raw bytes (frames.encode_raw): the launcher's
+                                       # reader takes them; line-splitting readers want the default text
 
     def __post_init__(self) -> None:
         check_name("job id", self.job_id)

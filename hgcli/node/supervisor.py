@@ -29,6 +29,8 @@ from ..state import write_json
 KILL_WAIT_S = 5.0      # after SIGKILL: how long to wait for the kernel to finish the processes
 CAPTURE_WAIT_S = 5.0   # after the ranks are gone: how long their pipes may take to reach EOF
 DRAIN_STALL_S = 30.0   # after the job: give up sending logs when the connection takes none for this long
+DRAIN_POLL_S = 0.01    # ... checking this often whether the followers are done: the end frame (and the
+                       # launcher's exit) waited up to a whole 0.2 s poll after the last log frame
 POLL_S = 0.05
 
 
@@ -115,7 +117,7 @@ class Supervisor:
             for stream in STREAMS:
                 cap = rank.captures[stream]
                 self.followers.append(Follower(
-                    cap.path, 0, log_frames(rank.rank, stream), self.writer.send, cap.done.is_set,
+                    cap.path, 0, log_frames(rank.rank, stream, self.spec.raw_logs), self.writer.send, cap.done.is_set,
                     wake=cap.wake).start(f"rank{rank.rank}-{stream}"))
             cap = rank.captures["metrics"]
             self.followers.append(Follower(
@@ -273,7 +275,7 @@ class Supervisor:
             elif time.monotonic() - since > DRAIN_STALL_S:
                 return False
             try:
-                event: tuple[Any, ...] | None = self.events.get(timeout=0.2)
+                event: tuple[Any, ...] | None = self.events.get(timeout=DRAIN_POLL_S)
             except queue.Empty:
                 event = None
             silent = time.monotonic() - self.last_heard

@@ -12,18 +12,44 @@ TCP connect (refused / no answer), SSH banner and handshake, host key, authentic
 from __future__ import annotations
 
 import getpass
+import importlib
+import importlib.util
 import io
 import os
 import re
 import select
 import shlex
 import socket
+import sys
 import threading
 import time
+import types
 from pathlib import Path
 from typing import Mapping, Sequence
 
-import paramiko
+
+class _Deferred(types.ModuleType):
+    """Stands for a module in ``sys.modules`` until one of its attributes is used, then imports it.
+    (importlib's LazyLoader does not defer here: Python 3.11's import statement reads the module's
+    ``__spec__`` and so loads a lazy module at once.)"""
+
+    def __getattr__(self, name: str) -> object:
+        if sys.modules.get(self.__name__) is self:
+            del sys.modules[self.__name__]
+        return getattr(importlib.import_module(self.__name__), name)
+
+
+def _defer_invoke() -> None:
+    """paramiko.config imports ``invoke`` (a task runner that pulls in asyncio, yaml, unittest.mock...)
+    at import time for one thing only: the ssh-config keyword ``Match exec``. That was half of
+    paramiko's import and a tenth of every ``hgtrain launch``'s start-up; deferred, ``Match exec``
+    still works as before (it imports invoke when it runs)."""
+    if "invoke" not in sys.modules and importlib.util.find_spec("invoke") is not None:
+        sys.modules["invoke"] = _Deferred("invoke")
+
+
+_defer_invoke()
+import paramiko  # noqa: E402  (after _defer_invoke)
 
 from ..errors import RemoteError
 from ..model import HostKeyPolicy, NodeSpec, SshSettings
@@ -452,11 +478,38 @@ class SshTransport:
             pass   # the command exited or the channel closed; run() reports what happened
 
     def start(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> SshProcess:
-        if self._runs_unverified_package(env):
-            # A long-running command cannot be rerun transparently: make sure of the package first.
+        if not self._runs_unverified_package(env):
+            return SshProcess(self._channel(argv, env, None))
+        # A package remembered from an earlier session: the guard's sh test checks it on a second
+        # channel while the command starts, so the check adds no round trip. Such a command is a
+        # node program (PYTHONPATH is the package): without its package it only fails to import
+        # it, so when the check says the package is gone it is dropped, the package shipped, and
+        # the command started again.
+        self._connection()   # connect once, before the two channels
+        found: list[Completed | BaseException] = []
+
+        def check() -> None:
+            try:
+                found.append(self._run(["sh", "-c", ship.GUARD_SCRIPT, "sh", str(self._package_root), "true"],
+                                       None, None, ship.SHIP_TIMEOUT_S))
+            except BaseException as exc:   # noqa: BLE001 - raised below, on the caller's thread
+                found.append(exc)
+
+        checker = threading.Thread(target=check, name=f"package check {self.node.name}", daemon=True)
+        checker.start()
+        try:
+            channel = self._channel(argv, env, None)
+        finally:
+            checker.join()
+        result = found[0]
+        if isinstance(result, BaseException) or ship.says_missing(result):
+            _drop(channel)
+            if isinstance(result, BaseException):
+                raise result
             self._ship()
-            env = {**(env or {}), "PYTHONPATH": str(self._package_root)}
-        return SshProcess(self._channel(argv, env, None))
+            channel = self._channel(argv, {**(env or {}), "PYTHONPATH": str(self._package_root)}, None)
+        self._package_verified = True
+        return SshProcess(channel)
 
     # -- the shipped package -------------------------------------------------------------------
 

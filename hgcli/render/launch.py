@@ -5,8 +5,9 @@ Three sinks for the same events (``launch_events``):
   ``metric`` events carry the same figures);
 - ``PlainSink`` (stdout not a terminal): rank lines on stdout, hgtrain's own lines on stderr, no
   colour, no rich per line (a flood of lines must not be slowed by formatting);
-- ``RichSink`` (a terminal): lines coloured per rank and, below them, the live view (per group step,
-  loss, samples/s; the cluster total against the plan's prediction).
+- ``RichSink`` (a terminal, ``render/launch_live.py``): lines coloured per rank and, below them, the
+  live view (per group step, loss, samples/s; the cluster total against the plan's prediction).
+  Only a terminal imports rich: scripts and pipes do not pay its start-up.
 ``--ranks`` filters which ranks' lines and metrics are shown; every line is in the job's files anyway.
 The ending puts the root cause first: host, rank, code or signal, its last lines, out of memory.
 """
@@ -16,13 +17,8 @@ import json
 import sys
 from typing import Callable, TextIO
 
-from rich.console import Console, Group
-from rich.live import Live
-from rich.table import Table
-from rich.text import Text
-
 from ..launch_events import (
-    BoardView, Event, JobEnded, JobStarted, JobRestarted, LogLines, Metric, Notice, Progress, RankExited,
+    Event, JobEnded, JobStarted, JobRestarted, LogLines, Metric, Notice, Progress, RankExited,
     RankStarted, RootCause, Stage, Stopping, Summary, event_dict,
 )
 
@@ -137,10 +133,7 @@ class PlainSink:
         if not _shown(event, self.ranks):
             return
         if isinstance(event, LogLines):
-            # One write per batch, all joins in C: a flood must not cost a Python step per line.
-            prefix = f"{tag(event.node, event.rank, event.role)} | "
-            body = event.text[:-1] if event.text.endswith("\n") else event.text
-            self.out.write(prefix + body.replace("\n", "\n" + prefix) + "\n")
+            self._lines(event)
             return
         if isinstance(event, (Metric, Progress, RankStarted)):
             return
@@ -151,75 +144,30 @@ class PlainSink:
                 self.err.write(f"hgtrain: {line}\n")
         self.err.flush()
 
-
-class RichSink:
-    """A terminal: coloured lines scrolling above a live metrics table."""
-
-    def __init__(self, ranks: frozenset[int] | None, console: Console | None = None) -> None:
-        self.ranks = ranks
-        self.console = console or Console(highlight=False)
-        self.live: Live | None = None
-        self.handlers: dict[type, Callable[[Event], None]] = {
-            LogLines: self._lines, Progress: self._progress, JobEnded: self._ended,
-        }
-
-    def __call__(self, event: Event) -> None:
-        if not _shown(event, self.ranks):
+    def _lines(self, event: LogLines) -> None:
+        """One batch: every line tagged, in one write and no Python step per line. The tagging runs
+        on bytes where the stream has them (``bytes.replace`` is several times faster than building
+        the tagged ``str`` and having the text layer encode it, which was most of the console's
+        share of a flood), encoded as the stream itself would."""
+        prefix = f"{tag(event.node, event.rank, event.role)} | "
+        body = event.text[:-1] if event.text.endswith("\n") else event.text
+        raw = getattr(self.out, "buffer", None)
+        if raw is None:   # a text-only stream
+            self.out.write(prefix + body.replace("\n", "\n" + prefix) + "\n")
             return
-        handler = self.handlers.get(type(event))
-        if handler is not None:
-            handler(event)
-            return
-        line = status_line(event)
-        if line is not None:
-            style = "bold red" if isinstance(event, (RankExited, Stopping, JobRestarted)) else "dim"
-            self.console.print(Text(f"hgtrain: {line}", style=style), soft_wrap=True)
-
-    def _lines(self, event: LogLines) -> None:   # type: ignore[override]
-        colour = COLOURS[event.rank % len(COLOURS)]
-        prefix = f"{tag(event.node, event.rank, event.role)} │ "
-        style = "red" if event.stream == "err" else None
-        for line in event.lines:   # a terminal is slow anyway; the Dispatcher bounds the backlog
-            text = Text(prefix, style=colour)
-            text.append(line, style=style)
-            self.console.print(text, soft_wrap=True)
-
-    def _progress(self, event: Progress) -> None:   # type: ignore[override]
-        if self.live is None:
-            self.live = Live(board_table(event.view), console=self.console, auto_refresh=False,
-                             transient=True)
-            self.live.start()
-        self.live.update(board_table(event.view), refresh=True)
-
-    def _ended(self, event: JobEnded) -> None:   # type: ignore[override]
-        if self.live is not None:
-            self.live.stop()
-            self.live = None
-        lines = ending_lines(event)
-        for i, line in enumerate(lines):
-            bad = event.root_cause is not None and i == 0
-            self.console.print(Text(line, style="bold red" if bad else ("bold" if i == len(lines) - 1 else "")),
-                               soft_wrap=True)
-
-
-def board_table(view: BoardView) -> Group:
-    table = Table(title=None, box=None, pad_edge=False, header_style="bold")
-    for column in ("group", "ranks", "step", "loss", "samples/s"):
-        table.add_column(column, justify="right" if column != "ranks" else "left")
-    for g in view.groups:
-        table.add_row(g.group, ",".join(map(str, g.ranks)), "-" if g.step is None else str(g.step),
-                      "-" if g.loss is None else f"{g.loss:.4f}", _rate(g.samples_per_s))
-    total = (f"cluster {_rate(view.samples_per_s)} samples/s · plan predicted "
-             f"{_rate(view.predicted_samples_per_s)}{_ratio(view.samples_per_s, view.predicted_samples_per_s)}"
-             f" · ideal {_rate(view.ideal_samples_per_s)}")
-    if view.accuracy is not None:
-        total += f" · accuracy {view.accuracy:.4f}"
-    return Group(table, Text(total, style="bold"))
+        encoding, errors = self.out.encoding or "utf-8", self.out.errors or "strict"
+        tag_bytes = prefix.encode(encoding, errors)
+        self.out.flush()   # anything the text layer holds goes first
+        raw.write(tag_bytes)
+        raw.write(body.encode(encoding, errors).replace(b"\n", b"\n" + tag_bytes))
+        raw.write(b"\n")
 
 
 def make_sink(*, as_json: bool, ranks: frozenset[int] | None) -> Callable[[Event], None]:
     if as_json:
         return JsonSink(ranks)
     if sys.stdout.isatty():
+        from .launch_live import RichSink
+
         return RichSink(ranks)
     return PlainSink(ranks)

@@ -9,7 +9,8 @@ from rich.console import Console
 from hgcli.launch_events import (
     BoardView, GroupView, JobEnded, JobStarted, LogLines, Metric, Progress, RankExited, RootCause, Summary,
 )
-from hgcli.render.launch import JsonSink, PlainSink, RichSink
+from hgcli.render.launch import JsonSink, PlainSink
+from hgcli.render.launch_live import RichSink
 
 CAUSE = RootCause(node="gpu-b", rank=3, exit_code=137, signal="SIGKILL",
                   reason="killed by SIGKILL: out of memory (the OOM killer)", oom=True,
@@ -129,3 +130,15 @@ def test_a_pipe_or_json_reader_gets_every_line_however_slow():
     lines = [line for e in seen if isinstance(e, LogLines) for line in e.lines]
     assert lines == [f"line {j}" for j in range(100)]
     assert not [e for e in seen if type(e).__name__ == "Notice"]
+
+
+def test_plain_lines_on_a_byte_stream_are_tagged_in_the_streams_encoding_after_what_it_holds():
+    raw = io.BytesIO()
+    out = io.TextIOWrapper(raw, encoding="latin-1", errors="replace")
+    sink = PlainSink(None, out=out, err=io.StringIO())
+    out.write("held by the text layer\n")
+    sink(LogLines("j", 2, "h", "ps", "err", "bad \\xff byte\ncaf\u00e9 \u2603\n"))
+    sink(LogLines("j", 0, "h", "worker", "out", "a piece", partial=True))
+    out.flush()
+    assert raw.getvalue() == (b"held by the text layer\n" b"h:2 ps | bad \\xff byte\n"
+                              b"h:2 ps | caf\xe9 ?\n" b"h:0 | a piece\n")

@@ -165,3 +165,16 @@ def test_secret_values_stay_off_remote_command_lines_and_files(hosts, cluster, h
     (tmp_path / "s.env").unlink()
     seen = "\n".join(run.lines) + run.stderr + text_under(hg.state_dir, hg.home, *(h.dir for h in hosts.hosts))
     assert "ok" in seen and secret not in seen
+
+
+def test_a_node_whose_agent_cannot_start_fails_the_launch_with_6_naming_it(hg, tmp_path, hosts, cluster):
+    """The agent itself prepares the node (plan file, port): a node where it cannot even start (no such
+    Python) is named with the reason, exit 6, and the agents of the other nodes leave nothing."""
+    broken = Cluster(nodes=tuple(dataclasses.replace(n, python="/nonexistent/python3") if n.name == "host2" else n
+                                 for n in cluster.nodes), ssh=cluster.ssh)
+    ctoml, plan, _ = files(tmp_path, hosts, broken, [["host1", "host2"]])
+    code, out, err = hg.run("-c", str(ctoml), "--plan", str(plan), "--", PY, "-c", "import time; time.sleep(60)")
+    assert code == 6, err
+    assert "node host2" in err and "/nonexistent/python3" in err and "not found" in err, err
+    (job_id,) = hg.job_ids()
+    wait_until(lambda: not job_pids(job_id) and sessions(hosts) == 0, what="host1's agent to leave")

@@ -150,3 +150,24 @@ def test_the_controller_side_of_launch_never_imports_torch():
             "assert 'torch' not in sys.modules, 'torch was imported'\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_plain_launch_imports_neither_rich_nor_invoke_and_match_exec_still_works():
+    """Start-up of `hgtrain launch` in a script or CI: rich is for terminals only, and paramiko's
+    import of invoke (only for ssh-config `Match exec`) is deferred until such a Match runs."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from hgcli.cli import cli\n"
+            "import hgcli.launch, hgcli.remote.ssh, hgcli.stream\n"
+            "from hgcli.render.launch import make_sink\n"
+            "make_sink(as_json=False, ranks=None)\n"
+            "loaded = [m for m in ('rich', 'invoke.collection', 'asyncio') if m in sys.modules]\n"
+            "assert not loaded, loaded\n"
+            "import paramiko\n"
+            "config = paramiko.SSHConfig.from_text('Match exec true\\n  User bob\\nMatch exec false\\n  Port 99\\n')\n"
+            "assert config.lookup('x') == {'user': 'bob', 'hostname': 'x'}, config.lookup('x')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
