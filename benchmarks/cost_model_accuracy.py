@@ -74,7 +74,7 @@ def measure_profiles(name: str, speeds: list[float], args: argparse.Namespace, w
     inventory = probe_cluster(cluster)
     if not all(n.ok for n in inventory.nodes):
         raise SystemExit(f"{name}: probe failed: {[n.error for n in inventory.nodes]}")
-    batches = sorted({16, 64, args.global_batch // len(speeds), 2 * args.global_batch // len(speeds)})
+    batches = sorted({4, 16, 64, args.global_batch // len(speeds), 2 * args.global_batch // len(speeds)})
     profiles = bench_cluster(cluster, inventory, quick=True,
                              model_spec=f"{factory}:factory@{','.join(map(str, batches))}")
     bad = [d.error for d in profiles.devices if d.error]
@@ -110,6 +110,8 @@ def run_strategy(plan: Any, args: argparse.Namespace, workdir: Path) -> dict[str
     from hgcli.runtime.localrun import run_plan
 
     result = run_plan(plan, train_argv(args), workdir=workdir, timeout_s=args.timeout)
+    with open(workdir / "metrics.jsonl", "w", encoding="utf-8") as fh:   # for a look at per-step terms
+        fh.writelines(json.dumps(m) + "\n" for m in result.metrics)
     if not result.ok:
         bad = result.first_failure or result.ranks[0]
         raise SystemExit(f"run failed: rank {bad.rank} exit {bad.exit_code}\n{bad.output()[-3000:]}")
