@@ -180,6 +180,7 @@ class CostModel:
         self.bytes, self.global_batch, self.job = model_bytes, global_batch, job
         self.exchange = exchange or {}   # node index -> its measured PS push
         cores = [n.cpu_cores or 0 for n in inventory.nodes]
+        self.cores = cores
         # PS ranks go on healthy nodes (a CPU-only node qualifies): best network first, then most
         # CPU cores, then node order.
         healthy = [i for i, n in enumerate(inventory.nodes) if n.ok]
@@ -203,7 +204,12 @@ class CostModel:
         step = max(d.time(b) for d, b in zip(self.devices, self.batches))
         step *= straggle(max(d.noise for d in self.devices), len(members))
         comm = _ring_allreduce_s(len(members), self.bytes, bw, lat)
-        rate = self.global_batch / (step + comm)
+        busy: dict[int, float] = {}
+        for d, b in zip(self.devices, self.batches):
+            if d.emulated:
+                busy[d.node] = busy.get(d.node, 0.0) + (d.speed * d.time(b) + comm) / (step + comm)
+        crowded = self._crowding(busy)
+        rate = self.global_batch / ((step + comm) * max(crowded.values(), default=1.0))
         return Option(Strategy.ALLREDUCE, (members,), (1,), (), 0, rate,
                        f"one all-reduce group of {len(members)}")
 
@@ -265,7 +271,24 @@ class CostModel:
         busiest = max(self._ps_load(q, share, total_pushes, pushes_from.get(q, 0.0), count)
                       for q, share in node_share.items())
         scale = max(1.0, busiest)     # a saturated PS slows every group down alike
-        rate = sum(acc * s[0] / w for s, acc, w in zip(stats, accumulate, windows)) / scale
+        windows = [w * scale for w in windows]
+        # Emulated devices and PS ranks sharing a node's cores (node CPU seconds per second).
+        busy: dict[int, float] = {}
+        for q, share in node_share.items():
+            busy[q] = busy.get(q, 0.0) + self._ps_load(q, share, total_pushes, pushes_from.get(q, 0.0),
+                                                       count) / scale
+        for g, (_, _, sync, leader, _), acc, w in zip(groups, stats, accumulate, windows):
+            for i in g:
+                d = self.devices[i]
+                if d.emulated:
+                    cpu = acc * d.speed * d.time(self.batches[i]) + sync + exchange[leader]
+                    busy[d.node] = busy.get(d.node, 0.0) + cpu / w
+        crowded = self._crowding(busy)
+        if crowded:
+            windows = [w * max((crowded.get(self.devices[i].node, 1.0) for i in g), default=1.0)
+                       for g, w in zip(groups, windows)]
+        rate = sum(acc * s[0] / w for s, acc, w in zip(stats, accumulate, windows))
+        total_pushes = sum(1.0 / w for w in windows)
         slowest = 1.0 / max(windows)
         staleness = self.job.staleness
         if staleness is None:
@@ -275,6 +298,11 @@ class CostModel:
         staleness = max(staleness, len(groups) - 1)
         where = "a PS on every node" if count == len(self.ps_order) > 1 else f"{count} PS rank(s)"
         return Option(strategy, groups, accumulate, ps_nodes, staleness, rate, f"{len(groups)} groups, {where}")
+
+    def _crowding(self, busy: dict[int, float]) -> dict[int, float]:
+        """Slowdown of each node whose processes ask for more CPU than it has cores: they share
+        the cores (docs/planning.md, CPU contention); nodes of unknown core count are left out."""
+        return {n: b / self.cores[n] for n, b in busy.items() if self.cores[n] and b > self.cores[n]}
 
     def _push_pull_s(self, leader: int, node_share: dict[int, float], shards: int) -> float:
         """A leader pushes its update to every shard and pulls fresh parameters back: the RPC
