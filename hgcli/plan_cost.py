@@ -179,8 +179,7 @@ class CostModel:
         self.devices, self.batches, self.net = devices, batches, net
         self.bytes, self.global_batch, self.job = model_bytes, global_batch, job
         self.exchange = exchange or {}   # node index -> its measured PS push
-        cores = [n.cpu_cores or 0 for n in inventory.nodes]
-        self.cores = cores
+        self.cores = cores = [n.cpu_cores or 0 for n in inventory.nodes]
         # PS ranks go on healthy nodes (a CPU-only node qualifies): best network first, then most
         # CPU cores, then node order.
         healthy = [i for i, n in enumerate(inventory.nodes) if n.ok]
@@ -268,15 +267,12 @@ class CostModel:
         for (_, _, _, leader, _), window in zip(stats, windows):
             pushes_from[leader] = pushes_from.get(leader, 0.0) + 1.0 / window
         total_pushes = sum(1.0 / w for w in windows)
-        busiest = max(self._ps_load(q, share, total_pushes, pushes_from.get(q, 0.0), count)
-                      for q, share in node_share.items())
-        scale = max(1.0, busiest)     # a saturated PS slows every group down alike
+        loads = {q: self._ps_load(q, share, total_pushes, pushes_from.get(q, 0.0), count)
+                 for q, share in node_share.items()}
+        scale = max(1.0, max(loads.values()))     # a saturated PS slows every group down alike
         windows = [w * scale for w in windows]
         # Emulated devices and PS ranks sharing a node's cores (node CPU seconds per second).
-        busy: dict[int, float] = {}
-        for q, share in node_share.items():
-            busy[q] = busy.get(q, 0.0) + self._ps_load(q, share, total_pushes, pushes_from.get(q, 0.0),
-                                                       count) / scale
+        busy = {q: load / scale for q, load in loads.items()}
         for g, (_, _, sync, leader, _), acc, w in zip(groups, stats, accumulate, windows):
             for i in g:
                 d = self.devices[i]
