@@ -148,28 +148,43 @@ def _usable_devices(inventory: Inventory, profiles: Profiles,
     return [d for _, _, d in usable], skipped
 
 
-def _linear_fit(points: list[tuple[float, float]], relative: bool = False) -> tuple[float, float]:
-    """y = a + c * x with a >= 0 and c > 0 (least squares; through the origin when that fails).
-
-    ``relative``: minimise relative rather than absolute errors (weights 1 / y^2), for step times
-    whose noise grows with the time itself; a small batch then pins the fixed cost ``a`` instead
-    of being outweighed by the large batches' absolute noise.
-    """
-    sw = sx = sy = sxx = sxy = 0.0
+def _linear_fit(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """y = a + c * x with a >= 0 and c > 0 (least squares; through the origin when that fails)."""
+    n = len(points)
+    sx = sy = sxx = sxy = 0.0
     for x, y in points:
-        w = 1.0 / (y * y) if relative and y > 0 else 1.0
-        sw += w
-        sx += w * x
-        sy += w * y
-        sxx += w * x * x
-        sxy += w * x * y
-    spread = sw * sxx - sx * sx          # > 0 exactly when there are two distinct x
-    if spread > 1e-12 * sw * sxx:
-        c = (sw * sxy - sx * sy) / spread
-        a = (sy - c * sx) / sw
+        sx += x
+        sy += y
+        sxx += x * x
+        sxy += x * y
+    spread = n * sxx - sx * sx          # > 0 exactly when there are two distinct x
+    if spread > 1e-12 * n * sxx:
+        c = (n * sxy - sx * sy) / spread
+        a = (sy - c * sx) / n
         if c > 0 and a >= 0:
             return a, c
     return 0.0, sxy / sxx
+
+
+def _robust_fit(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """y = a + c * x with a >= 0 and c > 0 by repeated medians (Siegel): c = the median over points
+    of the median slope to the others, a = the median of y - c * x. Unlike least squares, one
+    batch size measured during a burst of load (its fastest repeat 2x the others' line) moves
+    neither; with fewer than three sizes it is the line through them."""
+    xs = sorted({x for x, _ in points})
+    if len(xs) < 2:
+        return _linear_fit(points)
+    slopes = []
+    for i, (xi, yi) in enumerate(points):
+        mine = [(yj - yi) / (xj - xi) for j, (xj, yj) in enumerate(points) if j != i and xj != xi]
+        slopes.append(statistics.median(mine))
+    c = statistics.median(slopes)
+    if not c > 0:
+        return _linear_fit(points)
+    a = statistics.median([y - c * x for x, y in points])
+    if a < 0:
+        return 0.0, statistics.median([y / x for x, y in points])
+    return a, c
 
 
 def _monotone(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -193,13 +208,13 @@ def _fit_time(p: DeviceProfile, model_bytes: float) -> tuple[float, float, float
 
     A step's time is its noise-free time plus delays that only ever add (another process on the
     core, a cache refilled after the emulator's pause), so the noise-free line is fitted to each
-    batch size's fastest repeat (``min``), made non-decreasing, and the delays are priced apart:
-    one outlier repeat moves a median a lot and a minimum never upwards.
+    batch size's fastest repeat (``min``), made non-decreasing, by repeated medians, and the delays
+    are priced apart: one outlier repeat moves a median a lot and a minimum never upwards.
     """
     steps = [s for s in p.steps if s.batch_size > 0 and s.seconds.median > 0]
     lows = [(float(s.batch_size), s.seconds.min if s.seconds.min > 0 else s.seconds.median) for s in steps]
     if lows:
-        a, c = _linear_fit(_monotone(lows), relative=True)
+        a, c = _robust_fit(_monotone(lows))
         if c > 0 and math.isfinite(c):
             noise = step_noise([s.seconds.median / (a + c * s.batch_size) - 1.0 for s in steps])
             grow = 1.0 + noise

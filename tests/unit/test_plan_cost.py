@@ -115,3 +115,15 @@ def test_emulated_devices_share_their_nodes_cores():
     inventory, profiles = cluster([[real] * 4], model=ModelSpec("tiny", 1000))
     two = dataclasses.replace(inventory, nodes=tuple(dataclasses.replace(n, cpu_cores=2) for n in inventory.nodes))
     assert make_plan(two, profiles, job).predicted_samples_per_s["allreduce"] == pytest.approx(roomy, rel=1e-6)
+
+
+def test_one_size_measured_during_a_burst_of_load_does_not_bend_the_line():
+    # benchmarks/cost_model_accuracy.py, run C: batch 128's fastest repeat was twice the others' line.
+    inventory, profiles = cluster([[A100]])
+    exact = {4: 0.0014, 16: 0.0018, 64: 0.0033, 128: 0.0053}
+    steps = [StepSample(b, spread(t * (2.0 if b == 128 else 1.0), t * (2.2 if b == 128 else 1.1)))
+             for b, t in exact.items()]
+    a, c, noise = _fit_time(with_steps(profiles.devices[0], steps), 4e6)
+    line = [(a + c * b) / (1 + noise) for b in exact]
+    assert all(abs(fit / t - 1) < 0.08 for fit, t in zip(line, exact.values()))
+    assert noise == pytest.approx(0.1 / 0.6931, rel=0.1)
