@@ -74,7 +74,7 @@ def measure_profiles(name: str, speeds: list[float], args: argparse.Namespace, w
     inventory = probe_cluster(cluster)
     if not all(n.ok for n in inventory.nodes):
         raise SystemExit(f"{name}: probe failed: {[n.error for n in inventory.nodes]}")
-    batches = sorted({16, 64, args.global_batch // len(speeds), 2 * args.global_batch // len(speeds)})
+    batches = sorted({4, 16, 64, args.global_batch // len(speeds), 2 * args.global_batch // len(speeds)})
     profiles = bench_cluster(cluster, inventory, quick=True,
                              model_spec=f"{factory}:factory@{','.join(map(str, batches))}")
     bad = [d.error for d in profiles.devices if d.error]
@@ -110,6 +110,8 @@ def run_strategy(plan: Any, args: argparse.Namespace, workdir: Path) -> dict[str
     from hgcli.runtime.localrun import run_plan
 
     result = run_plan(plan, train_argv(args), workdir=workdir, timeout_s=args.timeout)
+    with open(workdir / "metrics.jsonl", "w", encoding="utf-8") as fh:   # for a look at per-step terms
+        fh.writelines(json.dumps(m) + "\n" for m in result.metrics)
     if not result.ok:
         bad = result.first_failure or result.ranks[0]
         raise SystemExit(f"run failed: rank {bad.rank} exit {bad.exit_code}\n{bad.output()[-3000:]}")
@@ -121,6 +123,7 @@ def run_strategy(plan: Any, args: argparse.Namespace, workdir: Path) -> dict[str
     out["pushes"] = float(len(syncs))
     out["push_s_mean"] = statistics.mean(m["push_s"] for m in syncs) if syncs else 0.0
     out["elapsed_s"] = result.elapsed_s
+    out["load_1min"] = os.getloadavg()[0]   # other jobs on this machine: the misses' usual cause
     return out
 
 
@@ -129,6 +132,7 @@ def evaluate(name: str, speeds: list[float], args: argparse.Namespace, workdir: 
     from hgcli.plan import make_plan
 
     inventory, profiles = measure_profiles(name, speeds, args, workdir)
+    bench_load = os.getloadavg()[0]
     auto = make_plan(inventory, profiles, JobSpec(strategy=Strategy.AUTO, global_batch=args.global_batch))
     predicted = dict(auto.predicted_samples_per_s)
     runs: dict[str, Any] = {}
@@ -150,6 +154,7 @@ def evaluate(name: str, speeds: list[float], args: argparse.Namespace, workdir: 
     tolerance = max(AUTO_TOLERANCE, noise)
     steps = {d.device: [(s.batch_size, s.seconds.median) for s in d.steps] for d in profiles.devices}
     return {"speeds": speeds, "emulated_speeds": [s * args.time_scale for s in speeds], "predicted": predicted,
+            "bench_load_1min": bench_load,
             "runs": runs, "auto": chosen, "auto_reason": auto.reason, "measured_best": best,
             "auto_gap": gap, "auto_tolerance": tolerance, "auto_ok": gap <= tolerance,
             "max_abs_error": max(abs(r["error"]) for r in runs.values()), "profile_steps": steps}
@@ -165,17 +170,18 @@ def main() -> int:
     print(f"example MLP hidden {args.hidden}, global batch {args.global_batch}, {args.steps} steps per "
           f"worker, emulated speed = nominal x {args.time_scale}; profiles: bench --quick of the same model")
     print(f"{'cluster':14} {'strategy':10} {'predicted':>10} {'measured':>10} {'+-se':>6} {'error':>7} "
-          f"{'groups x acc':>16} {'PS':>3} {'compute':>8}")
+          f"{'groups x acc':>16} {'PS':>3} {'compute':>8} {'load':>5}")
     for name, r in results.items():
         for s in STRATEGIES:
             run = r["runs"][s]
             layout = "+".join(f"{len(g)}x{a}" for g, a in zip(run["groups"], run["accumulate"]))
             print(f"{name:14} {s:10} {run['predicted']:10.0f} {run['samples_per_s']:10.0f} "
                   f"{run['stderr']:6.0f} {run['error']:+7.1%} {layout:>16} {run['ps']:3d} "
-                  f"{run['compute_share']:8.2f}")
+                  f"{run['compute_share']:8.2f} {run['load_1min']:5.1f}")
         verdict = "yes" if r["auto_ok"] else "NO"
         print(f"{'':14} auto chose {r['auto']}, measured best {r['measured_best']} "
-              f"(auto {r['auto_gap']:.1%} below best, tolerance {r['auto_tolerance']:.1%}): {verdict}")
+              f"(auto {r['auto_gap']:.1%} below best, tolerance {r['auto_tolerance']:.1%}): {verdict}; "
+              f"load after its bench {r['bench_load_1min']:.1f}")
     worst = max(r["max_abs_error"] for r in results.values())
     all_auto = all(r["auto_ok"] for r in results.values())
     goals = {"error_within_20%": worst <= GOAL_ERROR, "auto_chose_measured_best": all_auto}

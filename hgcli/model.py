@@ -269,6 +269,16 @@ class StepSample:
 
 
 @dataclass(frozen=True)
+class ExchangeProfile:
+    """One parameter-server push on a node, measured over loopback (hgcli/node/exchangebench.py)."""
+
+    bytes: int                     # gradient pushed (the benched model's parameters x 4)
+    round_trip_s: Measurement      # push, PS update, fresh parameters back, as the runtime does it
+    latency_s: Measurement         # the same for a one-element push: the fixed cost
+    service_s: Measurement         # the PS's own busy time per push (it serves pushes one at a time)
+
+
+@dataclass(frozen=True)
 class DeviceProfile:
     node: str
     device: str                    # "gpu0", "gpu1", ... or "cpu"
@@ -283,6 +293,7 @@ class DeviceProfile:
     error: str | None = None       # "out of memory", driver error...; the rest of the run continues
     torch_version: str | None = None
     driver_version: str | None = None
+    exchange: ExchangeProfile | None = None   # PS push cost on this device's node (with --model)
 
 
 @dataclass(frozen=True)

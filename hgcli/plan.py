@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 
 from .errors import StateError, UsageError
 from .model import (
-    SCHEMA_VERSION, DeviceProfile, GroupPlan, Inventory, JobSpec, ModelSpec, Plan, Profiles, RankPlan,
-    Role, Strategy,
+    SCHEMA_VERSION, DeviceProfile, ExchangeProfile, GroupPlan, Inventory, JobSpec, ModelSpec, Plan, Profiles,
+    RankPlan, Role, Strategy,
 )
 from .plan_cost import CostModel, Device, Network, Option
 
@@ -52,7 +53,8 @@ def make_plan(inventory: Inventory, profiles: Profiles, job: JobSpec) -> Plan:
     global_batch = job.global_batch if job.global_batch is not None else DEFAULT_BATCH_PER_DEVICE * len(devices)
     real, batches = _assign_batches(devices, global_batch, node_names)
     net = Network(node_names, profiles.links)
-    cost = CostModel(devices, batches, net, model_bytes, global_batch, inventory, job)
+    cost = CostModel(devices, batches, net, model_bytes, global_batch, inventory, job,
+                     _exchanges(inventory, profiles))
 
     allreduce = cost.allreduce()
     classes = _speed_classes(devices, real)
@@ -89,6 +91,17 @@ def _check_inputs(inventory: Inventory, profiles: Profiles, job: JobSpec) -> Non
     model = job.model or profiles.model
     if model is not None and (model.parameters < 1 or model.bytes_per_parameter < 1):
         raise UsageError(f"model {model.name!r} must have at least one parameter of at least one byte")
+
+
+def _exchanges(inventory: Inventory, profiles: Profiles) -> dict[int, ExchangeProfile]:
+    """The measured PS push of each node (node index -> profile), from any of its devices."""
+    node_index = {n.name: i for i, n in enumerate(inventory.nodes)}
+    out: dict[int, ExchangeProfile] = {}
+    for p in profiles.devices:
+        i = node_index.get(p.node)
+        if i is not None and p.exchange is not None and p.exchange.bytes > 0 and i not in out:
+            out[i] = p.exchange
+    return out
 
 
 _DIGITS = re.compile(r"(\d+)")
@@ -129,7 +142,7 @@ def _usable_devices(inventory: Inventory, profiles: Profiles,
         if cap is not None and cap < 1:
             skipped.append(f"{label} (cannot hold one sample in {p.memory_total_mib} MiB)")
             continue
-        dev = Device(node_index[p.node], p.device, p.emulated, p.speed, fit[0], fit[1], cap)
+        dev = Device(node_index[p.node], p.device, p.emulated, p.speed, fit[0], fit[1], cap, fit[2])
         usable.append((dev.node, _natural_key(p.device), dev))
     usable.sort(key=lambda t: (t[0], t[1]))
     return [d for _, _, d in usable], skipped
@@ -153,21 +166,76 @@ def _linear_fit(points: list[tuple[float, float]]) -> tuple[float, float]:
     return 0.0, sxy / sxx
 
 
-def _fit_time(p: DeviceProfile, model_bytes: float) -> tuple[float, float] | None:
-    """Seconds per step = a + c * batch, from step times, else from matmul TFLOP/s, else None."""
-    points = [(float(s.batch_size), s.seconds.median) for s in p.steps
-              if s.batch_size > 0 and s.seconds.median > 0]
-    if points:
-        a, c = _linear_fit(points)
+def _robust_fit(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """y = a + c * x with a >= 0 and c > 0 by repeated medians (Siegel): c = the median over points
+    of the median slope to the others, a = the median of y - c * x. Unlike least squares, one
+    batch size measured during a burst of load (its fastest repeat 2x the others' line) moves
+    neither; with fewer than three sizes it is the line through them."""
+    xs = sorted({x for x, _ in points})
+    if len(xs) < 2:
+        return _linear_fit(points)
+    slopes = []
+    for i, (xi, yi) in enumerate(points):
+        mine = [(yj - yi) / (xj - xi) for j, (xj, yj) in enumerate(points) if j != i and xj != xi]
+        slopes.append(statistics.median(mine))
+    c = statistics.median(slopes)
+    if not c > 0:
+        return _linear_fit(points)
+    a = statistics.median([y - c * x for x, y in points])
+    if a < 0:
+        return 0.0, statistics.median([y / x for x, y in points])
+    return a, c
+
+
+def _monotone(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Pool adjacent violators: the closest non-decreasing sequence in x (a larger batch never
+    takes less time; a measurement saying otherwise is noise, shared out between the sizes)."""
+    points = sorted(points)
+    blocks: list[tuple[float, int]] = []      # (sum of y, count)
+    for _, y in points:
+        total, count = y, 1
+        while blocks and blocks[-1][0] / blocks[-1][1] > total / count:
+            prev_total, prev_count = blocks.pop()
+            total, count = total + prev_total, count + prev_count
+        blocks.append((total, count))
+    ys = [total / count for total, count in blocks for _ in range(count)]
+    return [(x, y) for (x, _), y in zip(points, ys)]
+
+
+def _fit_time(p: DeviceProfile, model_bytes: float) -> tuple[float, float, float] | None:
+    """(a, c, noise): mean seconds per step = a + c * batch, and the noise of one step (see
+    ``step_noise``); from step times, else from matmul TFLOP/s (noise 0), else None.
+
+    A step's time is its noise-free time plus delays that only ever add (another process on the
+    core, a cache refilled after the emulator's pause), so the noise-free line is fitted to each
+    batch size's fastest repeat (``min``), made non-decreasing, by repeated medians, and the delays
+    are priced apart: one outlier repeat moves a median a lot and a minimum never upwards.
+    """
+    steps = [s for s in p.steps if s.batch_size > 0 and s.seconds.median > 0]
+    lows = [(float(s.batch_size), s.seconds.min if s.seconds.min > 0 else s.seconds.median) for s in steps]
+    if lows:
+        a, c = _robust_fit(_monotone(lows))
         if c > 0 and math.isfinite(c):
-            return a, c
+            noise = step_noise([s.seconds.median / (a + c * s.batch_size) - 1.0 for s in steps])
+            grow = 1.0 + noise
+            return a * grow, c * grow, noise
     tflops = p.matmul_tflops.get("fp32") or p.matmul_tflops.get("float32")
     if tflops is None and p.matmul_tflops:
         tflops = max(p.matmul_tflops.values(), key=lambda m: m.median)
     if tflops is None or tflops.median <= 0:
         return None
     parameters = model_bytes / 4.0
-    return 0.0, FLOPS_PER_PARAMETER_PER_SAMPLE * parameters / (tflops.median * 1e12 * MATMUL_EFFICIENCY)
+    return 0.0, FLOPS_PER_PARAMETER_PER_SAMPLE * parameters / (tflops.median * 1e12 * MATMUL_EFFICIENCY), 0.0
+
+
+def step_noise(excess: list[float]) -> float:
+    """Mean delay of a step as a fraction of its noise-free time, from each batch size's
+    median / fitted noise-free time - 1. Delays are modelled as exponential (independent
+    interruptions): their median is ln 2 x their mean. The median over batch sizes keeps one
+    noisy size from deciding."""
+    if not excess:
+        return 0.0
+    return max(0.0, statistics.median(excess)) / math.log(2.0)
 
 
 def _memory_cap(p: DeviceProfile, model_bytes: float) -> int | None:

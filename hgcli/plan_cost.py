@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .model import Inventory, JobSpec, LinkProfile, Strategy
+from .model import ExchangeProfile, Inventory, JobSpec, LinkProfile, Strategy
 
 # Links nobody measured: inside a node (PCIe/NVLink-class ring) and between nodes (10 GbE).
 INTRA_NODE_GBS = 16.0
@@ -27,7 +27,8 @@ STALENESS_SLACK = 2.0
 
 @dataclass(frozen=True)
 class Device:
-    """A usable worker device with its fitted cost: step time = a + c * batch, batch <= cap."""
+    """A usable worker device with its fitted cost: mean step time = a + c * batch, batch <= cap;
+    ``noise`` = mean delay of a step / its noise-free time (hgcli.plan.step_noise)."""
 
     node: int          # index in inventory node order
     device: str
@@ -36,9 +37,27 @@ class Device:
     a: float
     c: float
     cap: int | None
+    noise: float = 0.0
 
-    def time(self, batch: int) -> float:
+    def time(self, batch: float) -> float:
         return self.a + self.c * batch
+
+
+def _harmonic(n: int) -> float:
+    """1 + 1/2 + ... + 1/n (asymptotic form beyond 64 terms: error below 1e-7)."""
+    if n <= 64:
+        return sum(1.0 / k for k in range(1, n + 1))
+    return math.log(n) + 0.5772156649 + 1.0 / (2 * n) - 1.0 / (12 * n * n)
+
+
+def straggle(noise: float, n: int, accumulate: int = 1) -> float:
+    """Expected slowest of ``n`` members / one member's mean, over ``accumulate`` steps between
+    two synchronisations. A step is its noise-free time t0 plus an exponential delay of mean
+    noise * t0; the largest of n such delays has mean H_n times theirs (H_n the harmonic number),
+    and the delays of accumulated steps add up, so their spread grows as sqrt(accumulate)."""
+    if n < 2 or noise <= 0:
+        return 1.0
+    return 1.0 + (_harmonic(n) - 1.0) * noise / ((1.0 + noise) * math.sqrt(accumulate))
 
 
 @dataclass(frozen=True)
@@ -155,31 +174,41 @@ class CostModel:
     """Predicts samples/s of a layout; see docs/planning.md for every formula."""
 
     def __init__(self, devices: list[Device], batches: list[int], net: Network, model_bytes: float,
-                 global_batch: int, inventory: Inventory, job: JobSpec) -> None:
+                 global_batch: int, inventory: Inventory, job: JobSpec,
+                 exchange: dict[int, ExchangeProfile] | None = None) -> None:
         self.devices, self.batches, self.net = devices, batches, net
         self.bytes, self.global_batch, self.job = model_bytes, global_batch, job
-        cores = [n.cpu_cores or 0 for n in inventory.nodes]
+        self.exchange = exchange or {}   # node index -> its measured PS push
+        self.cores = cores = [n.cpu_cores or 0 for n in inventory.nodes]
         # PS ranks go on healthy nodes (a CPU-only node qualifies): best network first, then most
         # CPU cores, then node order.
         healthy = [i for i, n in enumerate(inventory.nodes) if n.ok]
         self.ps_order = sorted(healthy, key=lambda n: (-net.nic[n], -cores[n], n))
 
-    def _group(self, members: tuple[int, ...]) -> tuple[float, float, float, int]:
-        """(samples per step, compute seconds per step, all-reduce + broadcast seconds, leader node)."""
+    def _group(self, members: tuple[int, ...]) -> tuple[float, float, float, int, float]:
+        """(samples per step, compute seconds per step, all-reduce + broadcast seconds, leader node,
+        noise of its noisiest member)."""
         nodes = [self.devices[i].node for i in members]
         bw, lat = self.net.ring(nodes)
         compute = max(self.devices[i].time(self.batches[i]) for i in members)
+        noise = max(self.devices[i].noise for i in members)
         n = len(members)
         sync = _ring_allreduce_s(n, self.bytes, bw, lat) + _broadcast_s(n, self.bytes, bw, lat)
-        return float(sum(self.batches[i] for i in members)), compute, sync, nodes[0]
+        return float(sum(self.batches[i] for i in members)), compute, sync, nodes[0], noise
 
     def allreduce(self) -> Option:
         members = tuple(range(len(self.devices)))
         nodes = [d.node for d in self.devices]
         bw, lat = self.net.ring(nodes)
         step = max(d.time(b) for d, b in zip(self.devices, self.batches))
+        step *= straggle(max(d.noise for d in self.devices), len(members))
         comm = _ring_allreduce_s(len(members), self.bytes, bw, lat)
-        rate = self.global_batch / (step + comm)
+        busy: dict[int, float] = {}
+        for d, b in zip(self.devices, self.batches):
+            if d.emulated:
+                busy[d.node] = busy.get(d.node, 0.0) + (d.speed * d.time(b) + comm) / (step + comm)
+        crowded = self._crowding(busy)
+        rate = self.global_batch / ((step + comm) * max(crowded.values(), default=1.0))
         return Option(Strategy.ALLREDUCE, (members,), (1,), (), 0, rate,
                        f"one all-reduce group of {len(members)}")
 
@@ -219,29 +248,43 @@ class CostModel:
         return [self._predict_async(strategy, groups, stats, accumulate, count) for count in self._ps_counts()]
 
     def _predict_async(self, strategy: Strategy, groups: tuple[tuple[int, ...], ...],
-                       stats: list[tuple[float, float, float, int]], accumulate: tuple[int, ...],
+                       stats: list[tuple[float, float, float, int, float]], accumulate: tuple[int, ...],
                        count: int) -> Option:
         ps_nodes = tuple(self.ps_order[k % len(self.ps_order)] for k in range(count))
         node_share: dict[int, float] = {}
         for q in ps_nodes:
             node_share[q] = node_share.get(q, 0.0) + self.bytes / count
-        exchange = {n: self._push_pull_s(n, node_share) for n in {s[3] for s in stats}}
-        windows = [acc * compute + sync + exchange[leader]
-                   for (_, compute, sync, leader), acc in zip(stats, accumulate)]
+        exchange = {n: self._push_pull_s(n, node_share, count) for n in {s[3] for s in stats}}
+        windows = [acc * compute * straggle(noise, len(g), acc) + sync + exchange[leader]
+                   for (_, compute, sync, leader, noise), acc, g in zip(stats, accumulate, groups)]
         # A node's NIC carries the pushes and pulls of every group led from it: share it.
         nic_load: dict[int, float] = {}
-        for (_, _, _, leader), window in zip(stats, windows):
+        for (_, _, _, leader, _), window in zip(stats, windows):
             remote = self.bytes - node_share.get(leader, 0.0)
             nic_load[leader] = nic_load.get(leader, 0.0) + 2 * remote / self.net.nic[leader] / window
         windows = [w * max(1.0, nic_load[s[3]]) for s, w in zip(stats, windows)]
         pushes_from: dict[int, float] = {}
-        for (_, _, _, leader), window in zip(stats, windows):
+        for (_, _, _, leader, _), window in zip(stats, windows):
             pushes_from[leader] = pushes_from.get(leader, 0.0) + 1.0 / window
         total_pushes = sum(1.0 / w for w in windows)
-        busiest = max(self._ps_load(q, share, total_pushes, pushes_from.get(q, 0.0), count)
-                      for q, share in node_share.items())
-        scale = max(1.0, busiest)     # a saturated PS slows every group down alike
-        rate = sum(acc * s[0] / w for s, acc, w in zip(stats, accumulate, windows)) / scale
+        loads = {q: self._ps_load(q, share, total_pushes, pushes_from.get(q, 0.0), count)
+                 for q, share in node_share.items()}
+        scale = max(1.0, max(loads.values()))     # a saturated PS slows every group down alike
+        windows = [w * scale for w in windows]
+        # Emulated devices and PS ranks sharing a node's cores (node CPU seconds per second).
+        busy = {q: load / scale for q, load in loads.items()}
+        for g, (_, _, sync, leader, _), acc, w in zip(groups, stats, accumulate, windows):
+            for i in g:
+                d = self.devices[i]
+                if d.emulated:
+                    cpu = acc * d.speed * d.time(self.batches[i]) + sync + exchange[leader]
+                    busy[d.node] = busy.get(d.node, 0.0) + cpu / w
+        crowded = self._crowding(busy)
+        if crowded:
+            windows = [w * max((crowded.get(self.devices[i].node, 1.0) for i in g), default=1.0)
+                       for g, w in zip(groups, windows)]
+        rate = sum(acc * s[0] / w for s, acc, w in zip(stats, accumulate, windows))
+        total_pushes = sum(1.0 / w for w in windows)
         slowest = 1.0 / max(windows)
         staleness = self.job.staleness
         if staleness is None:
@@ -252,8 +295,28 @@ class CostModel:
         where = "a PS on every node" if count == len(self.ps_order) > 1 else f"{count} PS rank(s)"
         return Option(strategy, groups, accumulate, ps_nodes, staleness, rate, f"{len(groups)} groups, {where}")
 
-    def _push_pull_s(self, leader: int, node_share: dict[int, float]) -> float:
-        """A leader pushes its update to every shard and pulls fresh parameters back."""
+    def _crowding(self, busy: dict[int, float]) -> dict[int, float]:
+        """Slowdown of each node whose processes ask for more CPU than it has cores: they share
+        the cores (docs/planning.md, CPU contention); nodes of unknown core count are left out."""
+        return {n: b / self.cores[n] for n, b in busy.items() if self.cores[n] and b > self.cores[n]}
+
+    def _push_pull_s(self, leader: int, node_share: dict[int, float], shards: int) -> float:
+        """A leader pushes its update to every shard and pulls fresh parameters back: the RPC
+        round trips as measured on the leader's node (fixed cost + per byte, scaled to a shard),
+        plus the wire time of the shards on other nodes."""
+        measured = self.exchange.get(leader)
+        if measured is None:
+            return self._wire_s(leader, node_share)
+        share = self.bytes / shards
+        fixed = measured.latency_s.median
+        per_byte = max(0.0, measured.round_trip_s.median - fixed) / measured.bytes
+        # one round trip to every shard at once; with several shards the runtime then pulls from the
+        # others (hgcli/runtime/hybrid.py _exchange): a second round trip, without the PS update.
+        software = (fixed + per_byte * share) * (2 if shards > 1 else 1)
+        remote = any(q != leader for q in node_share)
+        return software + (self._wire_s(leader, node_share) if remote else 0.0)
+
+    def _wire_s(self, leader: int, node_share: dict[int, float]) -> float:
         if len(node_share) <= PS_CANDIDATES_MAX:
             slowest, lat = 0.0, 0.0
             for q, share in node_share.items():
@@ -271,5 +334,9 @@ class CostModel:
         nic = self.net.nic[node]
         intra = self.net.link(node, node)[0]
         traffic = 2 * share * ((total_pushes - local_pushes) / nic + local_pushes / intra)
-        apply = total_pushes * (self.bytes / count) / (PS_APPLY_GBS * 1e9)
+        measured = self.exchange.get(node)
+        if measured is not None:   # the PS's measured busy time per push, scaled to its shard
+            apply = total_pushes * measured.service_s.median * (self.bytes / count) / measured.bytes
+        else:
+            apply = total_pushes * (self.bytes / count) / (PS_APPLY_GBS * 1e9)
         return traffic + apply

@@ -19,8 +19,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..model import DeviceProfile, Measurement, StepSample, to_dict
-from . import microbench, modelspec, stepbench
+from ..model import DeviceProfile, ExchangeProfile, Measurement, StepSample, to_dict
+from . import exchangebench, microbench, modelspec, stepbench
 from .failure import first_line, is_oom
 from .frames import emit
 from .lifeline import watch_stdin
@@ -42,7 +42,7 @@ class Sizes:
 
 MIB = 1 << 20
 SIZES = {
-    ("cpu", True): Sizes(384, 1, 32 * MIB, 0, (16, 64, 256), 2, 5),
+    ("cpu", True): Sizes(384, 1, 32 * MIB, 0, (4, 16, 64, 256), 2, 7),
     ("cpu", False): Sizes(1024, 1, 256 * MIB, 0, (16, 32, 64, 128, 256, 512), 2, 7),
     ("cuda", True): Sizes(4096, 5, 256 * MIB, 64 * MIB, (64, 256, 1024), 2, 5),
     ("cuda", False): Sizes(8192, 10, 1024 * MIB, 256 * MIB, (32, 64, 128, 256, 512, 1024, 2048), 3, 10),
@@ -69,6 +69,7 @@ class Results:
     h2d_bw: Measurement | None = None
     steps: list[StepSample] = field(default_factory=list)
     model_parameters: int | None = None
+    exchange: ExchangeProfile | None = None
 
 
 class DeviceFailure(Exception):
@@ -181,9 +182,20 @@ def measure(torch: Any, args: argparse.Namespace, target: Target, results: Resul
     progress(f"model {args.model}")
     loaded = _load_model(args.model_ref)
     results.model_parameters = sum(p.numel() for p in loaded.model.parameters())
+    # The PS exchange is the node's (its CPU and RPC stack), not the device's: measured once per
+    # node, with its first device (emulated devices of a node share one measurement, bench.py).
+    if target.emulated or args.device in ("cpu", "gpu0"):
+        progress("parameter-server exchange")
+        try:
+            results.exchange = exchangebench.measure_exchange(
+                torch, results.model_parameters, warmup=sizes.warmup, repeats=sizes.repeats)
+        except Exception as exc:  # no RPC on this node: the planner falls back to link figures
+            emit({"type": "note", "node": args.node, "device": args.device,
+                  "message": f"parameter-server exchange not measured: {first_line(exc)}"})
     cap = target.memory_total_mib if target.emulated else None
     batch_sizes = args.model_ref.batch_sizes or sizes.batch_sizes
     for sample in stepbench.step_samples(torch, loaded, target.device, batch_sizes, memory_cap_mib=cap,
+                                         emulated_speed=target.speed if target.emulated else None,
                                          on_batch=lambda bs: progress(f"batch {bs}"), **reps):
         results.steps.append(sample)
 
@@ -209,6 +221,7 @@ def build_profile(torch: Any, args: argparse.Namespace, target: Target | None, r
         mem_bandwidth_gbs=scaled(r.mem_bw, speed) if r.mem_bw else None,
         h2d_bandwidth_gbs=r.h2d_bw, steps=steps, error=error,
         torch_version=torch.__version__, driver_version=target.driver_version if target else None,
+        exchange=r.exchange,
     )
 
 

@@ -25,11 +25,17 @@ def step_samples(torch: Any, loaded: LoadedModel, device: Any, batch_sizes: tupl
                  warmup: int, repeats: int, sync: Callable[[], object],
                  clock: Clock = WALL,
                  memory_cap_mib: int | None,
+                 emulated_speed: float | None = None,
                  on_batch: Callable[[int], None]) -> Iterator[StepSample]:
     """One StepSample per batch size, smallest first; raises OutOfMemory at the first that fails.
 
     ``memory_cap_mib`` (emulated devices) is checked against the accounted peak before timing, so
     an emulated 16 GiB card refuses a batch a 16 GiB card could not hold.
+
+    ``emulated_speed``: the step is timed as the runtime's emulator runs it (hgcli/runtime/
+    emulate.py stretches forward and backward to 1/speed but not the optimizer step, which runs
+    after the step's compute has ended): each timing is forward+backward + speed x optimizer, so
+    that the profile's 1/speed scaling (node/bench.py) gives forward+backward / speed + optimizer.
     """
     model = loaded.model.to(device)
     model.train()
@@ -42,10 +48,14 @@ def step_samples(torch: Any, loaded: LoadedModel, device: Any, batch_sizes: tupl
             inputs, targets = loaded.make_batch(batch_size, device)
             args = inputs if isinstance(inputs, tuple) else (inputs,)
 
+            optimizer_s: list[float] = []
+
             def step() -> None:
                 optimizer.zero_grad(set_to_none=True)
                 loss_fn(model(*args), targets).backward()
+                start = clock.now()
                 optimizer.step()
+                optimizer_s.append(clock.now() - start)
 
             if on_gpu:
                 torch.cuda.reset_peak_memory_stats(device)
@@ -55,6 +65,9 @@ def step_samples(torch: Any, loaded: LoadedModel, device: Any, batch_sizes: tupl
                     raise OutOfMemory(f"out of memory at batch {batch_size}: a step needs "
                                       f"{peak / MIB:.1f} MiB, the emulated device has {memory_cap_mib} MiB")
             seconds = time_repeats(step, warmup=warmup, repeats=repeats, sync=sync, clock=clock)
+            if emulated_speed is not None:
+                host = optimizer_s[-len(seconds):]
+                seconds = [s - (1.0 - emulated_speed) * o for s, o in zip(seconds, host)]
             if on_gpu:
                 peak = torch.cuda.max_memory_allocated(device)
         except RuntimeError as exc:

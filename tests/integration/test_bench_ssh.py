@@ -74,11 +74,12 @@ def test_cli_bench_over_ssh_emulated_devices_and_gloo_link(make_hosts, tmp_path)
         assert d.torch_version == torch.__version__          # measured by the python the cluster file named
         assert d.matmul_tflops["fp32"].median > 0 and [s.batch_size for s in d.steps] == [8]
 
-    # The devices of one node derive from one measurement of its CPU, so their figures are in exactly
-    # the declared speed ratio (1 : 0.25): rates x speed, step times / speed.
+    # host1's CPU is measured once per declared speed (pausing like the emulator at that speed), each
+    # measurement scaled by its speed: the rates are in about the declared ratio 1 : 0.25, up to the
+    # load the CPU saw during each of the two measurements.
     a100, t4 = by_device["host1", "gpu0"], by_device["host1", "gpu1"]
-    assert t4.matmul_tflops["fp32"].median / a100.matmul_tflops["fp32"].median == pytest.approx(0.25)
-    assert t4.steps[0].seconds.median / a100.steps[0].seconds.median == pytest.approx(4.0)
+    assert 0.125 < t4.matmul_tflops["fp32"].median / a100.matmul_tflops["fp32"].median < 0.5
+    assert t4.exchange is not None and t4.exchange.service_s.median > 0    # the node's PS push, measured
 
     # Between the two hosts (distinct loopback addresses), then inside host1, whose two emulated
     # devices exchange through gloo on that host.

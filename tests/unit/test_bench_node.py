@@ -40,7 +40,7 @@ def test_cpu_device_measures_matmul_bandwidth_and_steps():
     assert 0 < fp32.min <= fp32.median <= fp32.max and fp32.repeats >= 3
     assert p.mem_bandwidth_gbs is not None and p.mem_bandwidth_gbs.median > 0
     assert p.h2d_bandwidth_gbs is None                    # no host-to-device copy on a CPU
-    assert [s.batch_size for s in p.steps] == [16, 64, 256]
+    assert [s.batch_size for s in p.steps] == [4, 16, 64, 256]
     assert all(s.seconds.median > 0 and s.memory_mib > 0 for s in p.steps)
     # Activations grow with the batch, so the accounted peak does too.
     assert p.steps[-1].memory_mib > p.steps[0].memory_mib
@@ -48,6 +48,12 @@ def test_cpu_device_measures_matmul_bandwidth_and_steps():
     (model,) = [f for f in frames if f["type"] == "model"]
     assert model["parameters"] == 784 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10
     assert any(f["type"] == "progress" and f["stage"] == "batch 64" for f in frames)
+    # A real PS push over RPC to a child process: a model-sized one costs more than a one-element
+    # one, and the PS's own busy time is part of the model-sized round trip.
+    ex = p.exchange
+    assert ex is not None and ex.bytes == 4 * model["parameters"]
+    assert 0 < ex.latency_s.min and 0 < ex.service_s.median < ex.round_trip_s.median
+    assert ex.latency_s.median < ex.round_trip_s.median
 
 
 def test_emulated_device_is_marked_and_scaled():
@@ -77,7 +83,7 @@ def test_step_over_emulated_memory_is_out_of_memory_and_keeps_smaller_batches():
     peaks = {s.batch_size: s.memory_mib for s in profile_of(run_node_bench("--device", "cpu")).steps}
     assert peaks[64] < peaks[256]
     p = profile_of(run_node_bench("--device", "gpu0", "--emulate-speed", "1", "--memory-mib", str(peaks[64])))
-    assert [s.batch_size for s in p.steps] == [16, 64]
+    assert [s.batch_size for s in p.steps] == [4, 16, 64]
     assert p.error.startswith("out of memory at batch 256")
     assert f"the emulated device has {peaks[64]} MiB" in p.error
     assert p.matmul_tflops["fp32"].median > 0                # measured before the failure: kept
