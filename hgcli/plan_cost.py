@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .model import ExchangeProfile, Inventory, JobSpec, LinkProfile, Strategy
 
@@ -58,6 +59,26 @@ def straggle(noise: float, n: int, accumulate: int = 1) -> float:
     if n < 2 or noise <= 0:
         return 1.0
     return 1.0 + (_harmonic(n) - 1.0) * noise / ((1.0 + noise) * math.sqrt(accumulate))
+
+
+def oversubscription(ranks: int, cores: int) -> float:
+    """How much longer a latency-bound exchange takes on a node whose ranks outnumber its cores:
+    every hop wakes a process that then waits for a core, and with ``ranks`` processes sharing
+    ``cores`` round-robin each one runs ranks / cores of the time it would alone. 1 when the node
+    has a core per rank, or its core count is unknown (0)."""
+    return ranks / cores if cores and ranks > cores else 1.0
+
+
+class GroupStats(NamedTuple):
+    """A group's figures per synchronisation, before PS placement."""
+
+    samples: float      # samples per step
+    compute: float      # seconds per step of its slowest member
+    sync: float         # all-reduce + broadcast seconds, uncontended
+    latency: float      # the latency part of ``sync`` (stretched by oversubscription)
+    leader: int         # node index of its leader
+    noise: float        # noise of its noisiest member
+    nodes: frozenset[int]
 
 
 @dataclass(frozen=True)
@@ -184,17 +205,23 @@ class CostModel:
         # CPU cores, then node order.
         healthy = [i for i, n in enumerate(inventory.nodes) if n.ok]
         self.ps_order = sorted(healthy, key=lambda n: (-net.nic[n], -cores[n], n))
+        self.ranks_on: dict[int, int] = {}       # worker ranks per node (every device is one)
+        for d in devices:
+            self.ranks_on[d.node] = self.ranks_on.get(d.node, 0) + 1
 
-    def _group(self, members: tuple[int, ...]) -> tuple[float, float, float, int, float]:
-        """(samples per step, compute seconds per step, all-reduce + broadcast seconds, leader node,
-        noise of its noisiest member)."""
+    def _oversub(self, node: int, ps_ranks: dict[int, int]) -> float:
+        return oversubscription(self.ranks_on.get(node, 0) + ps_ranks.get(node, 0), self.cores[node])
+
+    def _group(self, members: tuple[int, ...]) -> GroupStats:
         nodes = [self.devices[i].node for i in members]
         bw, lat = self.net.ring(nodes)
         compute = max(self.devices[i].time(self.batches[i]) for i in members)
         noise = max(self.devices[i].noise for i in members)
         n = len(members)
         sync = _ring_allreduce_s(n, self.bytes, bw, lat) + _broadcast_s(n, self.bytes, bw, lat)
-        return float(sum(self.batches[i] for i in members)), compute, sync, nodes[0], noise
+        latency = 3 * (n - 1) * lat if n > 1 else 0.0
+        return GroupStats(float(sum(self.batches[i] for i in members)), compute, sync, latency, nodes[0],
+                          noise, frozenset(nodes))
 
     def allreduce(self) -> Option:
         members = tuple(range(len(self.devices)))
@@ -202,11 +229,13 @@ class CostModel:
         bw, lat = self.net.ring(nodes)
         step = max(d.time(b) for d, b in zip(self.devices, self.batches))
         step *= straggle(max(d.noise for d in self.devices), len(members))
-        comm = _ring_allreduce_s(len(members), self.bytes, bw, lat)
+        own = _ring_allreduce_s(len(members), self.bytes, bw, lat)   # its CPU work, uncontended
+        wait = max(self._oversub(n, {}) for n in set(nodes))
+        comm = own + 2 * (len(members) - 1) * lat * (wait - 1.0)
         busy: dict[int, float] = {}
         for d, b in zip(self.devices, self.batches):
             if d.emulated:
-                busy[d.node] = busy.get(d.node, 0.0) + (d.speed * d.time(b) + comm) / (step + comm)
+                busy[d.node] = busy.get(d.node, 0.0) + (d.speed * d.time(b) + own) / (step + comm)
         crowded = self._crowding(busy)
         rate = self.global_batch / ((step + comm) * max(crowded.values(), default=1.0))
         return Option(Strategy.ALLREDUCE, (members,), (1,), (), 0, rate,
@@ -242,30 +271,36 @@ class CostModel:
         stats = [self._group(g) for g in groups]
         if strategy is Strategy.HYBRID:
             # asynchronous large mini-batch: a group accumulates to the global batch before it pushes
-            accumulate = tuple(min(MAX_ACCUMULATE, max(1, math.ceil(self.global_batch / s[0]))) for s in stats)
+            accumulate = tuple(min(MAX_ACCUMULATE, max(1, math.ceil(self.global_batch / s.samples))) for s in stats)
         else:
             accumulate = (1,) * len(stats)   # the classic asynchronous PS: every worker pushes every step
         return [self._predict_async(strategy, groups, stats, accumulate, count) for count in self._ps_counts()]
 
     def _predict_async(self, strategy: Strategy, groups: tuple[tuple[int, ...], ...],
-                       stats: list[tuple[float, float, float, int, float]], accumulate: tuple[int, ...],
-                       count: int) -> Option:
+                       stats: list[GroupStats], accumulate: tuple[int, ...], count: int) -> Option:
         ps_nodes = tuple(self.ps_order[k % len(self.ps_order)] for k in range(count))
         node_share: dict[int, float] = {}
+        ps_ranks: dict[int, int] = {}
         for q in ps_nodes:
             node_share[q] = node_share.get(q, 0.0) + self.bytes / count
-        exchange = {n: self._push_pull_s(n, node_share, count) for n in {s[3] for s in stats}}
-        windows = [acc * compute * straggle(noise, len(g), acc) + sync + exchange[leader]
-                   for (_, compute, sync, leader, noise), acc, g in zip(stats, accumulate, groups)]
+            ps_ranks[q] = ps_ranks.get(q, 0) + 1
+        # Latencies under oversubscribed cores (oversubscription): a group's ring on its nodes, an
+        # RPC round trip on the leader's node and the PS nodes'.
+        ps_wait = max(self._oversub(q, ps_ranks) for q in ps_ranks)
+        exchange = {n: self._push_pull_s(n, node_share, count, max(ps_wait, self._oversub(n, ps_ranks)))
+                    for n in {s.leader for s in stats}}
+        syncs = [s.sync + s.latency * (max(self._oversub(n, ps_ranks) for n in s.nodes) - 1.0) for s in stats]
+        windows = [acc * s.compute * straggle(s.noise, len(g), acc) + sync + exchange[s.leader]
+                   for s, sync, acc, g in zip(stats, syncs, accumulate, groups)]
         # A node's NIC carries the pushes and pulls of every group led from it: share it.
         nic_load: dict[int, float] = {}
-        for (_, _, _, leader, _), window in zip(stats, windows):
-            remote = self.bytes - node_share.get(leader, 0.0)
-            nic_load[leader] = nic_load.get(leader, 0.0) + 2 * remote / self.net.nic[leader] / window
-        windows = [w * max(1.0, nic_load[s[3]]) for s, w in zip(stats, windows)]
+        for s, window in zip(stats, windows):
+            remote = self.bytes - node_share.get(s.leader, 0.0)
+            nic_load[s.leader] = nic_load.get(s.leader, 0.0) + 2 * remote / self.net.nic[s.leader] / window
+        windows = [w * max(1.0, nic_load[s.leader]) for s, w in zip(stats, windows)]
         pushes_from: dict[int, float] = {}
-        for (_, _, _, leader, _), window in zip(stats, windows):
-            pushes_from[leader] = pushes_from.get(leader, 0.0) + 1.0 / window
+        for s, window in zip(stats, windows):
+            pushes_from[s.leader] = pushes_from.get(s.leader, 0.0) + 1.0 / window
         total_pushes = sum(1.0 / w for w in windows)
         loads = {q: self._ps_load(q, share, total_pushes, pushes_from.get(q, 0.0), count)
                  for q, share in node_share.items()}
@@ -273,17 +308,19 @@ class CostModel:
         windows = [w * scale for w in windows]
         # Emulated devices and PS ranks sharing a node's cores (node CPU seconds per second).
         busy = {q: load / scale for q, load in loads.items()}
-        for g, (_, _, sync, leader, _), acc, w in zip(groups, stats, accumulate, windows):
+        # CPU work of communication: its uncontended time (waiting for a core is not demand).
+        own = {n: self._push_pull_s(n, node_share, count, 1.0) for n in exchange}
+        for g, s, acc, w in zip(groups, stats, accumulate, windows):
             for i in g:
                 d = self.devices[i]
                 if d.emulated:
-                    cpu = acc * d.speed * d.time(self.batches[i]) + sync + exchange[leader]
+                    cpu = acc * d.speed * d.time(self.batches[i]) + s.sync + own[s.leader]
                     busy[d.node] = busy.get(d.node, 0.0) + cpu / w
         crowded = self._crowding(busy)
         if crowded:
             windows = [w * max((crowded.get(self.devices[i].node, 1.0) for i in g), default=1.0)
                        for g, w in zip(groups, windows)]
-        rate = sum(acc * s[0] / w for s, acc, w in zip(stats, accumulate, windows))
+        rate = sum(acc * s.samples / w for s, acc, w in zip(stats, accumulate, windows))
         total_pushes = sum(1.0 / w for w in windows)
         slowest = 1.0 / max(windows)
         staleness = self.job.staleness
@@ -300,15 +337,15 @@ class CostModel:
         the cores (docs/planning.md, CPU contention); nodes of unknown core count are left out."""
         return {n: b / self.cores[n] for n, b in busy.items() if self.cores[n] and b > self.cores[n]}
 
-    def _push_pull_s(self, leader: int, node_share: dict[int, float], shards: int) -> float:
+    def _push_pull_s(self, leader: int, node_share: dict[int, float], shards: int, wait: float) -> float:
         """A leader pushes its update to every shard and pulls fresh parameters back: the RPC
-        round trips as measured on the leader's node (fixed cost + per byte, scaled to a shard),
-        plus the wire time of the shards on other nodes."""
+        round trips as measured on the leader's node (fixed cost, times ``wait`` for cores, + per
+        byte, scaled to a shard), plus the wire time of the shards on other nodes."""
         measured = self.exchange.get(leader)
         if measured is None:
             return self._wire_s(leader, node_share)
         share = self.bytes / shards
-        fixed = measured.latency_s.median
+        fixed = measured.latency_s.median * wait
         per_byte = max(0.0, measured.round_trip_s.median - fixed) / measured.bytes
         # one round trip to every shard at once; with several shards the runtime then pulls from the
         # others (hgcli/runtime/hybrid.py _exchange): a second round trip, without the PS update.

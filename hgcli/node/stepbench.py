@@ -1,12 +1,18 @@
 """Training-step time of a model at several batch sizes, with peak memory: the planner's time(batch).
 
-A step is forward + loss + backward + optimizer step (SGD with momentum: one state tensor per
-parameter, like most data-parallel recipes). Peak memory on a GPU is the CUDA caching allocator's
+A step is a step of the runtime's training loop (``runtime_step``): fetch the batch, forward + loss +
+backward, ``loss.item()`` and a metrics line, and the optimizer step (SGD with momentum: one state
+tensor per parameter, like most data-parallel recipes) through the runtime's own hooks
+(hgcli/runtime/hybrid.py: sample counting, gradient accumulation). Its fixed cost per step is what
+decides small models run with small batches (the main job: a 5k-parameter MLP whose bare step is
+under 0.4 ms), so it is measured, not assumed. Peak memory on a GPU is the CUDA caching allocator's
 ``max_memory_allocated``; on a CPU (and so on emulated devices) it is counted from the tensors a step
 keeps alive (see ``accounted_step_bytes``), because the CPU allocator keeps no peak statistics.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 from typing import Any, Callable, Iterator
 
 from ..model import StepSample
@@ -42,19 +48,62 @@ def step_samples(torch: Any, loaded: LoadedModel, device: Any, batch_sizes: tupl
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     loss_fn = loaded.loss_fn or _default_loss(torch)
     on_gpu = device.type == "cuda"
+    with runtime_hooks(model, optimizer, default_batch=min(batch_sizes)) as emit:
+        yield from _samples(torch, model, optimizer, loss_fn, loaded, device, batch_sizes, emit,
+                            warmup=warmup, repeats=repeats, sync=sync, clock=clock, on_gpu=on_gpu,
+                            memory_cap_mib=memory_cap_mib, emulated_speed=emulated_speed,
+                            on_batch=on_batch)
+
+
+@contextlib.contextmanager
+def runtime_hooks(model: Any, optimizer: Any, *, default_batch: int) -> Iterator[Callable[..., None]]:
+    """Attach the runtime's per-step machinery to ``model`` and ``optimizer`` as a one-rank group
+    without PS would (no collective: a group of one skips it; accumulate 1, so every step takes the
+    accumulation, the gradient copy and the optimizer), with an emulator of speed 1 (bookkeeping,
+    no pause). Yields the metrics line emitter, writing to /dev/null like a pipe nobody slows."""
+    from ..runtime.emulate import Emulator
+    from ..runtime.hybrid import GroupSync
+    from ..runtime.metrics import MetricsSink
+
+    fd = os.open(os.devnull, os.O_WRONLY)
+    sink = MetricsSink(fd, {"rank": 0, "group": 0, "role": "worker"})
+    sync = GroupSync(model=model, optimizer=optimizer, group_ranks=(0,), pg=None, rank=0, group_id=0,
+                     accumulate=1, ps_ranks=(), first_worker=0, default_batch=default_batch,
+                     emulator=Emulator(1.0), metrics=sink, timeout_s=60.0)
+    try:
+        yield sink.emit
+    finally:
+        sync.finish()            # removes the hooks (no PS: nothing to wait for)
+        os.close(fd)
+
+
+def _samples(torch: Any, model: Any, optimizer: Any, loss_fn: Callable[[Any, Any], Any], loaded: LoadedModel,
+             device: Any, batch_sizes: tuple[int, ...], emit: Callable[..., None], *, warmup: int,
+             repeats: int, sync: Callable[[], object], clock: Clock, on_gpu: bool,
+             memory_cap_mib: int | None, emulated_speed: float | None,
+             on_batch: Callable[[int], None]) -> Iterator[StepSample]:
     for batch_size in sorted(batch_sizes):
         on_batch(batch_size)
         try:
             inputs, targets = loaded.make_batch(batch_size, device)
             args = inputs if isinstance(inputs, tuple) else (inputs,)
+            # The runtime's batches are gathered from the dataset by a permutation (runtime/data.py).
+            order = torch.randperm(batch_size, device=device)
+            tensors = (*args, targets)
 
             optimizer_s: list[float] = []
 
             def step() -> None:
+                *xb, yb = (t[order] if isinstance(t, torch.Tensor) and t.dim() else t for t in tensors)
+                loss = loss_fn(model(*xb), yb)
                 optimizer.zero_grad(set_to_none=True)
-                loss_fn(model(*args), targets).backward()
+                loss.backward()
+                value = loss.item()
+                # Not stretched by emulation, in the runtime: the optimizer with its hooks (after the
+                # emulator's end of compute) and the metrics line (ctx.log is untimed).
                 start = clock.now()
                 optimizer.step()
+                emit(step=0, loss=value, samples=batch_size)
                 optimizer_s.append(clock.now() - start)
 
             if on_gpu:

@@ -7,7 +7,7 @@ import pytest
 
 from hgcli.model import ExchangeProfile, JobSpec, Measurement, ModelSpec, StepSample, Strategy
 from hgcli.plan import _fit_time, _monotone, make_plan
-from hgcli.plan_cost import straggle
+from hgcli.plan_cost import INTRA_NODE_LATENCY_S, oversubscription, straggle
 
 from tests.unit.plan_clusters import A100, T4, cluster, measured
 
@@ -114,7 +114,29 @@ def test_emulated_devices_share_their_nodes_cores():
     real = dataclasses.replace(fast, emulated=False)
     inventory, profiles = cluster([[real] * 4], model=ModelSpec("tiny", 1000))
     two = dataclasses.replace(inventory, nodes=tuple(dataclasses.replace(n, cpu_cores=2) for n in inventory.nodes))
-    assert make_plan(two, profiles, job).predicted_samples_per_s["allreduce"] == pytest.approx(roomy, rel=1e-6)
+    # Real GPUs compute off the CPU: not crowded; only their ring's latencies wait for a core (below).
+    shared = make_plan(two, profiles, job).predicted_samples_per_s["allreduce"]
+    assert 256 / shared - 256 / roomy == pytest.approx(2 * 3 * INTRA_NODE_LATENCY_S * (4 / 2 - 1), rel=1e-6)
+
+
+def test_oversubscribed_cores_stretch_latencies_not_bandwidth():
+    assert oversubscription(5, 2) == 2.5
+    assert oversubscription(2, 2) == oversubscription(1, 2) == oversubscription(64, 0) == 1.0
+    # The main job's shape, 2 A100 + 2 T4 ranks on one node plus the PS, with an RPC fixed cost far
+    # above its per-byte part. Real GPUs, so no CPU crowding: on two cores only the waits differ.
+    inventory, profiles = cluster([[A100, A100, T4, T4]], model=ModelSpec("tiny", 5000))
+    devices = tuple(dataclasses.replace(p, exchange=exchange(0.0013, 0.0001, latency=0.0012, nbytes=20_000))
+                    for p in profiles.devices)
+    profiles = dataclasses.replace(profiles, devices=devices)
+    job = JobSpec(strategy=Strategy.PS, global_batch=256, ps_ranks=1)
+
+    def cost(cores: int | None):
+        nodes = tuple(dataclasses.replace(n, cpu_cores=cores) for n in inventory.nodes)
+        return make_plan(dataclasses.replace(inventory, nodes=nodes), profiles, job)
+
+    many, two = cost(64), cost(2)
+    assert two.predicted_samples_per_s["ps"] < many.predicted_samples_per_s["ps"]
+    assert cost(None).predicted_samples_per_s["ps"] == pytest.approx(many.predicted_samples_per_s["ps"])
 
 
 def test_one_size_measured_during_a_burst_of_load_does_not_bend_the_line():

@@ -1,0 +1,53 @@
+"""The step benchmark times a step of the runtime's loop, not a bare forward/backward/optimizer."""
+from __future__ import annotations
+
+import torch
+
+from hgcli.node.modelspec import LoadedModel
+from hgcli.node.stepbench import runtime_hooks, step_samples
+
+
+def test_the_timed_step_runs_the_runtimes_hooks_on_a_gathered_batch():
+    model = torch.nn.Linear(3, 2)
+    seen: list[torch.Tensor] = []
+    hooked: list[int] = []
+
+    def make_batch(n: int, device: object) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.arange(n * 3, dtype=torch.float32).reshape(n, 3), torch.arange(n) % 2
+
+    def loss_fn(out: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        seen.append(targets.clone())
+        hooked.append(len(model._forward_pre_hooks))     # the runtime's sample counter
+        return torch.nn.functional.cross_entropy(out, targets)
+
+    samples = list(step_samples(torch, LoadedModel(model, make_batch, loss_fn), torch.device("cpu"), (8,),
+                                warmup=1, repeats=3, sync=lambda: None, memory_cap_mib=None,
+                                on_batch=lambda b: None))
+    assert [s.batch_size for s in samples] == [8]
+    # The batch is gathered by a permutation, as runtime/data.py does: same samples, new tensor.
+    assert sorted(seen[-1].tolist()) == sorted((torch.arange(8) % 2).tolist())
+    assert len(seen) >= 1 + 1 + 3      # the memory accounting step, warm-up, repeats
+    assert set(hooked) == {1}
+    # The hooks are gone afterwards: the model is the user's again.
+    assert not model._forward_pre_hooks
+
+
+def test_runtime_hooks_accumulate_like_a_group_of_one():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    twin = torch.nn.Linear(4, 1)
+    twin.load_state_dict(model.state_dict())
+    x, y = torch.randn(6, 4), torch.randn(6, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    plain = torch.optim.SGD(twin.parameters(), lr=0.1, momentum=0.9)
+    with runtime_hooks(model, opt, default_batch=6) as emit:
+        assert opt._optimizer_step_pre_hooks and model._forward_pre_hooks   # attached while timing
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        emit(step=0, loss=1.0)            # a metrics line goes to /dev/null, never to the output
+    torch.nn.functional.mse_loss(twin(x), y).backward()
+    plain.step()
+    # A group of one: the weighted mean of one rank's gradient is that gradient.
+    for a, b in zip(model.parameters(), twin.parameters()):
+        assert torch.allclose(a, b, atol=1e-6)
+    assert not opt._optimizer_step_pre_hooks and not model._forward_pre_hooks
