@@ -61,12 +61,21 @@ def straggle(noise: float, n: int, accumulate: int = 1) -> float:
     return 1.0 + (_harmonic(n) - 1.0) * noise / ((1.0 + noise) * math.sqrt(accumulate))
 
 
-def oversubscription(ranks: int, cores: int) -> float:
+def oversubscription(ranks: int, cores: int, demand: float | None = None) -> float:
     """How much longer a latency-bound exchange takes on a node whose ranks outnumber its cores:
-    every hop wakes a process that then waits for a core, and with ``ranks`` processes sharing
-    ``cores`` round-robin each one runs ranks / cores of the time it would alone. 1 when the node
-    has a core per rank, or its core count is unknown (0)."""
-    return ranks / cores if cores and ranks > cores else 1.0
+    every hop wakes a process that may then wait for a core. With ``ranks`` processes all runnable,
+    sharing ``cores`` round-robin, each runs ranks / cores of the time it would alone; that is the
+    bound. ``demand`` (cores' worth of CPU the workers ask for: an emulated device at speed s runs
+    s of a core while it computes and sleeps the rest) lowers it as a queue would: with the cores
+    busy a share u = demand / cores of the time, a woken process's wait stretches it by 1 / (1 - u).
+    1 when the node has a core per rank, or its core count is unknown (0)."""
+    if not cores or ranks <= cores:
+        return 1.0
+    bound = ranks / cores
+    if demand is None:
+        return bound
+    busy = min(demand / cores, 0.99)
+    return min(bound, 1.0 / (1.0 - busy))
 
 
 class GroupStats(NamedTuple):
@@ -206,11 +215,16 @@ class CostModel:
         healthy = [i for i, n in enumerate(inventory.nodes) if n.ok]
         self.ps_order = sorted(healthy, key=lambda n: (-net.nic[n], -cores[n], n))
         self.ranks_on: dict[int, int] = {}       # worker ranks per node (every device is one)
+        self.demand_on: dict[int, float] = {}    # cores' worth of CPU its workers ask for
         for d in devices:
             self.ranks_on[d.node] = self.ranks_on.get(d.node, 0) + 1
+            # A real GPU's process spins on its stream and holds a core; an emulated one holds
+            # ``speed`` of a core (the emulator sleeps the rest of each step).
+            self.demand_on[d.node] = self.demand_on.get(d.node, 0.0) + (min(d.speed, 1.0) if d.emulated else 1.0)
 
     def _oversub(self, node: int, ps_ranks: dict[int, int]) -> float:
-        return oversubscription(self.ranks_on.get(node, 0) + ps_ranks.get(node, 0), self.cores[node])
+        return oversubscription(self.ranks_on.get(node, 0) + ps_ranks.get(node, 0), self.cores[node],
+                                self.demand_on.get(node, 0.0))
 
     def _group(self, members: tuple[int, ...]) -> GroupStats:
         nodes = [self.devices[i].node for i in members]

@@ -139,6 +139,16 @@ def test_oversubscribed_cores_stretch_latencies_not_bandwidth():
     assert cost(None).predicted_samples_per_s["ps"] == pytest.approx(many.predicted_samples_per_s["ps"])
 
 
+def test_mostly_sleeping_emulated_ranks_make_a_woken_process_wait_less():
+    # All runnable (real GPUs spin): ranks / cores. Emulated devices asking for 0.25 of the two cores
+    # (benchmarks/cost_model_accuracy.py's 2+2 cluster): the queue's 1 / (1 - 0.125), not x2.5.
+    assert oversubscription(5, 2, demand=5.0) == 2.5
+    assert oversubscription(5, 2, demand=0.25) == pytest.approx(1 / (1 - 0.125))
+    assert oversubscription(5, 2, demand=1.8) == 2.5           # nearly saturated: the bound
+    assert oversubscription(2, 2, demand=2.0) == 1.0           # a core per rank
+    assert 1.0 < oversubscription(5, 2, demand=1.0) < oversubscription(5, 2, demand=1.5) <= 2.5
+
+
 def test_one_size_measured_during_a_burst_of_load_does_not_bend_the_line():
     # benchmarks/cost_model_accuracy.py, run C: batch 128's fastest repeat was twice the others' line.
     inventory, profiles = cluster([[A100]])
