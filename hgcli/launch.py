@@ -4,9 +4,10 @@
 event (``launch_events``) on a separate thread, so the console can never slow the agents down.
 Steps, each bounded: the plan (a plan file, or probe -> bench -> plan through ``pipeline``), the job
 record, then on every node at once: connect, ship the package, start the agent and let it prepare
-the node (``hgcli.node.prelaunch``: writes the plan where ``HGTRAIN_PLAN`` points, and on rank 0's
-node finds a free ``MASTER_PORT``), then send every agent its spec on stdin; then ``launch_loop.JobController`` until every agent has ended (or, with
-``detach``, has detached). Failure semantics and exit codes: docs/launch.md.
+the node (``hgcli.node.prelaunch``: writes the plan where ``HGTRAIN_PLAN`` points, on rank 0's node
+finds a free ``MASTER_PORT``, on a restart lists the PS checkpoints), then send every agent its spec
+on stdin; then ``launch_loop.JobController`` until every agent has ended (or, with ``detach``, has
+detached). Failure semantics and exit codes: docs/launch.md.
 """
 from __future__ import annotations
 
