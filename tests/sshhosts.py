@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Iterable
 
 from hgcli.model import HostKeyPolicy, NodeSpec, SshSettings
+from hgcli.ports import free_port
 from hgcli.remote.known_hosts import host_name
 
 SSHD = "/usr/sbin/sshd"
@@ -43,12 +44,6 @@ START_TIMEOUT_S = 30.0      # generous: the machine is shared with other test ru
 
 def sshd_available() -> bool:
     return os.access(SSHD, os.X_OK) and shutil.which("ssh-keygen") is not None
-
-
-def free_port(address: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((address, 0))
-        return s.getsockname()[1]
 
 
 def _descendants(pid: int) -> list[int]:
@@ -159,7 +154,7 @@ class TestHost:
     def start(self, authorized_keys: Path) -> None:
         last_error = ""
         for _ in range(5):
-            self.port = self.fixed_port or free_port(self.address)
+            self.port = self.fixed_port or free_port(self.address)  # below the ephemeral range: see hgcli.ports
             config = self.dir / "sshd_config"
             config.write_text(self.config_text(authorized_keys))
             log = open(self.log, "ab")

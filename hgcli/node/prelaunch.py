@@ -11,7 +11,7 @@ The plan is written to ``<jobs root>/<job>/<node>/plan.json`` (the agent's job d
 ``HGTRAIN_PLAN`` points at a file on the node itself. With ``port`` this node's kernel is asked for a
 free TCP port for ``MASTER_PORT``: a port free on the controller says nothing about rank 0's node. The
 port is released before rank 0 binds it, so another process could take it in between (torchrun has
-the same window); the kernel hands out ephemeral ports round-robin, which makes that rare.
+the same window); hgcli.ports picks it below the ephemeral range, where no outgoing connection lands.
 With ``checkpoints`` (a restart of a job with PS ranks) it lists the PS checkpoint versions each shard
 has a file of in that directory (shard -> versions, else null): PS shards on different nodes each keep
 their own files, so only the launcher, from every node's list, can tell which version is complete.
@@ -19,21 +19,14 @@ their own files, so only the launcher, from every node's list, can tell which ve
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 from typing import Any
 
 from .spec import DEFAULT_JOBS_ROOT, job_dir
+from ..ports import free_port
 from ..state import ensure_private_dir, write_private
 
 PLAN_FILE = "plan.json"
-
-
-def free_port() -> int:
-    """A port nothing listens on right now, on every address of this node (rank 0 binds 0.0.0.0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def prepare(request: dict[str, Any]) -> dict[str, Any]:

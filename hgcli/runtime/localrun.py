@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .. import model as m
+from ..ports import free_port
 from .env import ps_argv as default_ps_argv
 from .env import rank_env
 from .localplan import emulated_plan
@@ -51,13 +51,6 @@ class LocalRunResult:
     @property
     def ok(self) -> bool:
         return not self.timed_out and all(r.exit_code == 0 for r in self.ranks)
-
-
-def free_port() -> int:
-    """A port free right now (another process could take it before the ranks bind; rare locally)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_plan(plan: m.Plan, worker_argv: Sequence[str], *, workdir: Path,
