@@ -53,16 +53,27 @@ class LogLines:
     """Consecutive lines of one rank's stream, as one agent frame brought them: a flood arrives in
     a few of these, not one event per line. ``--json`` still prints one ``log`` event per line.
 
-    The lines stay one string: the plain console and the rank file need no split, and splitting a
-    million lines into objects was a good part of the controller's time."""
+    The lines stay one piece of bytes, as the agent's frame brought them: the plain console and the
+    rank file need no split (splitting a million lines into objects was a good part of the
+    controller's time), and ASCII output, nearly every log, goes to both without being decoded
+    and encoded again (each 1 MiB copy also cost the kernel fresh pages: ``utf8``)."""
 
     job_id: str
     rank: int
     node: str
     role: str
     stream: str                    # "out" | "err"
-    text: str                      # the lines, each ending in "\n" (non-UTF-8 bytes as \xNN) ...
+    data: bytes                    # the lines as the rank wrote them, each ending in b"\n" ...
     partial: bool = False          # ... but the last: a piece of a line over 64 KiB that the next continues
+
+    @property
+    def text(self) -> str:
+        """The lines as text: bytes that are not UTF-8 as ``\\xNN`` (the node-side files' rule)."""
+        return self.data.decode("utf-8", "backslashreplace")
+
+    def utf8(self) -> bytes:
+        """``text`` encoded as UTF-8: the data itself when it is ASCII (checked in C, no copy)."""
+        return self.data if self.data.isascii() else self.text.encode("utf-8")
 
     @property
     def lines(self) -> list[str]:
@@ -72,7 +83,7 @@ class LogLines:
         return lines
 
     def count(self) -> int:
-        return self.text.count("\n") + self.partial
+        return self.data.count(b"\n") + self.partial
 
     def json_lines(self) -> str:
         """The ``--json`` form: one ``log`` event per line (scripts read one line per event).

@@ -41,6 +41,20 @@ _RANK_STATES = {"succeeded": RankState.SUCCEEDED, "failed": RankState.FAILED,
                 "stopped": RankState.STOPPED, "unknown": RankState.UNKNOWN}
 
 
+def last_lines(data: bytes, n: int) -> list[str]:
+    """The last ``n`` complete lines of a batch (an unfinished piece after the last newline is not
+    one), found from the end: only they are decoded, not the megabyte before them."""
+    cut = data.rfind(b"\n")
+    if cut < 0:
+        return []
+    start = cut
+    for _ in range(n):
+        start = data.rfind(b"\n", 0, start)
+        if start < 0:
+            break
+    return data[start + 1:cut].decode("utf-8", "backslashreplace").split("\n")
+
+
 def rank_exit_code(frame: dict[str, Any]) -> int | None:
     """The code a shell would show: the exit code, or 128 + the signal number."""
     if frame.get("signal") is not None:
@@ -180,15 +194,14 @@ class JobController:
 
     def _logs(self, node: str, frame: dict[str, Any]) -> None:
         """A batch of lines: one file write, one event, no per-line step whatever their number."""
-        rank, text, partial = int(frame["rank"]), str(frame["text"]), bool(frame.get("partial"))
-        if not partial and not text.endswith("\n"):
-            text += "\n"   # the stream's last line, unterminated: it ends here all the same
-        self.book.write_text(rank, text)
-        last = text.rsplit("\n", TAIL_LINES + 1)   # only the last lines are kept for the root cause
-        last.pop()                                 # "" after the last newline, or an unfinished piece
-        self.tails[rank].extend(last[-TAIL_LINES:])
-        self.emit(LogLines(self.job_id, rank, node, self.role.get(rank, "?"), str(frame.get("stream")),
-                           text, partial))
+        rank, data, partial = int(frame["rank"]), frame["data"], bool(frame.get("partial"))
+        if not partial and not data.endswith(b"\n"):
+            data += b"\n"   # the stream's last line, unterminated: it ends here all the same
+        lines = LogLines(self.job_id, rank, node, self.role.get(rank, "?"), str(frame.get("stream")), data,
+                         partial)
+        self.book.write_log(lines)
+        self.tails[rank].extend(last_lines(data, TAIL_LINES))
+        self.emit(lines)
 
     def _metric(self, node: str, frame: dict[str, Any]) -> None:
         rank, data = int(frame["rank"]), frame.get("data")

@@ -13,21 +13,26 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from . import jobs
 from .errors import StateError
 from .model import JobRecord, JobState, RankRecord, RankState
 
+if TYPE_CHECKING:
+    from .launch_events import LogLines
+
 RECORD_EVERY_S = 2.0
 FLUSH_EVERY_S = 0.5
 
 
-def _open_private(path: Path) -> IO[str]:
+def _open_private(path: Path, *, binary: bool = False) -> IO[Any]:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     except OSError as exc:
         raise StateError(f"cannot write {path}: {exc.strerror or exc}") from exc
+    if binary:
+        return os.fdopen(fd, "wb", buffering=1 << 16)
     return os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace", buffering=1 << 16)
 
 
@@ -35,7 +40,7 @@ class JobBook:
     def __init__(self, record: JobRecord) -> None:
         self.record = record
         self.dir = jobs.job_dir(record.id)
-        self._logs: dict[int, IO[str]] = {}
+        self._logs: dict[int, IO[bytes]] = {}
         self._metrics: IO[str] | None = None
         self._dirty = False
         self._saved_at = 0.0
@@ -85,14 +90,14 @@ class JobBook:
     def log_path(self, rank: int) -> Path:
         return self.dir / f"rank{rank}.log"
 
-    def write_text(self, rank: int, text: str) -> None:
-        """A batch of the rank's lines in one write (``LogLines.text``)."""
+    def write_log(self, lines: LogLines) -> None:
+        """A batch of the rank's lines in one write, as the console shows them (``LogLines.utf8``)."""
         if self.record.detached:
             return   # only the first lines would be here: the complete logs stay on the nodes
-        fh = self._logs.get(rank)
+        fh = self._logs.get(lines.rank)
         if fh is None:
-            fh = self._logs[rank] = _open_private(self.log_path(rank))
-        fh.write(text)
+            fh = self._logs[lines.rank] = _open_private(self.log_path(lines.rank), binary=True)
+        fh.write(lines.utf8())
 
     def write_metric(self, rank: int, node: str, data: dict[str, Any]) -> None:
         if self._metrics is None:

@@ -7,116 +7,20 @@ library because it is shipped to nodes with the node-side code.
 """
 from __future__ import annotations
 
-import dataclasses
 import enum
 import json
-import types
-import typing
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
-T = TypeVar("T")
+# The generic JSON conversion, re-exported: stages import it from here with the classes. Its own
+# module so node programs that parse only their own dataclasses need not create these.
+from . import codec
+
+to_dict, to_json, from_dict = codec.to_dict, codec.to_json, codec.from_dict
 
 # Bumped when a stored JSON shape changes incompatibly; readers refuse other versions.
 SCHEMA_VERSION = 1
 
-
-# ---------------------------------------------------------------------------------------------
-# Generic JSON conversion (one implementation for every dataclass below).
-# ---------------------------------------------------------------------------------------------
-
-def to_dict(value: Any) -> Any:
-    """Dataclass/Enum/tuple tree -> JSON-ready dicts and lists."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_dict(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, (list, tuple)):
-        return [to_dict(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): to_dict(v) for k, v in value.items()}
-    return value
-
-
-def to_json(value: Any, *, indent: int | None = 2) -> str:
-    return json.dumps(to_dict(value), indent=indent, sort_keys=False)
-
-
-def from_dict(cls: type[T], data: Any) -> T:
-    """Inverse of ``to_dict`` driven by the type hints; raises ValueError on a shape mismatch."""
-    return _convert(cls, data, cls.__name__)
-
-
-def _convert(tp: Any, data: Any, where: str) -> Any:
-    origin = typing.get_origin(tp)
-    if tp is Any:
-        return data
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if data is None:
-            if type(None) in args:
-                return None
-            raise ValueError(f"{where}: null is not allowed")
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _convert(arg, data, where)
-            except (ValueError, TypeError) as exc:
-                errors.append(str(exc))
-        raise ValueError(errors[0] if errors else f"{where}: no type matches")
-    if origin is tuple:
-        args = typing.get_args(tp)
-        if not isinstance(data, (list, tuple)):
-            raise ValueError(f"{where}: expected a list, got {type(data).__name__}")
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_convert(args[0], v, f"{where}[{i}]") for i, v in enumerate(data))
-        if len(args) != len(data):
-            raise ValueError(f"{where}: expected {len(args)} items, got {len(data)}")
-        return tuple(_convert(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, data)))
-    if origin is list:
-        (arg,) = typing.get_args(tp)
-        if not isinstance(data, list):
-            raise ValueError(f"{where}: expected a list, got {type(data).__name__}")
-        return [_convert(arg, v, f"{where}[{i}]") for i, v in enumerate(data)]
-    if origin is dict:
-        _, val_tp = typing.get_args(tp)
-        if not isinstance(data, dict):
-            raise ValueError(f"{where}: expected an object, got {type(data).__name__}")
-        return {str(k): _convert(val_tp, v, f"{where}.{k}") for k, v in data.items()}
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        if not isinstance(data, dict):
-            raise ValueError(f"{where}: expected an object, got {type(data).__name__}")
-        hints = typing.get_type_hints(tp)
-        kwargs = {}
-        for f in dataclasses.fields(tp):
-            if not f.init:
-                continue
-            if f.name in data:
-                kwargs[f.name] = _convert(hints[f.name], data[f.name], f"{where}.{f.name}")
-            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise ValueError(f"{where}: missing field {f.name!r}")
-        return tp(**kwargs)
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        try:
-            return tp(data)
-        except ValueError:
-            allowed = ", ".join(repr(m.value) for m in tp)
-            raise ValueError(f"{where}: {data!r} is not one of {allowed}") from None
-    if tp is float:
-        if isinstance(data, bool) or not isinstance(data, (int, float)):
-            raise ValueError(f"{where}: expected a number, got {data!r}")
-        return float(data)
-    if tp is int:
-        if isinstance(data, bool) or not isinstance(data, int):
-            raise ValueError(f"{where}: expected an integer, got {data!r}")
-        return data
-    if tp in (str, bool):
-        if not isinstance(data, tp):
-            raise ValueError(f"{where}: expected {tp.__name__}, got {data!r}")
-        return data
-    raise TypeError(f"{where}: unsupported type {tp!r}")
 
 
 def digest(value: Any) -> str:

@@ -101,7 +101,7 @@ class AgentLink:
         assert self._proc is not None
         monotonic, put, node = time.monotonic, self._inbox.put, self.node
         try:
-            for frame in frames.read_stream(self._proc.stdout):
+            for frame in frames.read_stream(self._proc.stdout, raw=True):
                 if self._stop.is_set():
                     break
                 self.last_heard = monotonic()

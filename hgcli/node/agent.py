@@ -11,11 +11,11 @@ failed or was stopped / processes were left, 2 bad spec or arguments, 3 no such 
 """
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import control, frames
 from .daemon import detach
@@ -25,6 +25,9 @@ from .prelaunch import prepare
 from .spec import DEFAULT_JOBS_ROOT, parse_spec
 from .supervisor import Supervisor, prepare_job_dir
 from ..errors import StateError
+
+if TYPE_CHECKING:
+    import argparse
 
 SPEC_TIMEOUT_S = 60   # a controller that connects but never sends its spec does not leave us waiting
 # After ``prepare``: the launcher sends the spec once every node is prepared, and a slow node may
@@ -90,6 +93,8 @@ def run_control(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
+    import argparse   # here: a launch runs the agent without arguments, and waits on its start-up
+
     p = argparse.ArgumentParser(prog="python -m hgcli.node.agent", description=__doc__.split("\n")[0])
     action = p.add_mutually_exclusive_group()
     action.add_argument("--stop", metavar="JOB", help="stop a job running on this host")
@@ -104,6 +109,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if not (sys.argv[1:] if argv is None else argv):
+        return run_agent()
     args = parser().parse_args(argv)
     if args.stop or args.status or args.tail:
         return run_control(args)

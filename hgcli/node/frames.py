@@ -4,7 +4,8 @@ A frame is one line: the marker, then a JSON object with a "type". Login shells 
 noise (motd, rc-file echoes) on the same stdout; the marker lets the controller skip it safely.
 
 A frame may carry a payload of raw bytes: ``"size": N`` in its JSON, and the N bytes follow its line
-(``encode_raw``; ``read_stream`` gives them back as the frame's ``"text"``). Log batches of the
+(``encode_raw``; ``read_stream`` gives them back as the frame's ``"text"``, or with ``raw`` as its
+``"data"`` bytes). Log batches of the
 launcher's own connection travel this way: JSON-escaping a flood of log text on the node and parsing
 it again on the controller cost more CPU than everything else on the way (docs/launch.md).
 """
@@ -49,9 +50,10 @@ def decode(line: str) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
-def read_stream(stream: BinaryIO) -> Iterator[dict[str, Any]]:
+def read_stream(stream: BinaryIO, *, raw: bool = False) -> Iterator[dict[str, Any]]:
     """Every frame on a binary stream, noise lines skipped; a raw payload (``size``) is read exactly and
-    handed over as the frame's ``text``, decoded as log text is (invalid UTF-8 bytes as ``\\xNN``).
+    handed over as the frame's ``text``, decoded as log text is (invalid UTF-8 bytes as ``\\xNN``), or
+    with ``raw`` as its ``data``, undecoded (the launcher's log flood: see launch_events.LogLines).
     Ends at EOF, also inside a payload (the connection dropped: the rest never comes)."""
     for line in stream:
         frame = decode(line.decode("utf-8", "replace"))
@@ -62,5 +64,8 @@ def read_stream(stream: BinaryIO) -> Iterator[dict[str, Any]]:
             payload = stream.read(size)
             if len(payload) < size:
                 return
-            frame["text"] = payload.decode("utf-8", "backslashreplace")
+            if raw:
+                frame["data"] = payload
+            else:
+                frame["text"] = payload.decode("utf-8", "backslashreplace")
         yield frame

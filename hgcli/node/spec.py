@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..model import from_dict
+from ..codec import from_dict
 
 # Job ids and node names become directory names on the node: no separators, no leading dot.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")

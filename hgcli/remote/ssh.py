@@ -117,6 +117,19 @@ def _drop(channel: paramiko.Channel) -> None:
         pass
 
 
+# AES-GCM first (an order of preference only: a server without it negotiates the next one). An AEAD
+# cipher carries its own tag, checked inside the cryptography library; with AES-CTR paramiko computes
+# an HMAC per packet and compares it in a Python loop, which was a fifth of the controller's CPU in a
+# log flood (benchmarks/log_throughput.py). OpenSSH also ranks an AEAD cipher (chacha20-poly1305,
+# which paramiko lacks) first.
+AEAD_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
+
+
+def _prefer_aead(ciphers: tuple[str, ...]) -> tuple[str, ...]:
+    first = tuple(c for c in AEAD_CIPHERS if c in ciphers)
+    return first + tuple(c for c in ciphers if c not in first)
+
+
 class _ChannelStream(io.RawIOBase):
     """One of a channel's output streams as a raw stream, so ``io.BufferedReader`` splits its lines
     (in C). paramiko's own file object splits in Python and re-copies a long line for every 8 KiB
@@ -276,6 +289,7 @@ class SshTransport:
             preferred = [t for t in known_hosts.known_key_types(self._known_hosts, name)
                          if t in options.key_types]
             options.key_types = preferred + [t for t in options.key_types if t not in preferred]
+            options.ciphers = _prefer_aead(options.ciphers)
             done = threading.Event()
             started = time.monotonic()
             transport.start_client(event=done)

@@ -13,6 +13,7 @@ The ending puts the root cause first: host, rank, code or signal, its last lines
 """
 from __future__ import annotations
 
+import codecs
 import json
 import sys
 from typing import Callable, TextIO
@@ -22,6 +23,8 @@ from ..launch_events import (
     RankStarted, RootCause, Stage, Stopping, Summary, event_dict,
 )
 
+# Encodings in which ASCII text is its own bytes: ASCII log lines go to them as they came.
+ASCII_SUPERSETS = frozenset({"utf-8", "ascii", "iso8859-1", "cp1252"})
 COLOURS = ("cyan", "green", "yellow", "magenta", "blue", "bright_red", "bright_cyan", "bright_green",
            "bright_yellow", "bright_magenta", "bright_blue", "red")
 
@@ -148,19 +151,27 @@ class PlainSink:
         """One batch: every line tagged, in one write and no Python step per line. The tagging runs
         on bytes where the stream has them (``bytes.replace`` is several times faster than building
         the tagged ``str`` and having the text layer encode it, which was most of the console's
-        share of a flood), encoded as the stream itself would."""
+        share of a flood), encoded as the stream itself would; ASCII lines as they came."""
         prefix = f"{tag(event.node, event.rank, event.role)} | "
-        body = event.text[:-1] if event.text.endswith("\n") else event.text
         raw = getattr(self.out, "buffer", None)
         if raw is None:   # a text-only stream
+            text = event.text
+            body = text[:-1] if text.endswith("\n") else text
             self.out.write(prefix + body.replace("\n", "\n" + prefix) + "\n")
             return
         encoding, errors = self.out.encoding or "utf-8", self.out.errors or "strict"
         tag_bytes = prefix.encode(encoding, errors)
+        data = event.data
+        if not data.isascii() or codecs.lookup(encoding).name not in ASCII_SUPERSETS:
+            data = event.text.encode(encoding, errors)
         self.out.flush()   # anything the text layer holds goes first
         raw.write(tag_bytes)
-        raw.write(body.encode(encoding, errors).replace(b"\n", b"\n" + tag_bytes))
-        raw.write(b"\n")
+        tagged = data.replace(b"\n", b"\n" + tag_bytes)
+        if data.endswith(b"\n"):
+            raw.write(memoryview(tagged)[:-len(tag_bytes)])   # no tag after the last line, no copy
+        else:
+            raw.write(tagged)
+            raw.write(b"\n")
 
 
 def make_sink(*, as_json: bool, ranks: frozenset[int] | None) -> Callable[[Event], None]:

@@ -62,6 +62,15 @@ def test_exit_code_stdin_and_stderr(make_hosts):
     assert result.stderr == "oops\n"
 
 
+def test_an_aead_cipher_is_negotiated_with_openssh(make_hosts):
+    """AES-GCM is asked for first (remote/ssh.py: no per-packet HMAC in Python); a real sshd agrees."""
+    hosts = make_hosts(1)
+    with SshTransport(hosts.nodes()[0], hosts.ssh_settings()) as t:
+        assert t.run(["true"], timeout=30).exit_code == 0
+        connection = t._connection()
+        assert connection.remote_cipher == connection.local_cipher == "aes128-gcm@openssh.com"
+
+
 def test_stalled_command_times_out(make_hosts):
     hosts = make_hosts(1)
     with SshTransport(hosts.nodes()[0], hosts.ssh_settings()) as t:

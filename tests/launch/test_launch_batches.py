@@ -2,13 +2,17 @@
 cause's last lines, whatever the number of lines in the batch."""
 from __future__ import annotations
 
+import io
+
 from hgcli.launch_events import LogLines
 from hgcli.launch_loop import TAIL_LINES, Interrupt, JobController
 from hgcli.launch_metrics import MetricsBoard
 from hgcli.launch_record import JobBook
 from hgcli.mailbox import Mailbox
 from hgcli.model import JobRecord, RankRecord
+from hgcli.node import frames as wire
 from hgcli.node.logs import CHUNK, log_frames
+from hgcli.node.output import _wire
 
 from .plans import local_cluster, make_plan
 
@@ -28,12 +32,13 @@ def controller(tmp_path, monkeypatch) -> tuple[JobController, list]:
 
 def test_a_batch_is_one_write_one_event_and_feeds_the_last_lines(tmp_path, monkeypatch):
     ctl, events = controller(tmp_path, monkeypatch)
-    make = log_frames(0, "out")
+    make = log_frames(0, "out", raw=True)
     data = "".join(f"line {i}\n" for i in range(5000)).encode() + b"y" * (CHUNK + 10) + b"\nlast, no newline"
     buf = bytearray(data)
-    frames = make(buf, 0, False, False) + make(buf, len(data) - len(buf), True, False)
-    assert len(frames) == 3            # the lines with a piece of the long line; its rest; the last line
-    for frame in frames:
+    sent = make(buf, 0, False, False) + make(buf, len(data) - len(buf), True, False)
+    assert len(sent) == 3              # the lines with a piece of the long line; its rest; the last line
+    # as the launcher's connection carries them: raw payloads, read back undecoded
+    for frame in wire.read_stream(io.BytesIO(b"".join(map(_wire, sent))), raw=True):
         ctl._logs("a", frame)
     ctl.book.close()
     text = ctl.book.log_path(0).read_text()
@@ -45,3 +50,21 @@ def test_a_batch_is_one_write_one_event_and_feeds_the_last_lines(tmp_path, monke
     # the root cause shows the last lines: a piece of a line is never one of them
     assert list(ctl.tails[0]) == [f"line {i}" for i in range(4992, 5000)] + ["y" * 10, "last, no newline"]
     assert len(ctl.tails[0]) == TAIL_LINES
+
+
+def test_bytes_that_are_not_utf8_reach_the_rank_file_and_the_last_lines_escaped(tmp_path, monkeypatch):
+    ctl, events = controller(tmp_path, monkeypatch)
+    ctl._logs("a", {"type": "logs", "rank": 0, "stream": "out", "data": b"ok\nbad \xff byte\ncaf\xc3\xa9"})
+    ctl.book.close()
+    assert ctl.book.log_path(0).read_bytes() == b"ok\nbad \\xff byte\ncaf\xc3\xa9\n"
+    assert list(ctl.tails[0]) == ["ok", "bad \\xff byte", "caf\u00e9"]
+    assert events[0].lines == ["ok", "bad \\xff byte", "caf\u00e9"]
+
+
+def test_last_lines_of_a_batch():
+    from hgcli.launch_loop import last_lines
+
+    assert last_lines(b"a\nb\nc\n", 2) == ["b", "c"]
+    assert last_lines(b"a\nb\nc\n", 5) == ["a", "b", "c"]
+    assert last_lines(b"a\nb\npiece", 5) == ["a", "b"]
+    assert last_lines(b"piece", 5) == [] and last_lines(b"\n", 3) == [""]

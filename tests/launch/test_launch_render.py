@@ -42,7 +42,7 @@ def test_plain_lines_are_tagged_and_filtered():
     out, err = io.StringIO(), io.StringIO()
     sink = PlainSink(frozenset({0, 3}), out, err)
     for rank, role in ((0, "worker"), (1, "worker"), (3, "ps")):
-        sink(LogLines("j", rank, "n1", role, "out", f"hello {rank}\nagain {rank}\n"))
+        sink(LogLines("j", rank, "n1", role, "out", f"hello {rank}\nagain {rank}\n".encode()))
     assert out.getvalue().splitlines() == ["n1:0 | hello 0", "n1:0 | again 0", "n1:3 ps | hello 3", "n1:3 ps | again 3"]
 
 
@@ -52,8 +52,8 @@ def test_json_sink_prints_one_object_per_event_and_skips_progress():
     sink(JobStarted("j", "hybrid", 2, ("a",), ("python",), "/s/j", "127.0.0.1:1", False, 10.0, 12.0))
     sink(Metric("j", 0, "a", "worker", {"step": 1}))          # filtered
     sink(Metric("j", 1, "a", "worker", {"step": 1}))
-    sink(LogLines("j", 0, "a", "worker", "out", "filtered\n"))
-    sink(LogLines("j", 1, "a", "worker", "err", "one\ntwo\npiece", partial=True))
+    sink(LogLines("j", 0, "a", "worker", "out", b"filtered\n"))
+    sink(LogLines("j", 1, "a", "worker", "err", b"one\ntwo\npiece", partial=True))
     sink(Progress("j", BoardView((), None, None, None, None)))
     sink(ended())
     events = [json.loads(line) for line in out.getvalue().splitlines()]
@@ -70,7 +70,7 @@ def test_rich_sink_shows_coloured_lines_the_live_table_and_the_ending():
     buf = io.StringIO()
     console = Console(file=buf, force_terminal=True, width=120, color_system="standard")
     sink = RichSink(None, console)
-    sink(LogLines("j", 2, "n1", "worker", "out", "[bold]not markup[/bold]\nsecond line\n"))
+    sink(LogLines("j", 2, "n1", "worker", "out", b"[bold]not markup[/bold]\nsecond line\n"))
     view = BoardView((GroupView("0", (0, 1), 41, 0.25, 300.0), GroupView("1", (2,), 9, 0.5, None)),
                      300.0, 600.0, 750.0, 0.91)
     sink(Progress("j", view))
@@ -98,7 +98,7 @@ def test_a_console_that_cannot_keep_up_skips_lines_never_other_events():
     d = Dispatcher(slow_sink)
     d.MAX_BACKLOG = 10
     for i in range(0, 100, 4):   # batches of 4 lines: the bound counts lines, not events
-        d.put(LogLines("j", 0, "n", "worker", "out", "".join(f"line {j}\n" for j in range(i, i + 4))))
+        d.put(LogLines("j", 0, "n", "worker", "out", "".join(f"line {j}\n" for j in range(i, i + 4)).encode()))
     d.put(ended(cause=None, state="succeeded", code=0))
     gate.set()
     d.close(30)
@@ -124,7 +124,7 @@ def test_a_pipe_or_json_reader_gets_every_line_however_slow():
     d = Dispatcher(slow_sink, may_skip=False)
     d.MAX_BACKLOG = 10
     for i in range(0, 100, 4):
-        d.put(LogLines("j", 0, "n", "worker", "out", "".join(f"line {j}\n" for j in range(i, i + 4))))
+        d.put(LogLines("j", 0, "n", "worker", "out", "".join(f"line {j}\n" for j in range(i, i + 4)).encode()))
     gate.set()
     d.close(30)
     lines = [line for e in seen if isinstance(e, LogLines) for line in e.lines]
@@ -137,8 +137,20 @@ def test_plain_lines_on_a_byte_stream_are_tagged_in_the_streams_encoding_after_w
     out = io.TextIOWrapper(raw, encoding="latin-1", errors="replace")
     sink = PlainSink(None, out=out, err=io.StringIO())
     out.write("held by the text layer\n")
-    sink(LogLines("j", 2, "h", "ps", "err", "bad \\xff byte\ncaf\u00e9 \u2603\n"))
-    sink(LogLines("j", 0, "h", "worker", "out", "a piece", partial=True))
+    sink(LogLines("j", 2, "h", "ps", "err", b"bad \xff byte\n" + "caf\u00e9 \u2603\n".encode()))
+    sink(LogLines("j", 0, "h", "worker", "out", b"a piece", partial=True))
     out.flush()
     assert raw.getvalue() == (b"held by the text layer\n" b"h:2 ps | bad \\xff byte\n"
                               b"h:2 ps | caf\xe9 ?\n" b"h:0 | a piece\n")
+
+
+def test_ascii_lines_go_to_a_utf8_byte_stream_as_they_came_each_tagged():
+    raw = io.BytesIO()
+    out = io.TextIOWrapper(raw, encoding="utf-8")
+    sink = PlainSink(None, out=out, err=io.StringIO())
+    sink(LogLines("j", 3, "n", "worker", "out", b"one\n\ntwo\n"))
+    sink(LogLines("j", 3, "n", "worker", "out", b"three, unterminated"))
+    sink(LogLines("j", 1, "n", "worker", "out", "\u00e9t\u00e9\n".encode()))
+    out.flush()
+    assert raw.getvalue() == (b"n:3 | one\nn:3 | \nn:3 | two\nn:3 | three, unterminated\n"
+                              + "n:1 | \u00e9t\u00e9\n".encode())
