@@ -8,7 +8,6 @@ exists, because it brings in paramiko).
 """
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import os
@@ -331,6 +330,8 @@ def _show(value: Any) -> str:
 def _check_keys(f: _File, raw: dict[str, Any], at: KeyPath, known: tuple[str, ...], label: str) -> None:
     for key in raw:
         if key not in known:
+            import difflib   # only for the error: every launch reads a cluster file
+
             close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
             hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(known)}"
             raise f.error(at + (key,), f"unknown key {key!r} in {label} ({hint})")

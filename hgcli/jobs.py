@@ -6,7 +6,6 @@ A record is rewritten whole on every change; the previous version stays intact i
 from __future__ import annotations
 
 import os
-import secrets
 import time
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from .state import ensure_private_dir, read_json, state_dir, write_json
 def new_job_id(now: float | None = None) -> str:
     """Sortable by start time, unique without coordination: ``hg-20261130-061502-3fa9``."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now if now is not None else time.time()))
-    return f"hg-{stamp}-{secrets.token_hex(2)}"
+    return f"hg-{stamp}-{os.urandom(2).hex()}"   # what secrets.token_hex does, without its import
 
 
 def jobs_root() -> Path:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import io
-import tarfile
 from pathlib import Path
 
 from .. import state
@@ -94,6 +93,8 @@ def package_digest() -> str:
 
 
 def package_tar() -> bytes:
+    import tarfile   # only when the package is shipped, not on every launch that finds it there
+
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         for name, data in package_files():
