@@ -305,6 +305,36 @@ def logs(job: str, follow: bool, ranks: str | None, as_json: bool) -> None:
 
 @cli.command()
 @click.argument("job")
+@click.option("--format", "fmt", type=click.Choice(["csv", "jsonl"]), default="csv", show_default=True,
+              help="CSV (one column per metric) or JSON lines as the ranks logged them.")
+@click.option("--ranks", metavar="LIST", help="Only these ranks, e.g. 0,2-3.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write to this file (replaced whole) instead of stdout.")
+def metrics(job: str, fmt: str, ranks: str | None, output: Path | None) -> None:
+    """Export a job's metrics (ctx.log records) as CSV or JSON lines.
+
+    \b
+    hgtrain metrics JOB > metrics.csv
+    hgtrain metrics JOB --ranks 0 --format jsonl
+    """
+    from . import jobs, state
+    from .joblogs import parse_ranks
+    from .metrics_export import read_metrics, to_csv, to_jsonl
+
+    record = jobs.load(job)
+    rows = read_metrics(record, parse_ranks(ranks, record) if ranks else None)
+    text = to_csv(rows) if fmt == "csv" else to_jsonl(rows)
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    try:
+        state.atomic_write(output, text, mode=0o644)
+    except OSError as exc:
+        raise UsageError(f"cannot write {output}: {exc.strerror or exc}") from exc
+
+
+@cli.command()
+@click.argument("job")
 @json_option
 def stop(job: str, as_json: bool) -> None:
     """Stop a running job on every node (only that job). Exit 4 names nodes that did not confirm."""
