@@ -49,8 +49,8 @@ def step_samples(torch: Any, loaded: LoadedModel, device: Any, batch_sizes: tupl
     optimizer, so the caches the pause leaves cold are refilled by the unstretched optimizer, as in
     training; after the optimizer, the next forward paid for them x 1/speed (the example MLP at
     batch 1: 1.41 ms of CPU against 1.14 ms, 40-50% of a speed-0.02 device's fixed cost). Below
-    speed 1 the forward+backward part is the emulator's stable estimate (``StableSpeed``: the median
-    of the recent calls of this batch size), which is what the runtime stretches.
+    speed 1 the forward+backward part is the emulator's stable estimate (``StableSpeed``: the lower
+    quartile of the recent calls of this batch size), which is what the runtime stretches.
     """
     from ..runtime.emulate import StableSpeed
 

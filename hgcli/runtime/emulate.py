@@ -8,31 +8,33 @@ rank then sleeps until the step's wall time reaches compute / speed (times a str
 steps where it is the straggler). Only time changes, never the maths; communication is not
 stretched (links are real).
 
-What is stretched is not the step's own CPU time but ``StableSpeed``'s estimate of it: the median
-of the last few steps of the same batch size. The emulated device is one of stable speed, as a GPU
-is; the shared CPU's jitter (an interrupt, another process, cold caches) is the host's, and
+What is stretched is not the step's own CPU time but ``StableSpeed``'s estimate of it: the lower
+quartile of the last few steps of the same batch size. The emulated device is one of stable speed,
+as a GPU is; the shared CPU's jitter (an interrupt, another process, cold caches) is the host's, and
 stretching each step's raw CPU time multiplied it by 1/speed (10-50x in the accuracy benchmark), so
-a synchronous group waited for a straggler that no real device of that speed would be.
+a synchronous group waited for a straggler that no real device of that speed would be. The lower
+quartile rather than the median: delays only ever add to a step's CPU time (other jobs sharing the
+caches and cores), so the faster steps are the ones closer to the device's own speed.
 """
 from __future__ import annotations
 
 import contextlib
 import random
-import statistics
 import time
 from collections import deque
 from typing import Iterator
 
-# Steps of one batch size whose CPU times make the stable estimate: enough that one slow step in
-# three does not move the median, few enough to follow a lasting change of the machine's load
+# Steps of one batch size whose CPU times make the stable estimate: enough that slow steps (most of
+# them) do not move the lower quartile, few enough to follow a lasting change of the machine's load
 # within a few steps.
 STABLE_WINDOW = 9
 
 
 class StableSpeed:
-    """The CPU seconds a step of a given batch size takes on a device of stable speed: the median
-    of the last ``STABLE_WINDOW`` steps of that size (this one included). The bench times emulated
-    devices through the same estimate (hgcli/node/stepbench.py), so profile and runtime agree."""
+    """The CPU seconds a step of a given batch size takes on a device of stable speed: the lower
+    quartile of the last ``STABLE_WINDOW`` steps of that size (this one included; the fastest of
+    up to three). The bench times emulated devices through the same estimate
+    (hgcli/node/stepbench.py), so profile and runtime agree."""
 
     def __init__(self, window: int = STABLE_WINDOW) -> None:
         self._window = window
@@ -43,7 +45,7 @@ class StableSpeed:
         if recent is None:
             recent = self._recent[batch] = deque(maxlen=self._window)
         recent.append(seconds)
-        return statistics.median(recent)
+        return sorted(recent)[len(recent) // 4]
 
 
 class Emulator:

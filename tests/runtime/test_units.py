@@ -108,10 +108,12 @@ def test_a_burst_of_host_cpu_is_not_stretched_into_a_slow_device_step():
     assert time.perf_counter() - t0 >= 0.2 * 0.999
 
 
-def test_stable_speed_is_the_median_of_recent_steps_of_one_batch_size():
-    stable = StableSpeed(window=3)
-    assert [stable.observe(8, s) for s in (1.0, 9.0, 2.0, 3.0, 4.0)] == [1.0, 5.0, 2.0, 3.0, 3.0]
-    assert stable.observe(16, 7.0) == 7.0
+def test_stable_speed_is_the_lower_quartile_of_recent_steps_of_one_batch_size():
+    stable = StableSpeed(window=5)
+    got = [stable.observe(8, s) for s in (5.0, 1.0, 9.0, 2.0, 3.0, 4.0, 6.0, 7.0)]
+    # windows: [5] [5 1] [5 1 9] [5 1 9 2] [5 1 9 2 3] [1 9 2 3 4] [9 2 3 4 6] [2 3 4 6 7]
+    assert got == [5.0, 1.0, 1.0, 2.0, 2.0, 2.0, 3.0, 3.0]
+    assert stable.observe(16, 7.0) == 7.0        # another batch size: its own history
 
 
 def test_exactly_one_straggler_per_step_and_every_rank_agrees():

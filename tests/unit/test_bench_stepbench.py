@@ -109,7 +109,7 @@ def _timed(emulated_speed: float | None, forward_ticks: list[int]) -> list[float
 
 def test_an_emulated_step_is_timed_through_the_emulators_stable_estimate():
     """A burst on the host is not the emulated device's: below speed 1 the bench times what the
-    runtime's emulator stretches (the median of recent calls), a real device its own time."""
+    runtime's emulator stretches (the lower quartile of recent calls), a real device its own time."""
     # the memory accounting forward, 2 warm-ups, 5 timed calls: one burst of 9 among steps of 1
     forwards = [0, 1, 1, 1, 9, 1, 1, 1]
     assert _timed(0.5, forwards) == [1.0, 1.0, 1.0]
