@@ -116,6 +116,16 @@ def test_stable_speed_is_the_lower_quartile_of_recent_steps_of_one_batch_size():
     assert stable.observe(16, 7.0) == 7.0        # another batch size: its own history
 
 
+def test_a_straggler_step_stretches_the_stable_estimate_by_its_factor():
+    emu = Emulator(1.0, worker_index=0, n_workers=1, straggler_factor=3)   # the only worker: always picked
+    for step in range(3):
+        emu.begin_compute()
+        t0 = time.perf_counter()
+        _spin(0.01)
+        emu.end_compute(step, 8)
+        assert time.perf_counter() - t0 >= 0.03 * 0.999
+
+
 def test_exactly_one_straggler_per_step_and_every_rank_agrees():
     emus = [Emulator(1.0, worker_index=i, n_workers=4, straggler_factor=3, straggler_seed=7)
             for i in range(4)]
