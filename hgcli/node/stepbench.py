@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from ..model import StepSample
 from .failure import is_oom
 from .modelspec import LoadedModel
 from .timing import WALL, Clock, summarize, time_repeats
+
+if TYPE_CHECKING:
+    from ..runtime.emulate import StableSpeed
 
 MIB = 1 << 20
 
@@ -42,9 +45,18 @@ def step_samples(torch: Any, loaded: LoadedModel, device: Any, batch_sizes: tupl
     emulate.py stretches forward and backward to 1/speed but not the optimizer step, which runs
     after the step's compute has ended): each timing is forward+backward + speed x optimizer, so
     that the profile's 1/speed scaling (node/bench.py) gives forward+backward / speed + optimizer.
+    The clock's rest (the emulator's pause) comes where the runtime's does: between backward and the
+    optimizer, so the caches the pause leaves cold are refilled by the unstretched optimizer, as in
+    training; after the optimizer, the next forward paid for them x 1/speed (the example MLP at
+    batch 1: 1.41 ms of CPU against 1.14 ms, 40-50% of a speed-0.02 device's fixed cost). Below
+    speed 1 the forward+backward part is the emulator's stable estimate (``StableSpeed``: the lower
+    quartile of the recent calls of this batch size), which is what the runtime stretches.
     """
+    from ..runtime.emulate import StableSpeed
+
     model = loaded.model.to(device)
     model.train()
+    stable = StableSpeed() if emulated_speed is not None and emulated_speed < 1.0 else None
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     loss_fn = loaded.loss_fn or _default_loss(torch)
     on_gpu = device.type == "cuda"
@@ -52,7 +64,7 @@ def step_samples(torch: Any, loaded: LoadedModel, device: Any, batch_sizes: tupl
         yield from _samples(torch, model, optimizer, loss_fn, loaded, device, batch_sizes, emit,
                             warmup=warmup, repeats=repeats, sync=sync, clock=clock, on_gpu=on_gpu,
                             memory_cap_mib=memory_cap_mib, emulated_speed=emulated_speed,
-                            on_batch=on_batch)
+                            stable=stable, on_batch=on_batch)
 
 
 @contextlib.contextmanager
@@ -80,7 +92,7 @@ def runtime_hooks(model: Any, optimizer: Any, *, default_batch: int) -> Iterator
 def _samples(torch: Any, model: Any, optimizer: Any, loss_fn: Callable[[Any, Any], Any], loaded: LoadedModel,
              device: Any, batch_sizes: tuple[int, ...], emit: Callable[..., None], *, warmup: int,
              repeats: int, sync: Callable[[], object], clock: Clock, on_gpu: bool,
-             memory_cap_mib: int | None, emulated_speed: float | None,
+             memory_cap_mib: int | None, emulated_speed: float | None, stable: StableSpeed | None,
              on_batch: Callable[[int], None]) -> Iterator[StepSample]:
     for batch_size in sorted(batch_sizes):
         on_batch(batch_size)
@@ -91,20 +103,27 @@ def _samples(torch: Any, model: Any, optimizer: Any, loss_fn: Callable[[Any, Any
             order = torch.randperm(batch_size, device=device)
             tensors = (*args, targets)
 
-            optimizer_s: list[float] = []
+            parts: list[tuple[float, float]] = []   # (stretched, host) seconds of each call
 
             def step() -> None:
+                start = clock.now()
                 *xb, yb = (t[order] if isinstance(t, torch.Tensor) and t.dim() else t for t in tensors)
                 loss = loss_fn(model(*xb), yb)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 value = loss.item()
+                stretched = clock.now() - start
+                if stable is not None:       # what the runtime's emulator stretches (runtime/emulate.py)
+                    stretched = stable.observe(batch_size, stretched)
+                # The emulator pauses here, at the end of the step's compute (the optimizer's pre-hook),
+                # so the cold caches after the pause fall on the optimizer, not on the next forward.
+                clock.rest(stretched)
                 # Not stretched by emulation, in the runtime: the optimizer with its hooks (after the
                 # emulator's end of compute) and the metrics line (ctx.log is untimed).
                 start = clock.now()
                 optimizer.step()
                 emit(step=0, loss=value, samples=batch_size)
-                optimizer_s.append(clock.now() - start)
+                parts.append((stretched, clock.now() - start))
 
             if on_gpu:
                 torch.cuda.reset_peak_memory_stats(device)
@@ -113,10 +132,11 @@ def _samples(torch: Any, model: Any, optimizer: Any, loss_fn: Callable[[Any, Any
                 if memory_cap_mib is not None and peak > memory_cap_mib * MIB:
                     raise OutOfMemory(f"out of memory at batch {batch_size}: a step needs "
                                       f"{peak / MIB:.1f} MiB, the emulated device has {memory_cap_mib} MiB")
-            seconds = time_repeats(step, warmup=warmup, repeats=repeats, sync=sync, clock=clock)
+            # The step rests inside itself (above), so time_repeats must not rest again after it.
+            seconds = time_repeats(step, warmup=warmup, repeats=repeats, sync=sync,
+                                   clock=Clock(now=clock.now))
             if emulated_speed is not None:
-                host = optimizer_s[-len(seconds):]
-                seconds = [s - (1.0 - emulated_speed) * o for s, o in zip(seconds, host)]
+                seconds = [f + emulated_speed * o for f, o in parts[-len(seconds):]]
             if on_gpu:
                 peak = torch.cuda.max_memory_allocated(device)
         except RuntimeError as exc:

@@ -7,13 +7,45 @@ the time the rank waited for a core, and stretching that would multiply the mach
 rank then sleeps until the step's wall time reaches compute / speed (times a straggler factor on
 steps where it is the straggler). Only time changes, never the maths; communication is not
 stretched (links are real).
+
+What is stretched is not the step's own CPU time but ``StableSpeed``'s estimate of it: the lower
+quartile of the last few steps of the same batch size. The emulated device is one of stable speed,
+as a GPU is; the shared CPU's jitter (an interrupt, another process, cold caches) is the host's, and
+stretching each step's raw CPU time multiplied it by 1/speed (10-50x in the accuracy benchmark), so
+a synchronous group waited for a straggler that no real device of that speed would be. The lower
+quartile rather than the median: delays only ever add to a step's CPU time (other jobs sharing the
+caches and cores), so the faster steps are the ones closer to the device's own speed.
 """
 from __future__ import annotations
 
 import contextlib
 import random
 import time
+from collections import deque
 from typing import Iterator
+
+# Steps of one batch size whose CPU times make the stable estimate: enough that slow steps (most of
+# them) do not move the lower quartile, few enough to follow a lasting change of the machine's load
+# within a few steps.
+STABLE_WINDOW = 9
+
+
+class StableSpeed:
+    """The CPU seconds a step of a given batch size takes on a device of stable speed: the lower
+    quartile of the last ``STABLE_WINDOW`` steps of that size (this one included; the fastest of
+    up to three). The bench times emulated devices through the same estimate
+    (hgcli/node/stepbench.py), so profile and runtime agree."""
+
+    def __init__(self, window: int = STABLE_WINDOW) -> None:
+        self._window = window
+        self._recent: dict[int, deque[float]] = {}
+
+    def observe(self, batch: int, seconds: float) -> float:
+        recent = self._recent.get(batch)
+        if recent is None:
+            recent = self._recent[batch] = deque(maxlen=self._window)
+        recent.append(seconds)
+        return sorted(recent)[len(recent) // 4]
 
 
 class Emulator:
@@ -26,6 +58,7 @@ class Emulator:
         self.straggler_seed = straggler_seed
         self.compute_s = 0.0        # totals, for metrics and the benchmark's honesty check
         self.slept_s = 0.0
+        self._stable = StableSpeed()
         self.begin_compute()
 
     def is_straggler(self, step: int) -> bool:
@@ -42,14 +75,15 @@ class Emulator:
         self._untimed_wall = 0.0
         self._untimed_cpu = 0.0
 
-    def end_compute(self, step: int) -> float:
-        """Called when the step's compute is done (before communication); returns the sleep taken."""
+    def end_compute(self, step: int, batch: int = 0) -> float:
+        """Called when the step's compute is done (before communication), with the samples it saw;
+        returns the sleep taken."""
         wall = time.perf_counter() - self._wall0 - self._untimed_wall
         cpu = time.thread_time() - self._cpu0 - self._untimed_cpu
         factor = 1.0 / self.speed
         if self.is_straggler(step):
             factor *= self.straggler_factor
-        pause = max(0.0, cpu * factor - wall) if factor > 1.0 else 0.0
+        pause = max(0.0, self._stable.observe(batch, cpu) * factor - wall) if factor > 1.0 else 0.0
         if pause:
             time.sleep(pause)
         self.compute_s += cpu

@@ -82,8 +82,8 @@ class GroupSync:
             self._samples += args[0].shape[0] if args[0].dim() else 1
 
     def _before_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self.emulator.end_compute(self.local_step)
         n = self._samples or self.default_batch
+        self.emulator.end_compute(self.local_step, n)
         self._samples = 0
         self.samples_seen += n
         offset = 0

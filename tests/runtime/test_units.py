@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hgcli import model as m
 from hgcli.runtime import checkpoint
 from hgcli.runtime.data import shard_batches
-from hgcli.runtime.emulate import Emulator
+from hgcli.runtime.emulate import Emulator, StableSpeed
 from hgcli.runtime.env import RankEnv, ps_argv, rank_env
 from hgcli.runtime.errors import TrainingError
 from hgcli.runtime.localplan import emulated_plan
@@ -79,6 +79,51 @@ def test_emulated_step_lasts_its_cpu_time_over_speed():
     emu.end_compute(0)
     assert time.perf_counter() - t0 >= 0.08 * 0.999
     assert emu.compute_s >= 0.02
+
+
+def _spin(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def test_a_burst_of_host_cpu_is_not_stretched_into_a_slow_device_step():
+    """The emulated device has a stable speed: a step that took 8x the CPU of the ones before (the
+    shared machine's jitter) lasts the usual step / speed, not 8x it."""
+    emu = Emulator(0.1)
+    for step in range(4):
+        emu.begin_compute()
+        _spin(0.005)
+        emu.end_compute(step, 16)
+    emu.begin_compute()
+    t0 = time.perf_counter()
+    _spin(0.04)
+    emu.end_compute(4, 16)
+    assert time.perf_counter() - t0 < 0.2       # 0.4 s if the burst's own CPU time were stretched
+    # another batch size has its own history: its first step is stretched from its own CPU time
+    emu.begin_compute()
+    t0 = time.perf_counter()
+    _spin(0.02)
+    emu.end_compute(5, 64)
+    assert time.perf_counter() - t0 >= 0.2 * 0.999
+
+
+def test_stable_speed_is_the_lower_quartile_of_recent_steps_of_one_batch_size():
+    stable = StableSpeed(window=5)
+    got = [stable.observe(8, s) for s in (5.0, 1.0, 9.0, 2.0, 3.0, 4.0, 6.0, 7.0)]
+    # windows: [5] [5 1] [5 1 9] [5 1 9 2] [5 1 9 2 3] [1 9 2 3 4] [9 2 3 4 6] [2 3 4 6 7]
+    assert got == [5.0, 1.0, 1.0, 2.0, 2.0, 2.0, 3.0, 3.0]
+    assert stable.observe(16, 7.0) == 7.0        # another batch size: its own history
+
+
+def test_a_straggler_step_stretches_the_stable_estimate_by_its_factor():
+    emu = Emulator(1.0, worker_index=0, n_workers=1, straggler_factor=3)   # the only worker: always picked
+    for step in range(3):
+        emu.begin_compute()
+        t0 = time.perf_counter()
+        _spin(0.01)
+        emu.end_compute(step, 8)
+        assert time.perf_counter() - t0 >= 0.03 * 0.999
 
 
 def test_exactly_one_straggler_per_step_and_every_rank_agrees():

@@ -51,3 +51,66 @@ def test_runtime_hooks_accumulate_like_a_group_of_one():
     for a, b in zip(model.parameters(), twin.parameters()):
         assert torch.allclose(a, b, atol=1e-6)
     assert not opt._optimizer_step_pre_hooks and not model._forward_pre_hooks
+
+
+def test_the_emulators_pause_falls_between_backward_and_the_optimizer():
+    """As in the runtime (the emulator pauses in the optimizer's pre-hook): a pause after the
+    optimizer would leave the next forward's caches cold, and that is stretched x 1/speed."""
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    from hgcli.node.timing import Clock
+
+    events: list[str] = []
+    model = torch.nn.Linear(3, 2)
+
+    def make_batch(n: int, device: object) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.ones(n, 3), torch.zeros(n, dtype=torch.long)
+
+    def loss_fn(out: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        events.append("forward")
+        return torch.nn.functional.cross_entropy(out, targets)
+
+    ticks = iter(range(10_000))
+    clock = Clock(now=lambda: float(next(ticks)), rest=lambda s: events.append("rest"))
+    handle = register_optimizer_step_pre_hook(lambda opt, args, kwargs: events.append("optimizer"))
+    try:
+        samples = list(step_samples(torch, LoadedModel(model, make_batch, loss_fn), torch.device("cpu"), (4,),
+                                    warmup=1, repeats=3, sync=lambda: None, clock=clock, memory_cap_mib=None,
+                                    emulated_speed=0.5, on_batch=lambda b: None))
+    finally:
+        handle.remove()
+    timed = events[events.index("rest") - 1:]          # from the first timed call (after accounting)
+    assert timed == ["forward", "rest", "optimizer"] * 4
+    # forward+backward is 1 tick of the fake clock, the optimizer 1 tick: 1 + 0.5 x 1 per call
+    assert samples[0].seconds.median == 1.5
+
+
+def _timed(emulated_speed: float | None, forward_ticks: list[int]) -> list[float]:
+    """Seconds per timed call on a fake clock whose forward takes the given ticks, call by call."""
+    from hgcli.node.timing import Clock
+
+    now = [0.0]
+    ticks = iter(forward_ticks)
+    model = torch.nn.Linear(3, 2)
+
+    def make_batch(n: int, device: object) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.ones(n, 3), torch.zeros(n, dtype=torch.long)
+
+    def loss_fn(out: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        now[0] += next(ticks)
+        return torch.nn.functional.cross_entropy(out, targets)
+
+    clock = Clock(now=lambda: now[0])
+    sample, = step_samples(torch, LoadedModel(model, make_batch, loss_fn), torch.device("cpu"), (4,),
+                           warmup=2, repeats=5, sync=lambda: None, clock=clock, memory_cap_mib=None,
+                           emulated_speed=emulated_speed, on_batch=lambda b: None)
+    return [sample.seconds.min, sample.seconds.median, sample.seconds.max]
+
+
+def test_an_emulated_step_is_timed_through_the_emulators_stable_estimate():
+    """A burst on the host is not the emulated device's: below speed 1 the bench times what the
+    runtime's emulator stretches (the lower quartile of recent calls), a real device its own time."""
+    # the memory accounting forward, 2 warm-ups, 5 timed calls: one burst of 9 among steps of 1
+    forwards = [0, 1, 1, 1, 9, 1, 1, 1]
+    assert _timed(0.5, forwards) == [1.0, 1.0, 1.0]
+    assert _timed(None, forwards)[2] == 9.0
