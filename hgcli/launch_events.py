@@ -8,6 +8,7 @@ draining the agents, so a slow terminal can never back-pressure a node.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import threading
 from dataclasses import dataclass, field
@@ -66,7 +67,7 @@ class LogLines:
     data: bytes                    # the lines as the rank wrote them, each ending in b"\n" ...
     partial: bool = False          # ... but the last: a piece of a line over 64 KiB that the next continues
 
-    @property
+    @functools.cached_property   # decoded once for the rank file and the console (non-ASCII only)
     def text(self) -> str:
         """The lines as text: bytes that are not UTF-8 as ``\\xNN`` (the node-side files' rule)."""
         return self.data.decode("utf-8", "backslashreplace")
