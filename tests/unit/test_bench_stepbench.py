@@ -114,3 +114,50 @@ def test_an_emulated_step_is_timed_through_the_emulators_stable_estimate():
     forwards = [0, 1, 1, 1, 9, 1, 1, 1]
     assert _timed(0.5, forwards) == [1.0, 1.0, 1.0]
     assert _timed(None, forwards)[2] == 9.0
+
+
+def test_an_emulated_device_is_timed_in_rounds_over_the_batch_sizes():
+    """A drift of the shared host's speed then moves every size alike instead of bending time(batch)
+    (stepbench._interleaved); a size over the emulated memory is refused after the others."""
+    import pytest
+
+    from hgcli.node.stepbench import OutOfMemory
+    from hgcli.node.timing import Clock
+
+    sizes: list[int] = []
+    model = torch.nn.Linear(64, 64)
+
+    def make_batch(n: int, device: object) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.ones(n, 64), torch.zeros(n, dtype=torch.long)
+
+    def loss_fn(out: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        sizes.append(len(targets))
+        return torch.nn.functional.cross_entropy(out, targets)
+
+    yielded: list[int] = []
+    with pytest.raises(OutOfMemory, match="batch 16384"):
+        for sample in step_samples(torch, LoadedModel(model, make_batch, loss_fn), torch.device("cpu"),
+                                   (4, 8, 16384), warmup=1, repeats=3, sync=lambda: None,
+                                   clock=Clock(now=lambda: 0.0), memory_cap_mib=2, emulated_speed=0.5,
+                                   on_batch=lambda b: None):
+            yielded.append(sample.batch_size)
+            assert sample.seconds.repeats == 3
+    assert yielded == [4, 8]
+    # accounting of every size first (16384 refused there, never timed), then rounds of 4 and 8
+    assert sizes == [4, 8, 16384] + [4, 8] * (1 + 3)
+
+
+def test_a_real_device_is_still_timed_one_size_after_the_other():
+    sizes: list[int] = []
+    model = torch.nn.Linear(3, 2)
+
+    def make_batch(n: int, device: object) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.ones(n, 3), torch.zeros(n, dtype=torch.long)
+
+    def loss_fn(out: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        sizes.append(len(targets))
+        return torch.nn.functional.cross_entropy(out, targets)
+
+    list(step_samples(torch, LoadedModel(model, make_batch, loss_fn), torch.device("cpu"), (4, 8),
+                      warmup=1, repeats=2, sync=lambda: None, memory_cap_mib=None, on_batch=lambda b: None))
+    assert sizes == [4] * 4 + [8] * 4      # accounting, warm-up, 2 repeats, per size
