@@ -48,12 +48,6 @@ SIZES = {
     ("cuda", False): Sizes(8192, 10, 1024 * MIB, 256 * MIB, (32, 64, 128, 256, 512, 1024, 2048), 3, 10),
 }
 
-# Timed rounds of an emulated device's model step (after the warm-up), one call per batch size each:
-# the host's drift over a few seconds is what these figures fight (stepbench._interleaved), and
-# more rounds spread a burst over more of them (run-to-run spread of the quick bench: see
-# docs/bench.md).
-EMULATED_STEP_ROUNDS = {True: 15, False: 25}
-
 
 @dataclass(frozen=True)
 class Target:
@@ -200,8 +194,6 @@ def measure(torch: Any, args: argparse.Namespace, target: Target, results: Resul
                   "message": f"parameter-server exchange not measured: {first_line(exc)}"})
     cap = target.memory_total_mib if target.emulated else None
     batch_sizes = args.model_ref.batch_sizes or sizes.batch_sizes
-    if target.emulated:   # timed in rounds over the sizes (stepbench._interleaved): more, cheap rounds
-        reps["repeats"] = max(sizes.repeats, EMULATED_STEP_ROUNDS[args.quick])
     for sample in stepbench.step_samples(torch, loaded, target.device, batch_sizes, memory_cap_mib=cap,
                                          emulated_speed=target.speed if target.emulated else None,
                                          on_batch=lambda bs: progress(f"batch {bs}"), **reps):

@@ -94,18 +94,51 @@ def _samples(torch: Any, model: Any, optimizer: Any, loss_fn: Callable[[Any, Any
              repeats: int, sync: Callable[[], object], clock: Clock, on_gpu: bool,
              memory_cap_mib: int | None, emulated_speed: float | None, stable: StableSpeed | None,
              on_batch: Callable[[int], None]) -> Iterator[StepSample]:
-    timed = _TimedStep(torch, model, optimizer, loss_fn, loaded, device, emit, clock, stable, emulated_speed)
-    if emulated_speed is not None:
-        yield from _interleaved(timed, batch_sizes, warmup=warmup, repeats=repeats, sync=sync,
-                                memory_cap_mib=memory_cap_mib, on_batch=on_batch)
-        return
     for batch_size in sorted(batch_sizes):
         on_batch(batch_size)
         try:
-            step = timed.prepare(batch_size, memory_cap_mib if not on_gpu else None, on_gpu)
-            # The step rests inside itself (_TimedStep), so time_repeats must not rest again after it.
-            seconds = time_repeats(step, warmup=warmup, repeats=repeats, sync=sync, clock=Clock(now=clock.now))
-            peak = torch.cuda.max_memory_allocated(device) if on_gpu else timed.peak[batch_size]
+            inputs, targets = loaded.make_batch(batch_size, device)
+            args = inputs if isinstance(inputs, tuple) else (inputs,)
+            # The runtime's batches are gathered from the dataset by a permutation (runtime/data.py).
+            order = torch.randperm(batch_size, device=device)
+            tensors = (*args, targets)
+
+            parts: list[tuple[float, float]] = []   # (stretched, host) seconds of each call
+
+            def step() -> None:
+                start = clock.now()
+                *xb, yb = (t[order] if isinstance(t, torch.Tensor) and t.dim() else t for t in tensors)
+                loss = loss_fn(model(*xb), yb)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                value = loss.item()
+                stretched = clock.now() - start
+                if stable is not None:       # what the runtime's emulator stretches (runtime/emulate.py)
+                    stretched = stable.observe(batch_size, stretched)
+                # The emulator pauses here, at the end of the step's compute (the optimizer's pre-hook),
+                # so the cold caches after the pause fall on the optimizer, not on the next forward.
+                clock.rest(stretched)
+                # Not stretched by emulation, in the runtime: the optimizer with its hooks (after the
+                # emulator's end of compute) and the metrics line (ctx.log is untimed).
+                start = clock.now()
+                optimizer.step()
+                emit(step=0, loss=value, samples=batch_size)
+                parts.append((stretched, clock.now() - start))
+
+            if on_gpu:
+                torch.cuda.reset_peak_memory_stats(device)
+            else:
+                peak = accounted_step_bytes(torch, model, optimizer, args, targets, loss_fn)
+                if memory_cap_mib is not None and peak > memory_cap_mib * MIB:
+                    raise OutOfMemory(f"out of memory at batch {batch_size}: a step needs "
+                                      f"{peak / MIB:.1f} MiB, the emulated device has {memory_cap_mib} MiB")
+            # The step rests inside itself (above), so time_repeats must not rest again after it.
+            seconds = time_repeats(step, warmup=warmup, repeats=repeats, sync=sync,
+                                   clock=Clock(now=clock.now))
+            if emulated_speed is not None:
+                seconds = [f + emulated_speed * o for f, o in parts[-len(seconds):]]
+            if on_gpu:
+                peak = torch.cuda.max_memory_allocated(device)
         except RuntimeError as exc:
             if not is_oom(exc):
                 raise
@@ -113,92 +146,6 @@ def _samples(torch: Any, model: Any, optimizer: Any, loss_fn: Callable[[Any, Any
                 torch.cuda.empty_cache()
             raise OutOfMemory(f"out of memory at batch {batch_size}") from exc
         yield StepSample(batch_size=batch_size, seconds=summarize(seconds), memory_mib=-(-peak // MIB))
-
-
-def _interleaved(timed: _TimedStep, batch_sizes: tuple[int, ...], *, warmup: int, repeats: int,
-                 sync: Callable[[], object], memory_cap_mib: int | None,
-                 on_batch: Callable[[int], None]) -> Iterator[StepSample]:
-    """An emulated device (measured on a shared CPU) is timed in rounds, one call of every batch
-    size per round, not all repeats of one size and then the next: the host's speed drifts over
-    seconds (other processes, caches, clocks), and a drift that fell on one size's turn bent the
-    planner's time(batch) line (run K of docs/planning.md: one size at twice the others' line). In
-    rounds a drift moves every size alike. Memory is accounted, not allocated, so every size is
-    checked before any is timed; sizes from the first that does not fit on are left out, and its
-    OutOfMemory is raised after the others are yielded, as the one-size-at-a-time order does."""
-    steps: dict[int, Callable[[], None]] = {}
-    refused: OutOfMemory | None = None
-    for batch_size in sorted(batch_sizes):
-        on_batch(batch_size)
-        try:
-            steps[batch_size] = timed.prepare(batch_size, memory_cap_mib, False)
-        except OutOfMemory as exc:
-            refused = exc
-            break
-    for _ in range(warmup + repeats):
-        for step in steps.values():
-            step()          # it times itself and rests as the emulator would (_TimedStep)
-            sync()
-    for batch_size in steps:
-        parts = timed.parts[batch_size][-repeats:]
-        emulated = [stretched + timed.speed * host for stretched, host in parts]
-        yield StepSample(batch_size=batch_size, seconds=summarize(emulated),
-                         memory_mib=-(-timed.peak[batch_size] // MIB))
-    if refused is not None:
-        raise refused
-
-
-class _TimedStep:
-    """One step of the runtime's loop at a given batch size, as the timings call it."""
-
-    def __init__(self, torch: Any, model: Any, optimizer: Any, loss_fn: Callable[[Any, Any], Any],
-                 loaded: LoadedModel, device: Any, emit: Callable[..., None], clock: Clock,
-                 stable: StableSpeed | None, emulated_speed: float | None) -> None:
-        self.torch, self.model, self.optimizer, self.loss_fn = torch, model, optimizer, loss_fn
-        self.loaded, self.device, self.emit, self.clock, self.stable = loaded, device, emit, clock, stable
-        self.speed = emulated_speed if emulated_speed is not None else 1.0
-        self.parts: dict[int, list[tuple[float, float]]] = {}   # (stretched, host) seconds of each call
-        self.peak: dict[int, int] = {}
-
-    def prepare(self, batch_size: int, memory_cap_mib: int | None, on_gpu: bool) -> Callable[[], None]:
-        """The step's closure; on a CPU the accounted peak is checked against ``memory_cap_mib``."""
-        torch = self.torch
-        inputs, targets = self.loaded.make_batch(batch_size, self.device)
-        args = inputs if isinstance(inputs, tuple) else (inputs,)
-        # The runtime's batches are gathered from the dataset by a permutation (runtime/data.py).
-        order = torch.randperm(batch_size, device=self.device)
-        tensors = (*args, targets)
-        parts = self.parts[batch_size] = []
-        model, optimizer, clock, stable = self.model, self.optimizer, self.clock, self.stable
-
-        def step() -> None:
-            start = clock.now()
-            *xb, yb = (t[order] if isinstance(t, torch.Tensor) and t.dim() else t for t in tensors)
-            loss = self.loss_fn(model(*xb), yb)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            value = loss.item()
-            stretched = clock.now() - start
-            if stable is not None:       # what the runtime's emulator stretches (runtime/emulate.py)
-                stretched = stable.observe(batch_size, stretched)
-            # The emulator pauses here, at the end of the step's compute (the optimizer's pre-hook),
-            # so the cold caches after the pause fall on the optimizer, not on the next forward.
-            clock.rest(stretched)
-            # Not stretched by emulation, in the runtime: the optimizer with its hooks (after the
-            # emulator's end of compute) and the metrics line (ctx.log is untimed).
-            start = clock.now()
-            optimizer.step()
-            self.emit(step=0, loss=value, samples=batch_size)
-            parts.append((stretched, clock.now() - start))
-
-        if on_gpu:
-            torch.cuda.reset_peak_memory_stats(self.device)
-        else:
-            peak = self.peak[batch_size] = accounted_step_bytes(torch, model, optimizer, args, targets,
-                                                                 self.loss_fn)
-            if memory_cap_mib is not None and peak > memory_cap_mib * MIB:
-                raise OutOfMemory(f"out of memory at batch {batch_size}: a step needs "
-                                  f"{peak / MIB:.1f} MiB, the emulated device has {memory_cap_mib} MiB")
-        return step
 
 
 def accounted_step_bytes(torch: Any, model: Any, optimizer: Any, args: tuple[Any, ...], targets: Any,
