@@ -114,4 +114,3 @@ def test_an_emulated_step_is_timed_through_the_emulators_stable_estimate():
     forwards = [0, 1, 1, 1, 9, 1, 1, 1]
     assert _timed(0.5, forwards) == [1.0, 1.0, 1.0]
     assert _timed(None, forwards)[2] == 9.0
-
