@@ -15,9 +15,9 @@ Speeds are the nominal ones x --time-scale, as in benchmarks/hybrid_vs_allreduce
 speed down keeps the CPU from being the bottleneck that a real cluster would not have.
 
 Rounds (--rounds, default 3): this machine's speed drifts by 20-40% over seconds (the same step's
-CPU time, in one process, 4.4 ms and 7.6 ms a few seconds apart; the quick bench of one device run
-six times in a row: batch 64 at 21-38 ms), so one bench against one run of each strategy compares two
-draws of that drift, not the model with the machine. Each round benches the cluster afresh and runs
+CPU time, in one process, 4.4 ms and 7.6 ms a few seconds apart; the quick bench of one speed-0.1
+device run seven times in a row: batch 64 at 28-49 ms, batch 128 at 47-65 ms), so one bench against
+one run of each strategy compares two draws of that drift, not the model with the machine. Each round benches the cluster afresh and runs
 every strategy once (the order rotated each round, so no strategy always runs first after the
 bench); the error is the median prediction over rounds against the median measurement, and every
 round's own errors are printed and kept in the JSON too.
@@ -29,7 +29,7 @@ standard error of a strategy's median is its rounds' spread (sd / sqrt(rounds)),
 its run's throughput over 6 equal slices of its steady window. auto's strategy is the one it chose
 in most rounds (the first round's on a tie).
 
-    PYTHONPATH=$PWD python3 benchmarks/cost_model_accuracy.py
+    PYTHONPATH=$PWD python3 benchmarks/cost_model_accuracy.py      (about 13 minutes; --rounds 1: 4-5)
 Readable table, then as the LAST line one JSON object with every figure and ratio.
 """
 from __future__ import annotations
