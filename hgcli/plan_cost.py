@@ -359,8 +359,12 @@ class CostModel:
         if measured is None:
             return self._wire_s(leader, node_share)
         share = self.bytes / shards
+        # The per-byte part is what the measured round trip adds to the measured fixed cost, both
+        # uncontended; only the fixed cost (waking the RPC threads) then waits for cores. (Taking
+        # the stretched fixed cost off the round trip cancelled the wait whenever one shard held
+        # the whole model.)
+        per_byte = max(0.0, measured.round_trip_s.median - measured.latency_s.median) / measured.bytes
         fixed = measured.latency_s.median * wait
-        per_byte = max(0.0, measured.round_trip_s.median - fixed) / measured.bytes
         # one round trip to every shard at once; with several shards the runtime then pulls from the
         # others (hgcli/runtime/hybrid.py _exchange): a second round trip, without the PS update.
         software = (fixed + per_byte * share) * (2 if shards > 1 else 1)

@@ -159,3 +159,24 @@ def test_one_size_measured_during_a_burst_of_load_does_not_bend_the_line():
     line = [(a + c * b) / (1 + noise) for b in exact]
     assert all(abs(fit / t - 1) < 0.08 for fit, t in zip(line, exact.values()))
     assert noise == pytest.approx(0.1 / 0.6931, rel=0.1)
+
+
+def test_a_single_shard_push_waits_for_cores_by_its_fixed_cost():
+    """Only the RPC's fixed cost (waking its threads) waits for a core; the per-byte part does not.
+    With one shard holding the whole model the wait used to cancel out (the stretched fixed cost
+    was taken off the measured round trip)."""
+    from hgcli.plan import _assign_batches, _exchanges, _usable_devices
+    from hgcli.plan_cost import CostModel, Network
+
+    inventory, profiles = cluster([[A100, A100, T4, T4]], model=ModelSpec("tiny", 5000))
+    devices = tuple(dataclasses.replace(p, exchange=exchange(0.0030, 0.0001, latency=0.0012, nbytes=20_000))
+                    for p in profiles.devices)
+    profiles = dataclasses.replace(profiles, devices=devices)
+    names = [n.name for n in inventory.nodes]
+    usable, _ = _usable_devices(inventory, profiles, 20_000.0)
+    _, batches = _assign_batches(usable, 256, names)
+    model = CostModel(usable, batches, Network(names, profiles.links), 20_000.0, 256, inventory,
+                      JobSpec(strategy=Strategy.PS, global_batch=256), _exchanges(inventory, profiles))
+    whole = {0: 20_000.0}
+    assert model._push_pull_s(0, whole, 1, 1.0) == pytest.approx(0.0030)
+    assert model._push_pull_s(0, whole, 1, 2.5) == pytest.approx(0.0030 + 0.0012 * 1.5)
