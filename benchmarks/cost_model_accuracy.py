@@ -131,6 +131,8 @@ def run_strategy(plan: Any, args: argparse.Namespace, workdir: Path) -> dict[str
     fins = [m for m in result.metrics if m.get("event") == "finish"]
     compute, slept = sum(m["compute_s"] for m in fins), sum(m["emulated_sleep_s"] for m in fins)
     out["compute_share"] = compute / (compute + slept) if compute + slept else 0.0
+    # where a worker's steps go besides compute: its group's all-reduce / PS exchange / broadcast
+    out["sync_ms_per_step"] = statistics.median(1e3 * m["sync_s"] / max(1, m["steps"]) for m in fins)
     out["pushes"] = float(len(syncs))
     out["push_s_mean"] = statistics.mean(m["push_s"] for m in syncs) if syncs else 0.0
     out["elapsed_s"] = result.elapsed_s
@@ -184,6 +186,7 @@ def evaluate(name: str, speeds: list[float], args: argparse.Namespace, workdir: 
                              "round_errors": [run["error"] for run in runs],
                              "layout": _layout(runs[-1]), "ps": runs[-1]["ps"],
                              "compute_share": statistics.median(run["compute_share"] for run in runs),
+                             "sync_ms_per_step": statistics.median(run["sync_ms_per_step"] for run in runs),
                              "load_1min": statistics.median(run["load_1min"] for run in runs)}
     choices = [r["auto"] for r in rounds]
     chosen = max(choices, key=lambda c: (choices.count(c), -choices.index(c)))
@@ -214,14 +217,14 @@ def main() -> int:
           f"worker, emulated speed = nominal x {args.time_scale}; profiles: bench --quick of the same model; "
           f"{args.rounds} round(s) of bench + every strategy per cluster, medians over rounds")
     print(f"{'cluster':14} {'strategy':10} {'predicted':>10} {'measured':>10} {'+-se':>6} {'error':>7} "
-          f"{'each round':>22} {'groups x acc':>16} {'PS':>3} {'compute':>8} {'load':>5}")
+          f"{'each round':>22} {'groups x acc':>16} {'PS':>3} {'compute':>8} {'sync ms':>7} {'load':>5}")
     for name, r in results.items():
         for s in STRATEGIES:
             v = r["strategies"][s]
             each = " ".join(f"{e:+.0%}" for e in v["round_errors"])
             print(f"{name:14} {s:10} {v['predicted']:10.0f} {v['samples_per_s']:10.0f} "
                   f"{v['stderr']:6.0f} {v['error']:+7.1%} {each:>22} {v['layout']:>16} {v['ps']:3d} "
-                  f"{v['compute_share']:8.2f} {v['load_1min']:5.1f}")
+                  f"{v['compute_share']:8.2f} {v['sync_ms_per_step']:7.1f} {v['load_1min']:5.1f}")
         verdict = "yes" if r["auto_ok"] else "NO"
         if r["auto_by_homogeneous_rule"]:
             verdict += " (auto followed the homogeneous rule: one all-reduce group, no PS, never worse than DDP)"

@@ -127,8 +127,9 @@ class Context:
         """Wait for the other groups, take the final parameters, and leave the job."""
         if self._sync is not None:
             self._sync.finish()
-            self.metrics.emit(event="finish", samples=self._sync.samples_seen,
-                              compute_s=self.emulator.compute_s, emulated_sleep_s=self.emulator.slept_s)
+            self.metrics.emit(event="finish", samples=self._sync.samples_seen, steps=self._sync.local_step,
+                              compute_s=self.emulator.compute_s, emulated_sleep_s=self.emulator.slept_s,
+                              sync_s=self._sync.sync_s)
         if self.env.world_size > 1:
             try:
                 shutdown(self.plan, self.env.timeout_s)

@@ -46,6 +46,9 @@ class GroupSync:
         self.version = 0
         self.local_step = 0
         self.samples_seen = 0
+        # Wall seconds this rank spent synchronising in the loop (all-reduce, PS exchange, the
+        # broadcast of fresh parameters): with compute and emulated sleep, where its steps went.
+        self.sync_s = 0.0
         self._samples = 0
         device = self.params[0].device if self.params else torch.device("cpu")
         numel = sum(p.numel() for p in self.params)
@@ -106,13 +109,16 @@ class GroupSync:
             for p in self.params:
                 p.grad = grad[offset: offset + p.numel()].view_as(p).clone()
                 offset += p.numel()
+            self.sync_s += t1 - t0
         else:
             if self.rank == self.leader:
                 self._set_params_from_shards(self._exchange(grad, total))
             t2 = time.perf_counter()
             self._broadcast_params()
+            t3 = time.perf_counter()
+            self.sync_s += t3 - t0
             self.metrics.emit(event="sync", group=self.group_id, version=self.version, samples=total,
-                              allreduce_s=t1 - t0, push_s=t2 - t1, broadcast_s=time.perf_counter() - t2)
+                              allreduce_s=t1 - t0, push_s=t2 - t1, broadcast_s=t3 - t2)
         self._acc.zero_()
 
     def _after_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:

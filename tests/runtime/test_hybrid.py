@@ -25,6 +25,12 @@ def test_two_groups_converge_on_the_example(tmp_path, n_ps):
                     ps_argv=ps_argv(trace=str(trace)))
     final = [m for m in result.metrics if m.get("event") == "final"]
     assert len(final) == 1 and final[0]["accuracy"] >= 0.90, final
+    # A worker's synchronisation time is its sync events' all-reduce + push + broadcast.
+    for rank in range(4):
+        syncs = [m for m in result.metrics if m.get("event") == "sync" and m["rank"] == rank]
+        finish, = [m for m in result.metrics if m.get("event") == "finish" and m["rank"] == rank]
+        spent = sum(m["allreduce_s"] + m["push_s"] + m["broadcast_s"] for m in syncs)
+        assert syncs and finish["sync_s"] == pytest.approx(spent, rel=1e-6)
     pushes = [e for e in trace_events(trace) if e["event"] == "push"]
     assert {e["shard"] for e in pushes} == set(range(n_ps))
     for shard in range(n_ps):

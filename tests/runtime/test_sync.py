@@ -20,8 +20,12 @@ def test_homogeneous_plan_matches_ddp(tmp_path):
     args = ("--steps", 6, "--batch", 8, "--lr", 0.1, "--momentum", 0.9)
     (tmp_path / "hg").mkdir()
     (tmp_path / "ddp").mkdir()
-    run_ok(plan, script("tiny_train.py", "--out", tmp_path / "hg", *args), tmp_path / "hg")
+    ours_run = run_ok(plan, script("tiny_train.py", "--out", tmp_path / "hg", *args), tmp_path / "hg")
     run_ok(plan, script("ddp_reference.py", "--out", tmp_path / "ddp", *args), tmp_path / "ddp")
+    # Each rank accounts for where its steps went: the all-reduces are its synchronisation time.
+    finishes = {m["rank"]: m for m in ours_run.metrics if m.get("event") == "finish"}
+    assert sorted(finishes) == [0, 1]
+    assert all(m["steps"] == 6 and m["sync_s"] > 0 for m in finishes.values())
     start = load(tmp_path / "hg" / "start0.pt")["params"]
     for rank in (0, 1):
         ours, ddp = load(tmp_path / "hg" / f"rank{rank}.pt"), load(tmp_path / "ddp" / f"rank{rank}.pt")
