@@ -176,14 +176,11 @@ def evaluate(name: str, speeds: list[float], args: argparse.Namespace, workdir: 
     for strategy in STRATEGIES:
         runs = [r["runs"][strategy] for r in rounds]
         measured = [run["samples_per_s"] for run in runs]
-        predicted = statistics.median(run["predicted"] for run in runs)
-        if len(runs) > 1:
-            stderr = statistics.stdev(measured) / math.sqrt(len(runs))
-        else:
-            stderr = runs[0]["stderr"]
-        summary[strategy] = {"predicted": predicted, "samples_per_s": statistics.median(measured),
-                             "stderr": stderr, "error": predicted / statistics.median(measured) - 1,
-                             "round_errors": [run["error"] for run in runs],
+        predicted, rate = statistics.median(run["predicted"] for run in runs), statistics.median(measured)
+        stderr = statistics.stdev(measured) / math.sqrt(len(runs)) if len(runs) > 1 else runs[0]["stderr"]
+        # the layout shown is the last round's: each round's fresh bench may move batches/accumulation
+        summary[strategy] = {"predicted": predicted, "samples_per_s": rate, "stderr": stderr,
+                             "error": predicted / rate - 1, "round_errors": [run["error"] for run in runs],
                              "layout": _layout(runs[-1]), "ps": runs[-1]["ps"],
                              "compute_share": statistics.median(run["compute_share"] for run in runs),
                              "sync_ms_per_step": statistics.median(run["sync_ms_per_step"] for run in runs),
