@@ -102,7 +102,8 @@ class Context:
             pg=self._pgs.get(self.group), rank=self.rank, group_id=self.group,
             accumulate=self.group_plan.accumulate, ps_ranks=self.plan.ps_shards,
             first_worker=self.plan.workers[0].rank, default_batch=self.env.batch_size or 1,
-            emulator=self.emulator, metrics=self.metrics, timeout_s=self.env.timeout_s)
+            emulator=self.emulator, metrics=self.metrics, timeout_s=self.env.timeout_s,
+            share_with=self._same_node(self.group_plan.ranks))
         self._sync.start()
         return model, optimizer
 
@@ -135,6 +136,14 @@ class Context:
                 shutdown(self.plan, self.env.timeout_s)
             except RuntimeError as exc:
                 raise TrainingError(f"rank {self.rank}: leaving the job failed: {exc}") from exc
+
+    def _same_node(self, ranks: tuple[int, ...]) -> tuple[int, ...]:
+        """Positions in ``ranks`` of the ranks on this rank's node, by the plan (torchrun's implicit
+        plan names no nodes and runs no emulation: just this rank)."""
+        if self.env.plan is None:
+            return (ranks.index(self.rank),)
+        node = self.plan.rank(self.rank).node
+        return tuple(i for i, r in enumerate(ranks) if self.plan.rank(r).node == node)
 
     def _batch_sizes(self, default: int) -> list[int]:
         return [b or default for b in self._batches]

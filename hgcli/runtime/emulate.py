@@ -15,6 +15,12 @@ stretching each step's raw CPU time multiplied it by 1/speed (10-50x in the accu
 a synchronous group waited for a straggler that no real device of that speed would be. The lower
 quartile rather than the median: delays only ever add to a step's CPU time (other jobs sharing the
 caches and cores), so the faster steps are the ones closer to the device's own speed.
+
+Ranks of one all-reduce group on one node pool their estimates (``share``, fed by the group's
+all-reduce in hybrid.py): identical devices run at one speed, but each process's own estimate of
+the same step differed by ~10% on this 2-core machine (which core, whose caches), x10 at speed 0.1,
+so every synchronous step waited ~3 ms for the process that happened to be slowest: an artifact
+of emulating on one shared CPU that no group of real GPUs of one model would show.
 """
 from __future__ import annotations
 
@@ -47,6 +53,11 @@ class StableSpeed:
         recent.append(seconds)
         return sorted(recent)[len(recent) // 4]
 
+    def current(self, batch: int) -> float | None:
+        """The estimate for ``batch`` after the last ``observe``; None before any."""
+        recent = self._recent.get(batch)
+        return sorted(recent)[len(recent) // 4] if recent else None
+
 
 class Emulator:
     def __init__(self, speed: float, *, worker_index: int = 0, n_workers: int = 1,
@@ -59,6 +70,7 @@ class Emulator:
         self.compute_s = 0.0        # totals, for metrics and the benchmark's honesty check
         self.slept_s = 0.0
         self._stable = StableSpeed()
+        self._shared: dict[int, float] = {}   # batch -> the group's pooled estimate on this node
         self.begin_compute()
 
     def is_straggler(self, step: int) -> bool:
@@ -83,12 +95,23 @@ class Emulator:
         factor = 1.0 / self.speed
         if self.is_straggler(step):
             factor *= self.straggler_factor
-        pause = max(0.0, self._stable.observe(batch, cpu) * factor - wall) if factor > 1.0 else 0.0
+        own = self._stable.observe(batch, cpu)
+        estimate = self._shared.get(batch, own)
+        pause = max(0.0, estimate * factor - wall) if factor > 1.0 else 0.0
         if pause:
             time.sleep(pause)
         self.compute_s += cpu
         self.slept_s += pause
         return pause
+
+    def estimate(self, batch: int) -> float:
+        """This process's own stable estimate for ``batch`` (0.0 before its first step of it)."""
+        return self._stable.current(batch) or 0.0
+
+    def share(self, batch: int, estimate: float) -> None:
+        """Use ``estimate`` (pooled over the group's ranks on this node) for later steps of ``batch``."""
+        if estimate > 0:
+            self._shared[batch] = estimate
 
     @contextlib.contextmanager
     def untimed(self) -> Iterator[None]:

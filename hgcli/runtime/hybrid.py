@@ -4,12 +4,15 @@ then either the local optimizer (allreduce plans: no PS) or a push to the PS sha
 It hooks the user's optimizer instead of replacing it, so LR schedulers and ``zero_grad`` keep
 working. Before each step it takes the gradients (weighted by the samples the model saw in training
 forwards since the last step) into its own accumulator and clears ``p.grad``; on the step that
-completes the group's accumulation it all-reduces ``[sum n_r*g_r, sum n_r]`` once and either puts
+completes the group's accumulation it all-reduces ``[sum n_r*g_r, sum n_r]`` once (plus two slots per
+member: its last step's batch and its emulator's stable estimate, which the members on one node pool,
+emulate.py) and either puts
 the weighted mean back into ``p.grad`` (the local optimizer then steps, like DDP) or, for hybrid,
 the group leader pushes it to the PS and broadcasts the fresh parameters to its group.
 """
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Any, Callable
 
@@ -27,7 +30,8 @@ class GroupSync:
     def __init__(self, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  group_ranks: tuple[int, ...], pg: Any, rank: int, group_id: int, accumulate: int,
                  ps_ranks: tuple[int, ...], first_worker: int, default_batch: int,
-                 emulator: Emulator, metrics: MetricsSink, timeout_s: float) -> None:
+                 emulator: Emulator, metrics: MetricsSink, timeout_s: float,
+                 share_with: tuple[int, ...] = ()) -> None:
         self.model = model
         self.opt = optimizer
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -43,6 +47,10 @@ class GroupSync:
         self.emulator = emulator
         self.metrics = metrics
         self.timeout_s = timeout_s
+        # Positions in ``group_ranks`` of the members on this rank's node (itself included): their
+        # emulated steps share one stable estimate (emulate.py).
+        self.share_with = share_with
+        self._me = group_ranks.index(rank)
         self.version = 0
         self.local_step = 0
         self.samples_seen = 0
@@ -51,8 +59,11 @@ class GroupSync:
         self.sync_s = 0.0
         self._samples = 0
         device = self.params[0].device if self.params else torch.device("cpu")
-        numel = sum(p.numel() for p in self.params)
-        self._acc = torch.zeros(numel + 1, device=device)  # last slot: total samples
+        self._numel = numel = sum(p.numel() for p in self.params)
+        # [weighted gradients | total samples | (batch, estimate) per member]; the members' slots
+        # ride on the all-reduce the step makes anyway, so pooling costs no extra round trip.
+        slots = 2 * len(group_ranks) if len(group_ranks) > 1 else 0
+        self._acc = torch.zeros(numel + 1 + slots, device=device)
         if ps_ranks:
             from .ps import assign_shards
             self._owner = assign_shards([p.numel() for p in self.params], len(ps_ranks))
@@ -95,15 +106,20 @@ class GroupSync:
                 self._acc[offset: offset + p.numel()].add_(p.grad.reshape(-1), alpha=float(n))
             offset += p.numel()
             p.grad = None
-        self._acc[-1] += n
+        self._acc[self._numel] += n
         self.local_step += 1
         if self.local_step % self.accumulate:
             return                              # still accumulating: the optimizer sees no grads
+        if len(self.ranks) > 1:
+            mine = self._numel + 1 + 2 * self._me
+            self._acc[mine] = n
+            self._acc[mine + 1] = self.emulator.estimate(n)
         t0 = time.perf_counter()
         self._allreduce(self._acc)
         t1 = time.perf_counter()
-        total = float(self._acc[-1])
-        grad = self._acc[:-1] / max(total, 1e-12)
+        self._pool_estimates(n)
+        total = float(self._acc[self._numel])
+        grad = self._acc[:self._numel] / max(total, 1e-12)
         if not self.ps_ranks:
             offset = 0
             for p in self.params:
@@ -123,6 +139,15 @@ class GroupSync:
 
     def _after_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self.emulator.begin_compute()
+
+    def _pool_estimates(self, batch: int) -> None:
+        """The median estimate of this node's members whose last step had the same batch."""
+        if len(self.ranks) < 2:
+            return
+        slots = self._acc[self._numel + 1:].tolist()
+        pool = [slots[2 * i + 1] for i in self.share_with if slots[2 * i] == batch and slots[2 * i + 1] > 0]
+        if pool:
+            self.emulator.share(batch, statistics.median(pool))
 
     # --- end ------------------------------------------------------------------------------------
     def finish(self) -> None:
@@ -226,7 +251,7 @@ class GroupSync:
         return [tuple(self.params[i].shape) for i in self._shard_index(shard)]
 
     def _set_params_from_shards(self, answers: list[tuple[int, torch.Tensor]]) -> None:
-        flat = torch.empty(self._acc.numel() - 1)
+        flat = torch.empty(self._numel)
         offsets = [0]
         for p in self.params:
             offsets.append(offsets[-1] + p.numel())

@@ -62,3 +62,19 @@ def test_torchrun_style_script_runs_unchanged(tmp_path):
     assert all(lines)
     assert lines[0].group(2) == lines[1].group(2)      # DDP kept the ranks identical
     assert float(lines[0].group(1)) > 0.85             # and it learned
+
+
+def test_ranks_of_a_group_on_one_node_pool_their_emulated_speed(tmp_path):
+    """Emulated ranks of one group on one node stretch one pooled estimate of the step's CPU time
+    (identical devices run at one speed), so a process that happens to be slower does not make the
+    whole group wait for it; a member on another node keeps its own. Rank 1 does 6 ms more CPU per
+    step than ranks 0 and 2; at speed 0.1 the pooled estimate (median of ranks 0 and 1: +3 ms)
+    makes rank 0 sleep ~30 ms more per step than rank 2, which runs the same work on node b."""
+    plan = emulated_plan([[0.1, 0.1, 0.1]], [[8, 8, 8]], nodes=[["a", "a", "b"]])
+    result = run_ok(plan, script("tiny_train.py", "--out", tmp_path, "--steps", 12,
+                                 "--spin-rank", 1, "--spin-ms", 6), tmp_path)
+    sleep = {m["rank"]: 1e3 * m["emulated_sleep_s"] / m["steps"]
+             for m in result.metrics if m.get("event") == "finish"}
+    assert sleep[0] > sleep[2] + 12, sleep        # ~+27 ms: pooled with rank 1 from the first sync on
+    # rank 1 stretched the same pooled estimate, not its own (it would sleep ~50 ms more than rank 0)
+    assert sleep[1] < sleep[0] + 10, sleep

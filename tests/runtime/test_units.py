@@ -108,6 +108,28 @@ def test_a_burst_of_host_cpu_is_not_stretched_into_a_slow_device_step():
     assert time.perf_counter() - t0 >= 0.2 * 0.999
 
 
+def test_a_shared_estimate_replaces_the_own_one_for_its_batch_size_only():
+    emu = Emulator(0.1)
+    for step in range(3):
+        emu.begin_compute()
+        _spin(0.004)
+        emu.end_compute(step, 16)
+    own = emu.estimate(16)
+    assert 0.004 <= own < 0.02 and emu.estimate(32) == 0.0
+    emu.share(16, 0.012)          # the group's pooled estimate: three times this process's
+    emu.begin_compute()
+    t0 = time.perf_counter()
+    _spin(0.004)
+    emu.end_compute(3, 16)
+    assert time.perf_counter() - t0 >= 0.12 * 0.999
+    assert emu.estimate(16) < 0.012   # its own estimate is still reported as its own
+    emu.begin_compute()            # another batch size is stretched from its own CPU time
+    t0 = time.perf_counter()
+    _spin(0.004)
+    emu.end_compute(4, 32)
+    assert 0.04 * 0.999 <= time.perf_counter() - t0 < 0.1
+
+
 def test_stable_speed_is_the_lower_quartile_of_recent_steps_of_one_batch_size():
     stable = StableSpeed(window=5)
     got = [stable.observe(8, s) for s in (5.0, 1.0, 9.0, 2.0, 3.0, 4.0, 6.0, 7.0)]

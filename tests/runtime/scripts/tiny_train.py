@@ -1,10 +1,12 @@
 """A small hgcli.runtime training script the runtime tests drive through localrun.
 
 Writes <out>/rank<R>.pt (final flat parameters) and <out>/start<R>.pt ({"params", "version"}: the
-parameters right after wrap and their PS version). --die-rank/--die-step make one rank SIGKILL itself mid-training.
+parameters right after wrap and their PS version). --die-rank/--die-step make one rank SIGKILL itself mid-training; --spin-rank/--spin-ms give one rank
+that much more CPU work in every step (a slower process on the same host).
 """
 import os
 import signal
+import time
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +24,8 @@ def main():
     p = parser()
     p.add_argument("--die-rank", type=int, default=-1)
     p.add_argument("--die-step", type=int, default=-1)
+    p.add_argument("--spin-rank", type=int, default=-1)
+    p.add_argument("--spin-ms", type=float, default=0.0)
     args = p.parse_args()
     torch.set_num_threads(1)
     ctx = hg.init()
@@ -36,6 +40,10 @@ def main():
         if ctx.rank == args.die_rank and step == args.die_step:
             os.kill(os.getpid(), signal.SIGKILL)
         loss = F.cross_entropy(model(xb), yb)
+        if ctx.rank == args.spin_rank:
+            end = time.thread_time() + args.spin_ms / 1e3
+            while time.thread_time() < end:
+                pass
         opt.zero_grad()
         loss.backward()
         opt.step()
