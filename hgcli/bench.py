@@ -135,9 +135,16 @@ def _bench_node(cluster: Cluster, node: NodeSpec, info: NodeInfo | None, quick: 
             # the speed-0.1 devices (benchmarks/cost_model_accuracy.py, docs/planning.md).
             base_target = max(emulated, key=lambda t: t.memory_mib or 0)
             bases = {}
-            for speed in sorted({t.speed if t.speed is not None else 1.0 for t in emulated}):
+            speeds = sorted({t.speed if t.speed is not None else 1.0 for t in emulated})
+            for speed in speeds:
+                # The fastest speed's bench also times a synchronous step of all the node's emulated
+                # devices (node/groupbench.py): with batches proportional to speed, every member's
+                # step lasts about what the fastest one's does; the node's figure is on every profile.
+                group = len(emulated) if speed == speeds[-1] and len(emulated) > 1 else 0
                 bases[speed] = _bench_device(transport, node, replace(base_target, speed=speed), quick,
-                                             spec, emit)
+                                             spec, emit, group_ranks=group)
+            node_group = bases[speeds[-1]][0].group_sync
+            bases = {k: (replace(p, group_sync=node_group), n) for k, (p, n) in bases.items()}
             for t in emulated:
                 base, parameters = bases[t.speed if t.speed is not None else 1.0]
                 measured.append((emulated_profile(base, t), parameters))
@@ -173,8 +180,10 @@ def emulated_profile(base: DeviceProfile, target: DeviceTarget) -> DeviceProfile
 
 
 def _bench_device(transport: Transport, node: NodeSpec, target: DeviceTarget, quick: bool, spec: str,
-                  emit: OnEvent) -> tuple[DeviceProfile, int | None]:
+                  emit: OnEvent, group_ranks: int = 0) -> tuple[DeviceProfile, int | None]:
     args = ["--node", node.name, *target.args(), "--model", spec, "--lifeline"] + (["--quick"] if quick else [])
+    if group_ranks:
+        args += ["--group-ranks", str(group_ranks)]
     deadline = time.monotonic() + DEVICE_TIMEOUT_S[quick]
     emit(BenchEvent(node.name, target.device, "starting"))
     profile, parameters = None, None

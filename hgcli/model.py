@@ -183,6 +183,17 @@ class ExchangeProfile:
 
 
 @dataclass(frozen=True)
+class GroupSyncProfile:
+    """A synchronous step of every emulated device of a node, measured as training runs it
+    (hgcli/node/groupbench.py): what it adds to the ranks' compute, all-reduce and waits included."""
+
+    ranks: int                     # the node's emulated devices, each a process of the group
+    bytes: int                     # the all-reduce buffer (the benched model's parameters x 4, + slots)
+    step_s: float                  # the emulated step the ranks computed and slept between all-reduces
+    seconds: Measurement           # per step, beyond step_s
+
+
+@dataclass(frozen=True)
 class DeviceProfile:
     node: str
     device: str                    # "gpu0", "gpu1", ... or "cpu"
@@ -198,6 +209,7 @@ class DeviceProfile:
     torch_version: str | None = None
     driver_version: str | None = None
     exchange: ExchangeProfile | None = None   # PS push cost on this device's node (with --model)
+    group_sync: GroupSyncProfile | None = None   # emulated nodes: their devices' synchronous step
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,11 @@ from __future__ import annotations
 import math
 import re
 import statistics
+from collections.abc import Mapping
 
 from .errors import StateError, UsageError
 from .model import (
-    SCHEMA_VERSION, DeviceProfile, ExchangeProfile, GroupPlan, Inventory, JobSpec, ModelSpec, Plan, Profiles,
+    SCHEMA_VERSION, DeviceProfile, ExchangeProfile, GroupPlan, GroupSyncProfile, Inventory, JobSpec, ModelSpec, Plan, Profiles,
     RankPlan, Role, Strategy,
 )
 from .plan_cost import CostModel, Device, Network, Option
@@ -54,7 +55,7 @@ def make_plan(inventory: Inventory, profiles: Profiles, job: JobSpec) -> Plan:
     real, batches = _assign_batches(devices, global_batch, node_names)
     net = Network(node_names, profiles.links)
     cost = CostModel(devices, batches, net, model_bytes, global_batch, inventory, job,
-                     _exchanges(inventory, profiles))
+                     _exchanges(inventory, profiles), _group_syncs(inventory, profiles))
 
     allreduce = cost.allreduce()
     classes = _speed_classes(devices, real)
@@ -101,6 +102,17 @@ def _exchanges(inventory: Inventory, profiles: Profiles) -> dict[int, ExchangePr
         i = node_index.get(p.node)
         if i is not None and p.exchange is not None and p.exchange.bytes > 0 and i not in out:
             out[i] = p.exchange
+    return out
+
+
+def _group_syncs(inventory: Inventory, profiles: Profiles) -> dict[int, GroupSyncProfile]:
+    """The measured synchronous step of each emulated node's devices (node index -> profile)."""
+    node_index = {n.name: i for i, n in enumerate(inventory.nodes)}
+    out: dict[int, GroupSyncProfile] = {}
+    for p in profiles.devices:
+        i = node_index.get(p.node)
+        if i is not None and p.group_sync is not None and i not in out:
+            out[i] = p.group_sync
     return out
 
 
@@ -381,23 +393,37 @@ def _hybrid_layouts(devices: list[Device], classes: list[list[int]]) -> list[tup
     return layouts
 
 
+def predicted_best(predicted: Mapping[str, float]) -> Strategy:
+    """The strategy the cost model's predictions alone favour (``predicted``: samples/s by strategy
+    name): hybrid or ps only when it beats allreduce by more than AUTO_MARGIN, and hybrid over ps on
+    a near tie (fewer, larger groups push less often and see less staleness). ``auto`` follows it
+    except on a homogeneous cluster (rule 1, docs/planning.md)."""
+    ar, hy, ps = (predicted[s.value] for s in (Strategy.ALLREDUCE, Strategy.HYBRID, Strategy.PS))
+    best, rate = (Strategy.PS, ps) if ps > hy * (1 + AUTO_MARGIN) else (Strategy.HYBRID, hy)
+    return best if rate > ar * (1 + AUTO_MARGIN) else Strategy.ALLREDUCE
+
+
 def _choose(requested: Strategy, options: dict[Strategy, Option], classes: int,
             devices: int) -> tuple[Option, str]:
-    ar, hy, ps = options[Strategy.ALLREDUCE], options[Strategy.HYBRID], options[Strategy.PS]
+    ar = options[Strategy.ALLREDUCE]
     if requested is not Strategy.AUTO:
         chosen = options[requested]
         auto, _ = _choose(Strategy.AUTO, options, classes, devices)
         note = "" if auto is chosen else f"; auto would choose {auto.strategy.value}"
         return chosen, f"{requested.value} requested ({chosen.summary}){note}"
+    best = options[predicted_best({s.value: o.samples_per_s for s, o in options.items()})]
     if classes == 1:
+        # Rule 1 holds whatever the predictions say; saying what they favour lets a user ask for it.
+        aside = "" if best is ar else (f"; the predictions alone favour {best.strategy.value} "
+                                       f"({best.samples_per_s / ar.samples_per_s - 1:.0%} above allreduce; "
+                                       f"--strategy {best.strategy.value} asks for it)")
         return ar, (f"homogeneous: all {devices} devices within {LIKE_SPEED_RATIO}x of each other's speed, "
-                    "so one synchronous all-reduce group (plain DDP) with no parameter servers")
-    best = max((hy, ps), key=lambda o: o.samples_per_s)
-    if ps.samples_per_s <= hy.samples_per_s * (1 + AUTO_MARGIN):
-        best = hy   # on a near tie fewer, larger groups push less often and see less staleness
-    if best.samples_per_s <= ar.samples_per_s * (1 + AUTO_MARGIN):
-        return ar, (f"allreduce predicted {ar.samples_per_s:.4g} samples/s, {best.strategy.value} "
-                    f"{best.samples_per_s:.4g}: not more than {AUTO_MARGIN:.0%} faster, so the synchronous "
+                    f"so one synchronous all-reduce group (plain DDP) with no parameter servers{aside}")
+    if best is ar:
+        hy, ps = options[Strategy.HYBRID], options[Strategy.PS]
+        other = ps if ps.samples_per_s > hy.samples_per_s * (1 + AUTO_MARGIN) else hy
+        return ar, (f"allreduce predicted {ar.samples_per_s:.4g} samples/s, {other.strategy.value} "
+                    f"{other.samples_per_s:.4g}: not more than {AUTO_MARGIN:.0%} faster, so the synchronous "
                     f"all-reduce is kept ({classes} speed classes, batches proportional to speed)")
     gain = best.samples_per_s / ar.samples_per_s - 1
     return best, (f"{best.strategy.value} predicted {best.samples_per_s:.4g} samples/s, {gain:.0%} above "

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .model import ExchangeProfile, Inventory, JobSpec, LinkProfile, Strategy
+from .model import ExchangeProfile, GroupSyncProfile, Inventory, JobSpec, LinkProfile, Strategy
 
 # Links nobody measured: inside a node (PCIe/NVLink-class ring) and between nodes (10 GbE).
 INTRA_NODE_GBS = 16.0
@@ -205,10 +205,12 @@ class CostModel:
 
     def __init__(self, devices: list[Device], batches: list[int], net: Network, model_bytes: float,
                  global_batch: int, inventory: Inventory, job: JobSpec,
-                 exchange: dict[int, ExchangeProfile] | None = None) -> None:
+                 exchange: dict[int, ExchangeProfile] | None = None,
+                 group_sync: dict[int, GroupSyncProfile] | None = None) -> None:
         self.devices, self.batches, self.net = devices, batches, net
         self.bytes, self.global_batch, self.job = model_bytes, global_batch, job
         self.exchange = exchange or {}   # node index -> its measured PS push
+        self.group_sync = group_sync or {}   # node index -> its emulated devices' measured sync step
         self.cores = cores = [n.cpu_cores or 0 for n in inventory.nodes]
         # PS ranks go on healthy nodes (a CPU-only node qualifies): best network first, then most
         # CPU cores, then node order.
@@ -244,8 +246,12 @@ class CostModel:
         step = max(d.time(b) for d, b in zip(self.devices, self.batches))
         step *= straggle(max(d.noise for d in self.devices), len(members))
         own = _ring_allreduce_s(len(members), self.bytes, bw, lat)   # its CPU work, uncontended
-        wait = max(self._oversub(n, {}) for n in set(nodes))
-        comm = own + 2 * (len(members) - 1) * lat * (wait - 1.0)
+        measured = self._measured_sync(nodes, bw)
+        if measured is not None:
+            comm = measured
+        else:
+            wait = max(self._oversub(n, {}) for n in set(nodes))
+            comm = own + 2 * (len(members) - 1) * lat * (wait - 1.0)
         busy: dict[int, float] = {}
         for d, b in zip(self.devices, self.batches):
             if d.emulated:
@@ -254,6 +260,19 @@ class CostModel:
         rate = self.global_batch / ((step + comm) * max(crowded.values(), default=1.0))
         return Option(Strategy.ALLREDUCE, (members,), (1,), (), 0, rate,
                        f"one all-reduce group of {len(members)}")
+
+    def _measured_sync(self, nodes: list[int], bw: float) -> float | None:
+        """What a synchronous step adds when the group is exactly the emulated devices of one node and
+        the bench measured that step (hgcli/node/groupbench.py): waking from the emulated sleep on
+        shared cores and the uneven arrivals are in it, which the ring formula has no terms for. The
+        benched model's bytes are swapped for this plan's at the ring's per-byte rate. None otherwise."""
+        if len(set(nodes)) != 1:
+            return None
+        measured = self.group_sync.get(nodes[0])
+        if measured is None or measured.ranks != len(nodes):
+            return None
+        n = len(nodes)
+        return max(0.0, measured.seconds.median + 2 * (n - 1) / n * (self.bytes - measured.bytes) / bw)
 
     def best_async(self, strategy: Strategy, layouts: list[tuple[tuple[int, ...], ...]]) -> Option:
         """The fastest layout and PS count; a candidate must win by 1% to displace an earlier one,

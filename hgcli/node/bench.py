@@ -19,8 +19,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..model import DeviceProfile, ExchangeProfile, Measurement, StepSample, to_dict
-from . import exchangebench, microbench, modelspec, stepbench
+from ..model import DeviceProfile, ExchangeProfile, GroupSyncProfile, Measurement, StepSample, to_dict
+from . import exchangebench, groupbench, microbench, modelspec, stepbench
 from .failure import first_line, is_oom
 from .frames import emit
 from .lifeline import watch_stdin
@@ -41,6 +41,10 @@ class Sizes:
 
 
 MIB = 1 << 20
+# The group benchmark's emulated step: the middle batch's, within these bounds (seconds), and its
+# loop counts: the all-reduce's cost swings from step to step, so more than a step bench's repeats.
+GROUP_STEP_S = (0.005, 0.2)
+GROUP_WARMUP, GROUP_REPEATS = 5, 20
 SIZES = {
     ("cpu", True): Sizes(384, 1, 32 * MIB, 0, (4, 16, 64, 256), 2, 7),
     ("cpu", False): Sizes(1024, 1, 256 * MIB, 0, (16, 32, 64, 128, 256, 512), 2, 7),
@@ -70,6 +74,7 @@ class Results:
     steps: list[StepSample] = field(default_factory=list)
     model_parameters: int | None = None
     exchange: ExchangeProfile | None = None
+    group_sync: GroupSyncProfile | None = None
 
 
 class DeviceFailure(Exception):
@@ -86,6 +91,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="smaller sizes, fewer repeats")
     p.add_argument("--model", default=modelspec.DEFAULT_SPEC, help="model spec to time (docs/bench.md)")
     p.add_argument("--lifeline", action="store_true", help="exit when stdin reaches EOF")
+    p.add_argument("--group-ranks", type=int, default=0,
+                   help="emulated devices on this node: also time their synchronous step (groupbench)")
     args = p.parse_args(argv)
     if args.device != "cpu" and not (args.device.startswith("gpu") and args.device[3:].isdigit()):
         p.error(f"--device must be gpuN or cpu, not {args.device!r}")
@@ -198,6 +205,18 @@ def measure(torch: Any, args: argparse.Namespace, target: Target, results: Resul
                                          emulated_speed=target.speed if target.emulated else None,
                                          on_batch=lambda bs: progress(f"batch {bs}"), **reps):
         results.steps.append(sample)
+    if target.emulated and args.group_ranks >= 2 and results.steps:
+        progress(f"synchronous step of {args.group_ranks} ranks")
+        # A step like the middle batch's on this device: its CPU share computed, the rest slept.
+        middle = results.steps[len(results.steps) // 2].seconds.median
+        step = min(max(middle / target.speed, GROUP_STEP_S[0]), GROUP_STEP_S[1])
+        try:
+            results.group_sync = groupbench.measure_group_sync(
+                torch, results.model_parameters, ranks=args.group_ranks, step_s=step,
+                cpu_s=step * target.speed, warmup=GROUP_WARMUP, repeats=max(GROUP_REPEATS, sizes.repeats))
+        except Exception as exc:  # gloo unavailable or a child failed: the planner uses the link formula
+            emit({"type": "note", "node": args.node, "device": args.device,
+                  "message": f"synchronous step not measured: {first_line(exc)}"})
 
 
 def _load_model(ref: modelspec.ModelRef) -> modelspec.LoadedModel:
@@ -221,7 +240,7 @@ def build_profile(torch: Any, args: argparse.Namespace, target: Target | None, r
         mem_bandwidth_gbs=scaled(r.mem_bw, speed) if r.mem_bw else None,
         h2d_bandwidth_gbs=r.h2d_bw, steps=steps, error=error,
         torch_version=torch.__version__, driver_version=target.driver_version if target else None,
-        exchange=r.exchange,
+        exchange=r.exchange, group_sync=r.group_sync,
     )
 
 

@@ -59,6 +59,10 @@ def test_cli_bench_json_reports_a_failed_device_and_still_stores_everything(two_
         assert d.error is None and d.matmul_tflops["fp32"].median > 0 and len(d.steps) == 4   # quick: 4, 16, 64, 256
     assert by_device["a", "gpu0"].emulated and by_device["a", "gpu0"].speed == 0.5
     assert not by_device["b", "cpu"].emulated
+    # node a's two emulated devices: their synchronous step measured once, on both profiles
+    sync = by_device["a", "gpu0"].group_sync
+    assert sync is not None and sync.ranks == 2 and sync.seconds.median >= 0
+    assert by_device["a", "gpu1"].group_sync == sync and by_device["b", "cpu"].group_sync is None
     # a<->b between the nodes, then a<->a: node a's two emulated devices exchange through gloo on it
     assert [(link.a, link.b, link.backend, link.error) for link in profiles.links] == [
         ("a", "b", "gloo", None), ("a", "a", "gloo", None)]

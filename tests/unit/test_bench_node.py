@@ -77,6 +77,24 @@ def test_emulation_factor_is_applied_to_what_was_measured():
     assert slow.steps[0].memory_mib == real.steps[0].memory_mib   # memory is not scaled
 
 
+def test_group_ranks_time_a_synchronous_step_of_the_nodes_emulated_devices():
+    """Three real gloo processes loop like emulated ranks (compute, sleep out the step, all-reduce):
+    what that adds to each step is the node's figure; a real device's bench does not measure it."""
+    frames = run_node_bench("--device", "gpu0", "--emulate-speed", "0.1", "--model", "mlp@8,16,32",
+                            "--group-ranks", "3")
+    p = profile_of(frames)
+    (model,) = [f for f in frames if f["type"] == "model"]
+    g = p.group_sync
+    assert g is not None and g.ranks == 3
+    assert g.bytes == 4 * (model["parameters"] + 1 + 2 * 3)     # the runtime's all-reduce buffer
+    # the middle batch's emulated step, within the bounds
+    assert g.step_s == pytest.approx(min(max(p.steps[1].seconds.median, 0.005), 0.2), rel=1e-6)
+    assert 0 <= g.seconds.min <= g.seconds.median <= g.seconds.max and g.seconds.repeats >= 20
+    assert g.seconds.median > 0            # a 2.7 MB all-reduce among three processes takes time
+    assert any(f["type"] == "progress" and f["stage"] == "synchronous step of 3 ranks" for f in frames)
+    assert profile_of(run_node_bench("--device", "cpu", "--model", "mlp@8", "--group-ranks", "3")).group_sync is None
+
+
 def test_step_over_emulated_memory_is_out_of_memory_and_keeps_smaller_batches():
     # Learn the accounted peaks, then cap the memory between batch 64 and batch 256: deterministic,
     # because the accounting counts tensor storages, not timing.

@@ -14,7 +14,7 @@ from hgcli.model import (
     Cluster, DeviceProfile, JobSpec, ModelSpec, NodeInfo, NodeSpec, Plan, Role, Strategy,
     from_dict, to_dict,
 )
-from hgcli.plan import LIKE_SPEED_RATIO, MEMORY_USABLE_FRACTION, make_plan
+from hgcli.plan import LIKE_SPEED_RATIO, MEMORY_USABLE_FRACTION, make_plan, predicted_best
 from hgcli.plan_io import load_plan, write_plan
 
 from tests.unit.plan_clusters import A100, T4, Kind, cluster, link, measured
@@ -250,6 +250,20 @@ def test_homogeneous_cluster_stays_allreduce_even_on_a_slow_network():
     inventory, profiles = cluster(nodes, links=links, model=ModelSpec("big", 100_000_000))
     plan = make_plan(inventory, profiles, JobSpec(global_batch=2048))
     assert plan.strategy is Strategy.ALLREDUCE and len(plan.groups) == 1 and not plan.ps_shards
+    # rule 1 overrides the predictions, and the reason says what they favour and how to ask for it
+    pred = plan.predicted_samples_per_s
+    assert pred["hybrid"] > 1.05 * pred["allreduce"]
+    assert "the predictions alone favour hybrid" in plan.reason and "--strategy hybrid" in plan.reason
+
+
+@pytest.mark.parametrize("predicted, best", [
+    ({"allreduce": 100, "hybrid": 105, "ps": 104}, Strategy.ALLREDUCE),   # nothing 5% above allreduce
+    ({"allreduce": 100, "hybrid": 106, "ps": 111}, Strategy.HYBRID),      # ps within 5% of hybrid: hybrid
+    ({"allreduce": 100, "hybrid": 106, "ps": 112}, Strategy.PS),
+    ({"allreduce": 100, "hybrid": 90, "ps": 120}, Strategy.PS),
+])
+def test_predicted_best_needs_a_margin_over_allreduce_and_prefers_hybrid_on_a_near_tie(predicted, best):
+    assert predicted_best(predicted) is best
 
 
 def test_ps_count_and_staleness_overrides():

@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from hgcli.model import ExchangeProfile, JobSpec, Measurement, ModelSpec, StepSample, Strategy
+from hgcli.model import ExchangeProfile, GroupSyncProfile, JobSpec, Measurement, ModelSpec, StepSample, Strategy
 from hgcli.plan import _fit_time, _monotone, make_plan
 from hgcli.plan_cost import INTRA_NODE_LATENCY_S, oversubscription, straggle
 
@@ -180,3 +180,26 @@ def test_a_single_shard_push_waits_for_cores_by_its_fixed_cost():
     whole = {0: 20_000.0}
     assert model._push_pull_s(0, whole, 1, 1.0) == pytest.approx(0.0030)
     assert model._push_pull_s(0, whole, 1, 2.5) == pytest.approx(0.0030 + 0.0012 * 1.5)
+
+
+def test_a_measured_synchronous_step_prices_the_all_reduce_of_exactly_that_group():
+    """Four emulated devices on one node with their synchronous step measured (groupbench): the
+    all-reduce plan's step is compute + the measured figure, with the plan's model swapped in for
+    the benched one at the ring's per-byte rate; a measurement of another group size is not used."""
+    emu = dataclasses.replace(A100, name="emulated A100", emulated=True)
+    inventory, profiles = cluster([[emu] * 4], model=ModelSpec("m", 1_000_000))
+    job = JobSpec(strategy=Strategy.ALLREDUCE, global_batch=256)
+
+    def predicted(sync: GroupSyncProfile | None, model_parameters: int = 1_000_000) -> float:
+        devices = tuple(dataclasses.replace(p, group_sync=sync) for p in profiles.devices)
+        measured_profiles = dataclasses.replace(profiles, devices=devices, model=ModelSpec("m", model_parameters))
+        return make_plan(inventory, measured_profiles, job).predicted_samples_per_s["allreduce"]
+
+    formula = predicted(None)
+    slow = predicted(GroupSyncProfile(ranks=4, bytes=4_000_000, step_s=0.03, seconds=measured(0.020)))
+    fast = predicted(GroupSyncProfile(ranks=4, bytes=4_000_000, step_s=0.03, seconds=measured(0.001)))
+    assert fast > slow and 256 / slow - 256 / fast == pytest.approx(0.019, rel=1e-6)
+    assert predicted(GroupSyncProfile(ranks=3, bytes=4_000_000, step_s=0.03, seconds=measured(0.020))) == formula
+    # a model twice the benched one's size adds its extra bytes' ring time to the measured figure
+    bigger = predicted(GroupSyncProfile(ranks=4, bytes=4_000_000, step_s=0.03, seconds=measured(0.020)), 2_000_000)
+    assert bigger < slow
