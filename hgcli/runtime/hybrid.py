@@ -141,8 +141,9 @@ class GroupSync:
         self.emulator.begin_compute()
 
     def _pool_estimates(self, batch: int) -> None:
-        """The median estimate of this node's members whose last step had the same batch."""
-        if len(self.ranks) < 2:
+        """The median estimate of this node's members whose last step had the same batch (none to pool
+        with when it is the only one there: its own estimate stays current)."""
+        if len(self.ranks) < 2 or len(self.share_with) < 2:
             return
         slots = self._acc[self._numel + 1:].tolist()
         pool = [slots[2 * i + 1] for i in self.share_with if slots[2 * i] == batch and slots[2 * i + 1] > 0]
