@@ -94,15 +94,6 @@ class CheckpointPolicy:
     resume_version: int | None = None
 
 
-def cuda_visible_devices(rank: RankPlan) -> str | None:
-    """A real GPU rank sees its one device; a PS rank none; emulated devices leave it alone."""
-    if rank.role is Role.PS:
-        return ""
-    if rank.emulated or not rank.device.startswith("gpu"):
-        return None
-    return rank.device[len("gpu"):]
-
-
 def rank_argv(plan: Plan, rank: RankPlan, command: Sequence[str], node: NodeLaunch,
               checkpoint: CheckpointPolicy = CheckpointPolicy()) -> tuple[str, ...]:
     """The user's command for a worker; the runtime's parameter server for a PS rank."""
@@ -130,9 +121,6 @@ def agent_spec(*, plan: Plan, job_id: str, node: NodeLaunch, command: Sequence[s
             continue
         renv = rank_env(plan, rp.rank, master_addr=master_addr, master_port=master_port,
                         plan_path=node.plan_path, job_id=job_id)
-        devices = cuda_visible_devices(rp)
-        if devices is not None:
-            renv["CUDA_VISIBLE_DEVICES"] = devices
         ranks.append(RankSpec(rank=rp.rank, argv=rank_argv(plan, rp, command, node, checkpoint), env=renv))
     return AgentSpec(job_id=job_id, node=node.name, ranks=tuple(ranks), env=env, jobs_root=jobs_root,
                      grace_s=grace_s, heartbeat_interval_s=heartbeat_interval_s,

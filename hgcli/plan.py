@@ -191,8 +191,12 @@ def _robust_fit(points: list[tuple[float, float]]) -> tuple[float, float]:
         mine = [(yj - yi) / (xj - xi) for j, (xj, yj) in enumerate(points) if j != i and xj != xi]
         slopes.append(statistics.median(mine))
     c = statistics.median(slopes)
-    if not c > 0:
-        return _linear_fit(points)
+    # Equal pooled times give slopes of rounding noise (+-1e-22 s per sample): flat too.
+    if not c * xs[-1] > 1e-9 * max(y for _, y in points):
+        # Flat (after _monotone, equal times): the step is its fixed cost at every size measured, as
+        # a small model on a GPU is (an H200 ran the example's step in 1.5-1.7 ms from batch 32 to
+        # 2048). The per-sample slope is below what the bench resolves; the caller prices it.
+        return statistics.median([y for _, y in points]), 0.0
     a = statistics.median([y - c * x for x, y in points])
     if a < 0:
         return 0.0, statistics.median([y / x for x, y in points])
@@ -227,17 +231,28 @@ def _fit_time(p: DeviceProfile, model_bytes: float) -> tuple[float, float, float
     lows = [(float(s.batch_size), s.seconds.min if s.seconds.min > 0 else s.seconds.median) for s in steps]
     if lows:
         a, c = _robust_fit(_monotone(lows))
+        if c == 0.0 and a > 0:
+            # A flat time(batch): price the unresolved per-sample part from the matmul throughput,
+            # else as 1% of the fixed cost over the largest batch measured (below the bench's noise).
+            c = _flop_slope(p, model_bytes) or a * 0.01 / max(x for x, _ in lows)
         if c > 0 and math.isfinite(c):
             noise = step_noise([s.seconds.median / (a + c * s.batch_size) - 1.0 for s in steps])
             grow = 1.0 + noise
             return a * grow, c * grow, noise
+    c = _flop_slope(p, model_bytes)
+    return None if c is None else (0.0, c, 0.0)
+
+
+def _flop_slope(p: DeviceProfile, model_bytes: float) -> float | None:
+    """Seconds per sample of a step from the fp32 matmul throughput (the best dtype measured when
+    fp32 was not): FLOPS_PER_PARAMETER_PER_SAMPLE at MATMUL_EFFICIENCY of the peak."""
     tflops = p.matmul_tflops.get("fp32") or p.matmul_tflops.get("float32")
     if tflops is None and p.matmul_tflops:
         tflops = max(p.matmul_tflops.values(), key=lambda m: m.median)
     if tflops is None or tflops.median <= 0:
         return None
     parameters = model_bytes / 4.0
-    return 0.0, FLOPS_PER_PARAMETER_PER_SAMPLE * parameters / (tflops.median * 1e12 * MATMUL_EFFICIENCY), 0.0
+    return FLOPS_PER_PARAMETER_PER_SAMPLE * parameters / (tflops.median * 1e12 * MATMUL_EFFICIENCY)
 
 
 def step_noise(excess: list[float]) -> float:

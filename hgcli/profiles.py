@@ -38,6 +38,16 @@ def load_profiles(fingerprint: str) -> Profiles | None:
         raise StateError(f"{path}: {exc}; run 'hgtrain bench' again") from exc
 
 
+def same_torch(a: str, b: str) -> bool:
+    """One torch build as two reports of it can differ: "2.11.0" (a stored inventory from an older
+    probe, which read the install metadata) and "2.11.0+cu130" (torch.__version__) are the same
+    build; two different local labels (+cu121 against +cpu) are not."""
+    if a == b:
+        return True
+    (pa, _, la), (pb, _, lb) = a.partition("+"), b.partition("+")
+    return pa == pb and not (la and lb)
+
+
 def profile_is_stale(profiles: Profiles, inventory: Inventory) -> str | None:
     """Why ``profiles`` no longer describe the cluster of ``inventory``, or None when they still do."""
     if profiles.version != SCHEMA_VERSION:
@@ -57,6 +67,7 @@ def profile_is_stale(profiles: Profiles, inventory: Inventory) -> str | None:
                 return f"{where} was {profile.name!r}, is now {name!r}"
             if driver and profile.driver_version and profile.driver_version != driver:
                 return f"{where} driver was {profile.driver_version}, is now {driver}"
-            if node.torch_version and profile.torch_version and profile.torch_version != node.torch_version:
+            if node.torch_version and profile.torch_version and \
+                    not same_torch(profile.torch_version, node.torch_version):
                 return f"{node.name} torch was {profile.torch_version}, is now {node.torch_version}"
     return None

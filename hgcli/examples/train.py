@@ -37,8 +37,10 @@ def main() -> int:
 
     torch.set_num_threads(1)   # a model this small runs fastest on one thread; ranks share the CPU
     ctx = hg.init()
-    (x, y), (xt, yt) = make_dataset()
-    model = make_model(hidden=args.hidden)
+    # On the rank's device (its GPU, or the CPU for emulated devices and PS-less CPU runs): the data
+    # set is small enough to live there whole, so a step gathers its batch without a host copy.
+    (x, y), (xt, yt) = (tuple(t.to(ctx.device) for t in pair) for pair in make_dataset())
+    model = make_model(hidden=args.hidden).to(ctx.device)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     model, opt = ctx.wrap(model, opt)
     start = time.time()

@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from typing import Sequence
 
 from ..model import EmulateSpec, GpuInfo, NodeInfo, from_dict, to_dict
@@ -223,12 +224,30 @@ def _cpu_cores() -> int | None:
 
 
 _TORCH_DIST = re.compile(r"torch-([^-]+?)(?:-py[\d.]+)?\.(?:dist-info|egg-info)")
+_VERSION_PY = re.compile(r"^(__version__|cuda)\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", re.MULTILINE)
 
 
-def _torch_version() -> str | None:
+@dataclass(frozen=True)
+class TorchBuild:
+    version: str
+    cuda: str | None
+
+
+def parse_torch_version_py(text: str) -> tuple[str | None, str | None]:
+    """(``__version__``, ``cuda``) from the text of torch/version.py (``cuda: Optional[str] = '13.0'``;
+    None on a CPU build)."""
+    found = dict(m.groups() for m in _VERSION_PY.finditer(text))
+    return found.get("__version__"), found.get("cuda")
+
+
+def _torch_build() -> TorchBuild | None:
     """Found by listing sys.path for torch's install metadata (``torch-<version>.dist-info``, or an
     egg's ``.egg-info``) rather than through importlib.metadata, whose import alone costs ~27 ms per
-    node: most of a probe's own time on a 16-node probe (benchmarks/probe_fanout.py)."""
+    node: most of a probe's own time on a 16-node probe (benchmarks/probe_fanout.py). The version and
+    CUDA that ``torch.__version__`` and ``torch.version.cuda`` will report are then read from the
+    package's version.py, because a build's metadata need not carry its local label: an H200 image's
+    torch said 2.11.0 in its dist-info and 2.11.0+cu130 in torch.__version__, which is what bench
+    records."""
     for entry in sys.path:
         try:
             names = os.listdir(entry or ".")
@@ -237,12 +256,15 @@ def _torch_version() -> str | None:
         for name in names:
             m = _TORCH_DIST.fullmatch(name)
             if m:
-                return m.group(1)
+                version, cuda = parse_torch_version_py(_read(os.path.join(entry or ".", "torch", "version.py")))
+                version = version or m.group(1)
+                return TorchBuild(version, cuda or torch_cuda_from_version(version))
     return None
 
 
 def probe(name: str, host: str, gpus: tuple[int, ...] | None, emulate: EmulateSpec | None) -> NodeInfo:
-    torch_version = _torch_version()
+    build = _torch_build()
+    torch_version = build.version if build else None
     error = None
     try:
         found = emulated_gpus(emulate) if emulate is not None else query_gpus()
@@ -262,7 +284,7 @@ def probe(name: str, host: str, gpus: tuple[int, ...] | None, emulate: EmulateSp
         os=parse_os_release(_read("/etc/os-release") or _read("/usr/lib/os-release")) or platform.platform(),
         python_version=platform.python_version(),
         torch_version=torch_version,
-        torch_cuda=torch_cuda_from_version(torch_version) if torch_version else None,
+        torch_cuda=build.cuda if build else None,
     )
 
 

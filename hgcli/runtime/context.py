@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -16,7 +17,7 @@ from .data import shard_batches
 from .emulate import Emulator
 from .env import RankEnv
 from .errors import TrainingError
-from .groups import init_distributed, shutdown
+from .groups import group_backend, init_distributed, shutdown
 from .hybrid import GroupSync
 from .metrics import MetricsSink
 
@@ -97,6 +98,16 @@ class Context:
         """Hook aggregation into ``optimizer.step()``; both objects are returned unchanged otherwise."""
         if self._sync is not None:
             raise TrainingError("wrap() was already called in this process")
+        on = {p.device.type for p in model.parameters()}
+        if self.device.type == "cuda" and on != {"cuda"}:
+            where = (f"the model's parameters are on {', '.join(sorted(on)) or 'no device'}: move the "
+                     f"model (and its batches) to ctx.device ({self.device}) before ctx.wrap()")
+            if len(self.group_plan.ranks) > 1 and group_backend(self.plan, self.group_plan) == "nccl":
+                # NCCL takes CUDA tensors only; the first collective would fail with torch's
+                # "No backend type associated with device type cpu".
+                raise TrainingError(f"rank {self.rank}: group {self.group} all-reduces with NCCL, but {where}")
+            print(f"hgtrain: rank {self.rank} has a GPU but trains on the CPU: {where}", file=sys.stderr,
+                  flush=True)
         self._sync = GroupSync(
             model=model, optimizer=optimizer, group_ranks=self.group_plan.ranks,
             pg=self._pgs.get(self.group), rank=self.rank, group_id=self.group,

@@ -73,11 +73,24 @@ def rank_env(plan: model.Plan, rank: int, *, master_addr: str, master_port: int,
         "HGTRAIN_BATCH_SIZE": "" if rp.batch_size is None else str(rp.batch_size),
         "HGTRAIN_DEVICE_SPEED": repr(rp.speed), "HGTRAIN_JOB_ID": job_id,
     }
+    devices = cuda_visible_devices(rp)
+    if devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = devices
     if metrics_fd is not None:
         env["HGTRAIN_METRICS_FD"] = str(metrics_fd)
     if timeout_s is not None:
         env["HGTRAIN_TIMEOUT"] = repr(timeout_s)
     return env
+
+
+def cuda_visible_devices(rank: model.RankPlan) -> str | None:
+    """A real GPU rank sees its one device (so it is cuda:0 to the runtime); a PS rank none;
+    emulated devices leave it alone."""
+    if rank.role is model.Role.PS:
+        return ""
+    if rank.emulated or not rank.device.startswith("gpu"):
+        return None
+    return rank.device[len("gpu"):]
 
 
 def ps_argv(python: str = sys.executable, *, checkpoint_dir: str | None = None,

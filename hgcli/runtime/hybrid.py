@@ -161,7 +161,9 @@ class GroupSync:
         from .groups import rpc_name
 
         while True:
-            flag = torch.zeros(1)
+            # On the rank's device: an NCCL group takes CUDA tensors only (a CPU flag failed on an
+            # H200 with "No backend type associated with device type cpu").
+            flag = torch.zeros(1, device=self._acc.device)
             if self.rank == self.leader:
                 answers = [self._wait(fut, "finish") for fut in [
                     _rpc_async(rpc_name(r), ps._finish, (self.group_id, FINISH_POLL_S), self.timeout_s)
@@ -169,7 +171,8 @@ class GroupSync:
                 if all(done for done, _, _ in answers):
                     flag[0] = 1
                     self._set_params_from_shards([(v, flat) for _, v, flat in answers])
-            self._collective(lambda: dist.broadcast(flag, self.leader, group=self.pg), "broadcast")
+            if len(self.ranks) > 1:
+                self._collective(lambda: dist.broadcast(flag, self.leader, group=self.pg), "broadcast")
             if flag[0]:
                 self._broadcast_params()
                 return

@@ -7,7 +7,8 @@ from hgcli.errors import ConfigError, UsageError
 from hgcli.launch import LaunchRequest, master_address, user_env
 from hgcli.launch_loop import rank_exit_code
 from hgcli.launch_metrics import MetricsBoard
-from hgcli.launch_spec import CheckpointPolicy, NodeLaunch, agent_spec, cuda_visible_devices, forwarded_env, read_env_file
+from hgcli.launch_spec import CheckpointPolicy, NodeLaunch, agent_spec, forwarded_env, read_env_file
+from hgcli.runtime.env import cuda_visible_devices
 from hgcli.model import Cluster, NodeSpec, RankPlan, Role
 from hgcli.ranklist import parse_rank_list
 

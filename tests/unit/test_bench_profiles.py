@@ -68,6 +68,20 @@ def test_staleness_names_what_changed(change, reason):
     assert stale is not None and reason in stale
 
 
+@pytest.mark.parametrize("stored, probed, stale", [
+    ("2.11.0+cu130", "2.11.0", False),       # an older probe read the metadata, without the label
+    ("2.11.0", "2.11.0+cu130", False),
+    ("2.11.0+cu130", "2.11.0+cu130", False),
+    ("2.11.0+cu121", "2.11.0+cpu", True),    # another build of the same release
+    ("2.11.0+cu130", "2.12.0", True),
+])
+def test_a_torch_version_without_its_local_label_is_the_same_build(stored, probed, stale):
+    p, i = profiles(), inventory()
+    p = dataclasses.replace(p, devices=tuple(dataclasses.replace(d, torch_version=stored) for d in p.devices))
+    i = dataclasses.replace(i, nodes=tuple(dataclasses.replace(n, torch_version=probed) for n in i.nodes))
+    assert (profile_is_stale(p, i) is not None) == stale
+
+
 def test_corrupt_or_foreign_profiles_are_state_errors():
     path = store_profiles(profiles())
     path.write_text("{not json")

@@ -14,7 +14,7 @@ from hgcli.model import GpuInfo, NodeInfo, from_dict
 from hgcli.node import frames
 from hgcli.node.probe import (
     NvidiaSmiError, describe_failure, parse_cpuinfo, parse_gpu_csv, parse_meminfo, parse_os_release,
-    select_gpus, torch_cuda_from_version, QUERY_FIELDS, OLD_DRIVER_FIELDS,
+    select_gpus, torch_cuda_from_version, parse_torch_version_py, QUERY_FIELDS, OLD_DRIVER_FIELDS,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,12 +54,10 @@ def assert_host_facts(node: NodeInfo) -> None:
     assert node.cpu_cores and node.cpu_cores >= 1
     assert node.memory_total_mib and node.memory_total_mib > 0
     assert node.os and node.python_version == ".".join(map(str, sys.version_info[:3]))
-    import importlib.metadata
-    try:
-        expected = importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        expected = None
-    assert node.torch_version == expected
+    # What torch itself reports (torch.__version__, torch.version.cuda), which is what bench records:
+    # a build's install metadata may lack the local label (an H200 image: 2.11.0 vs 2.11.0+cu130).
+    import torch
+    assert (node.torch_version, node.torch_cuda) == (torch.__version__, torch.version.cuda)
 
 
 @pytest.fixture
@@ -76,6 +74,13 @@ def test_a100x2(fake_bin):
                for g in node.gpus)
     assert node.gpus[0].uuid != node.gpus[1].uuid
     assert_host_facts(node)
+
+
+def test_h200_as_captured(fake_bin):
+    node, _ = run_probe(fake_bin, scenario="h200")
+    assert node.ok and [(g.index, g.name, g.memory_total_mib, g.memory_used_mib, g.compute_capability,
+                         g.driver_version) for g in node.gpus] == [
+        (0, "NVIDIA H200", 143771, 4, "9.0", "580.159.04")]
 
 
 def test_mixed_models_on_one_node(fake_bin):
@@ -232,6 +237,18 @@ def test_select_gpus():
 ])
 def test_torch_cuda_from_version(version, cuda):
     assert torch_cuda_from_version(version) == cuda
+
+
+def test_torch_version_py_gives_the_version_and_cuda_torch_reports():
+    import torch
+    here = Path(torch.__file__).with_name("version.py").read_text()
+    assert parse_torch_version_py(here) == (torch.__version__, torch.version.cuda)
+    # A CUDA build's file, as torch's build writes it (tools/generate_torch_version.py's layout).
+    cuda_build = ("from typing import Optional\n\n__all__ = ['__version__', 'debug', 'cuda']\n"
+                  "__version__ = '2.11.0+cu130'\ndebug = False\ncuda: Optional[str] = '13.0'\n"
+                  "git_version = 'abc'\nhip: Optional[str] = None\n")
+    assert parse_torch_version_py(cuda_build) == ("2.11.0+cu130", "13.0")
+    assert parse_torch_version_py("") == (None, None)
 
 
 def test_host_file_parsers():

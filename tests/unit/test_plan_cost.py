@@ -41,6 +41,37 @@ def test_a_non_monotone_measurement_is_pooled_never_a_negative_slope():
     assert a + c * 16 <= a + c * 64 <= a + c * 128
 
 
+# The example's step on an NVIDIA H200 (hgtrain bench on this project's GPU machine, 2026-11-30):
+# (batch, fastest repeat, median) in seconds; fixed cost at every batch size measured.
+H200_STEPS = [(32, 0.0017110189999982595, 0.0017778019999994399),
+              (64, 0.0017018199999938588, 0.001738951499994812),
+              (128, 0.0016166230000038695, 0.001735907999993458),
+              (256, 0.0015081019999882983, 0.0016855750000033254),
+              (512, 0.001584278000009931, 0.0017016874999953302),
+              (1024, 0.001512581999989493, 0.0016285569999965332),
+              (2048, 0.0015214550000024474, 0.001961965499994278)]
+
+
+@pytest.mark.parametrize("digits", [None, 6])
+def test_a_flat_step_time_is_a_fixed_cost_not_a_line_through_the_origin(digits):
+    """A small model on a GPU takes as long at batch 2048 as at 32. Fitted through the origin (as it
+    was), the H200 was predicted 111k samples/s at both global batches 32 and 2048, where it trained
+    18k and 1.04M; a fixed cost predicts 64x more samples per second at the larger batch."""
+    inventory, profiles = cluster([[A100]])
+    # Rounded to 6 digits, the pooled times' slopes came out +3e-22 instead of -1e-22: both flat.
+    r = (lambda v: v) if digits is None else (lambda v: round(v, digits))
+    steps = [StepSample(b, spread(r(low), r(med))) for b, low, med in H200_STEPS]
+    gpu = dataclasses.replace(with_steps(profiles.devices[0], steps), matmul_tflops={"fp32": measured(51.0)})
+    a, c, noise = _fit_time(gpu, 4 * 5514)
+    assert a / (1 + noise) == pytest.approx(0.0015937, rel=1e-3)     # the pooled fastest repeats
+    assert 0 < c * 2048 < 0.01 * a                                     # per-sample part: from the matmul rate
+    profiles = dataclasses.replace(profiles, devices=(gpu,))
+    rate = {gb: make_plan(inventory, profiles, JobSpec(global_batch=gb, model=ModelSpec("example", 5514)))
+            .predicted_samples_per_s["allreduce"] for gb in (32, 2048)}
+    assert rate[2048] / rate[32] == pytest.approx(64, rel=0.02)
+    assert 32 / rate[32] == pytest.approx(a, rel=0.01)
+
+
 def test_a_noisy_small_batch_does_not_leave_the_slow_device_one_sample():
     # The quick profile that gave the T4s batch 1 (benchmarks/cost_model_accuracy.py, issue 3): the
     # smallest size's median was inflated by one slow repeat, which made the fixed cost look larger
