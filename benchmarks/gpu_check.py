@@ -45,13 +45,12 @@ def say(text: str) -> None:
         fh.write(text + "\n")
 
 
-def step(name: str, argv: list[str], limit_s: float, save: str | None = None,
-         env: dict[str, str] | None = None) -> tuple[int, str]:
+def step(name: str, argv: list[str], limit_s: float, save: str | None = None) -> tuple[int, str, str]:
     say(f"\n=== {name}: {' '.join(argv)}")
     t0 = time.monotonic()
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=limit_s,
-                              env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
+                              stdin=subprocess.DEVNULL)
         rc, out, err = done.returncode, done.stdout, done.stderr
     except subprocess.TimeoutExpired as exc:
         rc, out, err = 124, str(exc.stdout or ""), str(exc.stderr or "")
@@ -66,7 +65,7 @@ def step(name: str, argv: list[str], limit_s: float, save: str | None = None,
     say(f"=== {name}: exit {rc}, {wall:.1f} s")
     summary[f"{name}_exit"] = rc
     summary[f"{name}_wall_s"] = round(wall, 2)
-    return rc, out
+    return rc, out, err
 
 
 def environment() -> None:
@@ -75,7 +74,8 @@ def environment() -> None:
         f"available {torch.cuda.is_available()}, devices {torch.cuda.device_count()}, "
         f"nccl {torch.cuda.nccl.version() if torch.cuda.is_available() else None}")
     summary["torch"] = torch.__version__
-    fields = "index,name,uuid,memory.total,memory.used,compute_cap,driver_version"
+    from hgcli.node.probe import QUERY_FIELDS
+    fields = ",".join(QUERY_FIELDS)
     step("smi", ["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits"], 30,
          save="smi.csv")
     step("smi_units", ["nvidia-smi", f"--query-gpu={fields}", "--format=csv"], 30)
@@ -98,12 +98,12 @@ def main() -> int:
     step("probe", HG + ["probe", "--json"], 60, save="probe.json")
     step("probe_table", HG + ["probe"], 60)
     step("bench", HG + ["bench", "--json"], 240, save="bench.json")
-    step("plan", HG + ["plan", "--json"], 60, save="plan.json")
-    summary["plan_rebenched"] = "benching" in (LOG.read_text().rsplit("=== plan:", 2)[-2])
+    _, _, err = step("plan", HG + ["plan", "--json"], 60, save="plan.json")
+    summary["plan_rebenched"] = "benching" in err      # it must reuse the stored profiles
     for gb in (32, 2048):
-        rc, out = step(f"launch_gb{gb}", HG + ["launch", "--json", "--global-batch", str(gb), "--"] + TRAIN, 150)
+        _, out, _ = step(f"launch_gb{gb}", HG + ["launch", "--json", "--global-batch", str(gb), "--"] + TRAIN, 150)
         figures_of_launch(f"launch_gb{gb}", out)
-    rc, out = step("launch_ps", HG + ["launch", "--json", "--strategy", "ps", "--"] + TRAIN, 150)
+    _, out, _ = step("launch_ps", HG + ["launch", "--json", "--strategy", "ps", "--"] + TRAIN, 150)
     figures_of_launch("launch_ps", out)
     step("test_gpu", [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
                       "tests/runtime/test_gpu.py"], 200)

@@ -42,6 +42,8 @@ def measure_group_sync(torch: Any, parameters: int, *, ranks: int, step_s: float
     """Run ``ranks`` looping children and summarise rank 0's loop periods minus ``step_s``."""
     import torch.distributed as dist
 
+    from ..runtime.hybrid import sync_buffer_numel   # the runtime's own buffer (imports torch)
+
     store = dist.TCPStore("127.0.0.1", 0, ranks + 1, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=timeout_s))
     argv = [sys.executable, "-m", "hgcli.node.groupbench", "--serve", "--ranks", str(ranks),
@@ -66,18 +68,15 @@ def measure_group_sync(torch: Any, parameters: int, *, ranks: int, step_s: float
                 child.wait()
     timed = periods[warmup:]
     added = [max(0.0, sum(timed[k:k + BLOCK]) / BLOCK - step_s) for k in range(0, len(timed) - BLOCK + 1, BLOCK)]
-    return GroupSyncProfile(ranks=ranks, bytes=4 * _numel(parameters, ranks), step_s=step_s,
+    return GroupSyncProfile(ranks=ranks, bytes=4 * sync_buffer_numel(parameters, ranks), step_s=step_s,
                             seconds=summarize(added))
-
-
-def _numel(parameters: int, ranks: int) -> int:
-    """The runtime's all-reduce buffer: gradients, the sample count, (batch, estimate) per rank."""
-    return parameters + 1 + 2 * ranks
 
 
 def serve(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
+
+    from ..runtime.hybrid import sync_buffer_numel
 
     torch.set_num_threads(1)    # like an emulated rank
     timeout = datetime.timedelta(seconds=args.timeout)
@@ -85,7 +84,7 @@ def serve(args: argparse.Namespace) -> None:
     dist.init_process_group("gloo", store=dist.PrefixStore("groupbench", store), rank=args.rank,
                             world_size=args.ranks, timeout=timeout)
     try:
-        buf = torch.zeros(_numel(args.parameters, args.ranks))
+        buf = torch.zeros(sync_buffer_numel(args.parameters, args.ranks))
         ends, last = [], time.perf_counter()
         for _ in range(args.iterations + 1):
             cpu_end = time.thread_time() + args.cpu

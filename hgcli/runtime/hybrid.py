@@ -26,6 +26,13 @@ from .metrics import MetricsSink
 FINISH_POLL_S = 5.0     # how long a leader's "finished?" call waits on the PS before asking again
 
 
+def sync_buffer_numel(parameters: int, members: int) -> int:
+    """Elements of a group's synchronising all-reduce: [weighted gradients | total samples | (batch,
+    estimate) per member]. The members' slots ride on the all-reduce the step makes anyway, so
+    pooling estimates costs no extra round trip; a group of one has none (it does no all-reduce)."""
+    return parameters + 1 + (2 * members if members > 1 else 0)
+
+
 class GroupSync:
     def __init__(self, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  group_ranks: tuple[int, ...], pg: Any, rank: int, group_id: int, accumulate: int,
@@ -59,11 +66,8 @@ class GroupSync:
         self.sync_s = 0.0
         self._samples = 0
         device = self.params[0].device if self.params else torch.device("cpu")
-        self._numel = numel = sum(p.numel() for p in self.params)
-        # [weighted gradients | total samples | (batch, estimate) per member]; the members' slots
-        # ride on the all-reduce the step makes anyway, so pooling costs no extra round trip.
-        slots = 2 * len(group_ranks) if len(group_ranks) > 1 else 0
-        self._acc = torch.zeros(numel + 1 + slots, device=device)
+        self._numel = sum(p.numel() for p in self.params)
+        self._acc = torch.zeros(sync_buffer_numel(self._numel, len(group_ranks)), device=device)
         if ps_ranks:
             from .ps import assign_shards
             self._owner = assign_shards([p.numel() for p in self.params], len(ps_ranks))

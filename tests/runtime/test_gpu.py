@@ -9,8 +9,9 @@ import torch
 from hgcli import model as m
 from hgcli.runtime.groups import group_backend
 from hgcli.runtime.localplan import emulated_plan
+from hgcli.runtime.localrun import run_plan
 
-from .helpers import run_ok
+from .helpers import run_ok, script
 
 pytestmark = [
     pytest.mark.slow,
@@ -48,7 +49,7 @@ def test_hybrid_groups_on_a_gpu_use_nccl_and_finish_through_the_ps(tmp_path):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="an NCCL group of two ranks needs two GPUs")
 def test_a_group_of_two_gpus_all_reduces_with_nccl_in_a_hybrid_plan(tmp_path):
     plan = on_gpus(emulated_plan([[1.0, 1.0], [1.0]], [[64, 64], [64]], n_ps=1, staleness_bound=2),
-                   [0, 1, 1 % torch.cuda.device_count()])
+                   [0, 1, 1])
     assert group_backend(plan, plan.groups[0]) == "nccl"
     result, final = train(plan, tmp_path)
     assert len(final) == 1 and final[0]["accuracy"] >= 0.85, final
@@ -58,8 +59,6 @@ def test_a_model_left_on_the_cpu_is_named_before_nccl_fails_on_it(tmp_path):
     """Two ranks of one NCCL group (both on GPU 0 where there is one GPU) with a script that never
     moves its model to ctx.device: the runtime says so instead of torch's device-type error."""
     plan = on_gpus(emulated_plan([[1.0, 1.0]], [[64, 64]]), [0, 1 % torch.cuda.device_count()])
-    from hgcli.runtime.localrun import run_plan
-    from .helpers import script
     result = run_plan(plan, script("tiny_train.py", "--out", tmp_path, "--steps", 3), workdir=tmp_path,
                       timeout_s=120)
     assert not result.ok
