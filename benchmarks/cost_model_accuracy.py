@@ -139,6 +139,10 @@ def run_strategy(plan: Any, args: argparse.Namespace, workdir: Path) -> dict[str
     out["sync_ms_per_step"] = statistics.median(1e3 * m["sync_s"] / max(1, m["steps"]) for m in fins)
     out["pushes"] = float(len(syncs))
     out["push_s_mean"] = statistics.mean(m["push_s"] for m in syncs) if syncs else 0.0
+    # each worker's CPU per step (start-up included): what the emulator stretches x 1/speed, and
+    # what the group bench's compute_ratio prices for members of synchronous groups
+    out["cpu_ms_per_step"] = [round(1e3 * m["compute_s"] / max(1, m["steps"]), 3)
+                              for m in sorted(fins, key=lambda m: m["rank"])]
     out["elapsed_s"] = result.elapsed_s
     out["load_1min"] = os.getloadavg()[0]   # other jobs on this machine: the misses' usual cause
     return out
@@ -167,11 +171,15 @@ def evaluate_round(name: str, speeds: list[float], args: argparse.Namespace, wor
         }
         print(f"... {name} round {round_}/{strategy}: {runs[strategy]}", file=sys.stderr, flush=True)
     steps = {d.device: [(s.batch_size, s.seconds.median) for s in d.steps] for d in profiles.devices}
+    sync = profiles.devices[0].group_sync     # the node's group bench (all devices: one node)
+    group = None if sync is None else {
+        "ms": 1e3 * sync.seconds.median, "batch": sync.batch, "speed": sync.speed,
+        "compute_ratio": sync.compute_ratio.median if sync.compute_ratio else None}
     # auto's rule 1 (docs/planning.md): a homogeneous cluster is one all-reduce group whatever the
     # predictions say, so a miss there is the rule's, not the cost model's; reported as such.
     return {"runs": {s: runs[s] for s in STRATEGIES}, "auto": auto.strategy.value, "auto_reason": auto.reason,
             "auto_by_homogeneous_rule": auto.reason.startswith("homogeneous"), "bench_load_1min": bench_load,
-            "profile_steps": steps}
+            "profile_steps": steps, "group_sync": group}
 
 
 def evaluate(name: str, speeds: list[float], args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
@@ -238,6 +246,10 @@ def main() -> int:
             print(f"{name:14} {s:10} {v['predicted']:10.0f} {v['samples_per_s']:10.0f} "
                   f"{v['stderr']:6.0f} {v['error']:+7.1%} {each:>22} {v['layout']:>16} {v['ps']:3d} "
                   f"{v['compute_share']:8.2f} {v['sync_ms_per_step']:7.1f} {v['load_1min']:5.1f}")
+        ratios = [g["group_sync"]["compute_ratio"] for g in r["rounds"] if g["group_sync"]]
+        if ratios:
+            print(f"{'':14} group bench: CPU per step synchronous / free "
+                  f"{', '.join('-' if x is None else f'{x:.3f}' for x in ratios)} (per round)")
         verdict = "yes" if r["auto_ok"] else "NO"
         if r["auto_by_homogeneous_rule"]:
             verdict += (" (auto followed the homogeneous rule: one all-reduce group, no PS, never worse than DDP; "

@@ -185,12 +185,17 @@ class ExchangeProfile:
 @dataclass(frozen=True)
 class GroupSyncProfile:
     """A synchronous step of every emulated device of a node, measured as training runs it
-    (hgcli/node/groupbench.py): what it adds to the ranks' compute, all-reduce and waits included."""
+    (hgcli/node/groupbench.py): the all-reduce, waits included, and how much more CPU the ranks'
+    own compute took in the synchronous group than running free."""
 
     ranks: int                     # the node's emulated devices, each a process of the group
     bytes: int                     # the all-reduce buffer (the benched model's parameters x 4, + slots)
-    step_s: float                  # the emulated step the ranks computed and slept between all-reduces
-    seconds: Measurement           # per step, beyond step_s
+    step_s: float                  # the emulated step the ranks ran (rank 0's, free), seconds
+    seconds: Measurement           # per synchronous step, inside the all-reduce
+    batch: int = 0                 # the benched model's batch each rank ran (0: profiles before it)
+    speed: float = 0.0             # the emulated speed each rank ran at
+    # CPU per step of the ranks' compute, synchronous over free; None in profiles before it (1.0)
+    compute_ratio: Measurement | None = None
 
 
 @dataclass(frozen=True)

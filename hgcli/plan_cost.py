@@ -231,9 +231,9 @@ class CostModel:
     def _group(self, members: tuple[int, ...]) -> GroupStats:
         nodes = [self.devices[i].node for i in members]
         bw, lat = self.net.ring(nodes)
-        compute = max(self.devices[i].time(self.batches[i]) for i in members)
-        noise = max(self.devices[i].noise for i in members)
         n = len(members)
+        compute = max(self._member_time(i, n) for i in members)
+        noise = max(self.devices[i].noise for i in members)
         sync = _ring_allreduce_s(n, self.bytes, bw, lat) + _broadcast_s(n, self.bytes, bw, lat)
         latency = 3 * (n - 1) * lat if n > 1 else 0.0
         return GroupStats(float(sum(self.batches[i] for i in members)), compute, sync, latency, nodes[0],
@@ -243,7 +243,7 @@ class CostModel:
         members = tuple(range(len(self.devices)))
         nodes = [d.node for d in self.devices]
         bw, lat = self.net.ring(nodes)
-        step = max(d.time(b) for d, b in zip(self.devices, self.batches))
+        step = max(self._member_time(i, len(members)) for i in members)
         step *= straggle(max(d.noise for d in self.devices), len(members))
         own = _ring_allreduce_s(len(members), self.bytes, bw, lat)   # its CPU work, uncontended
         measured = self._measured_sync(nodes, bw)
@@ -260,6 +260,15 @@ class CostModel:
         rate = self.global_batch / ((step + comm) * max(crowded.values(), default=1.0))
         return Option(Strategy.ALLREDUCE, (members,), (1,), (), 0, rate,
                        f"one all-reduce group of {len(members)}")
+
+    def _member_time(self, i: int, members: int) -> float:
+        """Device ``i``'s step at its batch as a member of a group of ``members``: an emulated device
+        in a synchronous group computes slower by its node's measured ratio (hgcli/node/groupbench.py:
+        the same ranks' CPU per step synchronous over free), which the emulator stretches x 1/speed."""
+        d = self.devices[i]
+        measured = self.group_sync.get(d.node) if d.emulated and members > 1 else None
+        ratio = measured.compute_ratio.median if measured is not None and measured.compute_ratio else 1.0
+        return d.time(self.batches[i]) * ratio
 
     def _measured_sync(self, nodes: list[int], bw: float) -> float | None:
         """What a synchronous step adds when the group is exactly the emulated devices of one node and

@@ -41,10 +41,11 @@ class Sizes:
 
 
 MIB = 1 << 20
-# The group benchmark's emulated step: the middle batch's, within these bounds (seconds), and its
-# loop counts: the all-reduce's cost swings from step to step, so more than a step bench's repeats.
-GROUP_STEP_S = (0.005, 0.2)
-GROUP_WARMUP, GROUP_REPEATS = 5, 20
+# The group benchmark's emulated step: the largest benched batch whose step is at most this
+# (seconds), and its pairs of blocks (free, synchronous; hgcli/node/groupbench.py): the all-reduce's
+# cost and the machine's speed swing from step to step, so more than a step bench's repeats.
+GROUP_STEP_S = 0.2
+GROUP_WARMUP, GROUP_REPEATS = 2, 12
 SIZES = {
     ("cpu", True): Sizes(384, 1, 32 * MIB, 0, (4, 16, 64, 256), 2, 7),
     ("cpu", False): Sizes(1024, 1, 256 * MIB, 0, (16, 32, 64, 128, 256, 512), 2, 7),
@@ -207,16 +208,21 @@ def measure(torch: Any, args: argparse.Namespace, target: Target, results: Resul
         results.steps.append(sample)
     if target.emulated and args.group_ranks >= 2 and results.steps:
         progress(f"synchronous step of {args.group_ranks} ranks")
-        # A step like the middle batch's on this device: its CPU share computed, the rest slept.
-        middle = results.steps[len(results.steps) // 2].seconds.median
-        step = min(max(middle / target.speed, GROUP_STEP_S[0]), GROUP_STEP_S[1])
+        batch = group_batch(results.steps, target.speed)
         try:
             results.group_sync = groupbench.measure_group_sync(
-                torch, results.model_parameters, ranks=args.group_ranks, step_s=step,
-                cpu_s=step * target.speed, warmup=GROUP_WARMUP, repeats=max(GROUP_REPEATS, sizes.repeats))
+                torch, args.model, results.model_parameters, ranks=args.group_ranks, batch=batch,
+                speed=target.speed, warmup=GROUP_WARMUP, repeats=max(GROUP_REPEATS, sizes.repeats))
         except Exception as exc:  # gloo unavailable or a child failed: the planner uses the link formula
             emit({"type": "note", "node": args.node, "device": args.device,
                   "message": f"synchronous step not measured: {first_line(exc)}"})
+
+
+def group_batch(steps: list[StepSample], speed: float) -> int:
+    """The group bench's batch: the largest benched one whose emulated step fits GROUP_STEP_S (the
+    bench's length is pairs x blocks of it), else the smallest."""
+    fitting = [s.batch_size for s in steps if s.seconds.median / speed <= GROUP_STEP_S]
+    return max(fitting) if fitting else min(s.batch_size for s in steps)
 
 
 def _load_model(ref: modelspec.ModelRef) -> modelspec.LoadedModel:

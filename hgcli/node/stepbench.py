@@ -58,7 +58,7 @@ def step_samples(torch: Any, loaded: LoadedModel, device: Any, batch_sizes: tupl
     model.train()
     stable = StableSpeed() if emulated_speed is not None and emulated_speed < 1.0 else None
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    loss_fn = loaded.loss_fn or _default_loss(torch)
+    loss_fn = loaded.loss_fn or default_loss(torch)
     on_gpu = device.type == "cuda"
     with runtime_hooks(model, optimizer, default_batch=min(batch_sizes)) as emit:
         yield from _samples(torch, model, optimizer, loss_fn, loaded, device, batch_sizes, emit,
@@ -182,7 +182,7 @@ def accounted_step_bytes(torch: Any, model: Any, optimizer: Any, args: tuple[Any
     return sum(storage.nbytes() for storage in storages.values())
 
 
-def _default_loss(torch: Any) -> Callable[[Any, Any], Any]:
+def default_loss(torch: Any) -> Callable[[Any, Any], Any]:
     def loss(output: Any, targets: Any) -> Any:
         if targets.dtype in (torch.int64, torch.int32):
             return torch.nn.functional.cross_entropy(output, targets)

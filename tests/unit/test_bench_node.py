@@ -10,6 +10,7 @@ import pytest
 
 from hgcli.model import DeviceProfile, from_dict
 from hgcli.node import modelspec
+from hgcli.node.groupbench import summarize_pairs
 from hgcli.node.frames import decode
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,8 +79,9 @@ def test_emulation_factor_is_applied_to_what_was_measured():
 
 
 def test_group_ranks_time_a_synchronous_step_of_the_nodes_emulated_devices():
-    """Three real gloo processes loop like emulated ranks (compute, sleep out the step, all-reduce):
-    what that adds to each step is the node's figure; a real device's bench does not measure it."""
+    """Three real gloo processes run the benched model's step like emulated ranks, in blocks free
+    and synchronous: the all-reduce's time and the CPU ratio are the node's figures; a real device's
+    bench does not measure them."""
     frames = run_node_bench("--device", "gpu0", "--emulate-speed", "0.1", "--model", "mlp@8,16,32",
                             "--group-ranks", "3")
     p = profile_of(frames)
@@ -87,12 +89,29 @@ def test_group_ranks_time_a_synchronous_step_of_the_nodes_emulated_devices():
     g = p.group_sync
     assert g is not None and g.ranks == 3
     assert g.bytes == 4 * (model["parameters"] + 1 + 2 * 3)     # the runtime's all-reduce buffer
-    # the middle batch's emulated step, within the bounds
-    assert g.step_s == pytest.approx(min(max(p.steps[1].seconds.median, 0.005), 0.2), rel=1e-6)
-    assert 0 <= g.seconds.min <= g.seconds.median <= g.seconds.max and g.seconds.repeats >= 20
+    # the largest benched batch whose emulated step is at most 0.2 s, at the device's speed
+    assert g.batch == 32 and g.speed == 0.1 and p.steps[2].seconds.median <= 0.2
+    assert g.step_s > 0
+    assert 0 <= g.seconds.min <= g.seconds.median <= g.seconds.max and g.seconds.repeats >= 12
     assert g.seconds.median > 0            # a 2.7 MB all-reduce among three processes takes time
+    # the same ranks' CPU per step, synchronous over free: a ratio near 1, measured on every pair
+    r = g.compute_ratio
+    assert r is not None and r.repeats == g.seconds.repeats and 0.3 < r.min <= r.median <= r.max < 3
     assert any(f["type"] == "progress" and f["stage"] == "synchronous step of 3 ranks" for f in frames)
     assert profile_of(run_node_bench("--device", "cpu", "--model", "mlp@8", "--group-ranks", "3")).group_sync is None
+
+
+def test_group_pairs_drop_the_warm_up_and_pool_the_ranks_cpu():
+    """Per pair after the warm-up: rank 0's all-reduce seconds, and the ranks' mean CPU per step
+    synchronous over their mean free."""
+    def pair(free: float, sync: float, wait: float) -> dict:
+        return {"free_cpu": free, "free_step": 0.05, "sync_cpu": sync, "sync_wait": wait}
+
+    blocks = [[pair(9.0, 1.0, 9.0), pair(1.0, 1.2, 0.004), pair(2.0, 2.0, 0.006)],
+              [pair(9.0, 1.0, 9.0), pair(3.0, 3.6, 0.5), pair(2.0, 3.0, 0.5)]]
+    added, ratios = summarize_pairs(blocks, warmup=1)
+    assert added == [0.004, 0.006]
+    assert ratios == pytest.approx([1.2, 1.25])
 
 
 def test_step_over_emulated_memory_is_out_of_memory_and_keeps_smaller_batches():

@@ -234,3 +234,24 @@ def test_a_measured_synchronous_step_prices_the_all_reduce_of_exactly_that_group
     # a model twice the benched one's size adds its extra bytes' ring time to the measured figure
     bigger = predicted(GroupSyncProfile(ranks=4, bytes=4_000_000, step_s=0.03, seconds=measured(0.020)), 2_000_000)
     assert bigger < slow
+
+
+def test_the_measured_synchronous_compute_ratio_slows_synchronous_groups_only():
+    """The node's group bench measured its emulated ranks computing slower in a synchronous group
+    than running free (groupbench's compute_ratio): allreduce and hybrid (two groups of two) are
+    predicted slower by it, ps (every device its own worker) not at all; a profile from before the
+    ratio was measured prices like a ratio of 1."""
+    inventory, profiles = cluster([[A100, A100, T4, T4]])
+
+    def predicted(ratio: Measurement | None) -> dict[str, float]:
+        sync = GroupSyncProfile(ranks=4, bytes=4_000_000, step_s=0.03, seconds=measured(0.002), batch=64,
+                                speed=1.0, compute_ratio=ratio)
+        devices = tuple(dataclasses.replace(p, group_sync=sync) for p in profiles.devices)
+        plan = make_plan(inventory, dataclasses.replace(profiles, devices=devices),
+                         JobSpec(strategy=Strategy.AUTO, global_batch=256))
+        return plan.predicted_samples_per_s
+
+    before, same, slower = predicted(None), predicted(measured(1.0)), predicted(measured(1.3))
+    assert before == same
+    assert slower["allreduce"] < same["allreduce"] / 1.15 and slower["hybrid"] < same["hybrid"] / 1.15
+    assert slower["ps"] == same["ps"] and slower["ideal"] == same["ideal"]
