@@ -260,10 +260,15 @@ def main() -> int:
               f"{verdict}")
     worst = max(r["max_abs_error"] for r in results.values())
     all_auto = all(r["auto_ok"] for r in results.values())
+    # Where auto followed rule 1 (a homogeneous cluster is plain DDP: the issue's own requirement),
+    # the cost model's part is what its predictions favour; elsewhere auto's choice is the model's.
+    free = all(r["auto_ok"] for r in results.values() if not r["auto_by_homogeneous_rule"])
     goals = {"error_within_20%": worst <= GOAL_ERROR, "auto_chose_measured_best": all_auto,
+             "auto_chose_measured_best_outside_rule_1": free,
              "predictions_favour_measured_best": all(r["model_pick_ok"] for r in results.values())}
     print(f"largest |error| {worst:.1%} (goal {GOAL_ERROR:.0%}): {'met' if goals['error_within_20%'] else 'MISSED'}; "
-          f"auto chose the measured best everywhere: {'met' if all_auto else 'MISSED'} (the predictions alone "
+          f"auto chose the measured best everywhere: {'met' if all_auto else 'MISSED'} (outside rule 1: "
+          f"{'met' if free else 'MISSED'}; the predictions alone "
           f"favour it everywhere: {'yes' if goals['predictions_favour_measured_best'] else 'no'}); largest |error| of a "
           f"single round {max(r['max_abs_round_error'] for r in results.values()):.1%}; "
           f"{time.monotonic() - started:.0f} s; profiles and each run's metrics.jsonl in {workdir}")

@@ -76,9 +76,10 @@ def test_cli_bench_over_ssh_emulated_devices_and_gloo_link(make_hosts, tmp_path)
 
     # host1's CPU is measured once per declared speed (pausing like the emulator at that speed), each
     # measurement scaled by its speed: the rates are in about the declared ratio 1 : 0.25, up to the
-    # load the CPU saw during each of the two measurements.
+    # load the CPU saw during each of the two measurements. The fastest repeats (max rate), because
+    # load only ever slows a repeat: the medians once came out 0.081 while host2 benched alongside.
     a100, t4 = by_device["host1", "gpu0"], by_device["host1", "gpu1"]
-    assert 0.125 < t4.matmul_tflops["fp32"].median / a100.matmul_tflops["fp32"].median < 0.5
+    assert 0.125 < t4.matmul_tflops["fp32"].max / a100.matmul_tflops["fp32"].max < 0.5
     assert t4.exchange is not None and t4.exchange.service_s.median > 0    # the node's PS push, measured
 
     # Between the two hosts (distinct loopback addresses), then inside host1, whose two emulated
