@@ -11,11 +11,12 @@ arrive unevenly at the next step's all-reduce. On the 2-core development machine
 8-10 ms per step for four ranks and a 0.7 MB model, where the ring formula on the two-rank link's
 figures gave 2.5 ms and the straggle term 1.7 (docs/planning.md).
 
-The ranks' own compute changes too: on that machine the members of a synchronous group spent 10-30%
-more CPU per step on the same forward and backward than the same devices running free (the
-asynchronous PS strategy) in most accuracy runs, and about the same in others (docs/planning.md,
-"The synchronous-membership CPU"); the emulator stretches that CPU x 1/speed. Its mechanism is not
-known, so it is measured rather than modelled.
+The ranks' own compute changes too: on that machine the members of a synchronous group spent more
+CPU per step on the same forward and backward than the same devices running free (the asynchronous
+PS strategy): 10-30% in most rounds of one accuracy run, a median 0-7% over three later runs
+(docs/planning.md, "Run AD and the 2+2 hybrid-vs-ps bias" and "The synchronous-membership CPU,
+priced"); the emulator stretches that CPU x 1/speed. Its mechanism is not known, so it is measured
+rather than modelled.
 
 So both are measured the way training runs: ``ranks`` child processes (``--serve``), one gloo group
 over loopback, each running the benched model's real step at ``batch`` through the runtime's
