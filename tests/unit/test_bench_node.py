@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hgcli.model import DeviceProfile, from_dict
+from hgcli.model import DeviceProfile, Measurement, StepSample, from_dict
+from hgcli.node.bench import group_batch
 from hgcli.node import modelspec
 from hgcli.node.groupbench import summarize_pairs
 from hgcli.node.frames import decode
@@ -112,6 +113,17 @@ def test_group_pairs_drop_the_warm_up_and_pool_the_ranks_cpu():
     added, ratios = summarize_pairs(blocks, warmup=1)
     assert added == [0.004, 0.006]
     assert ratios == pytest.approx([1.2, 1.25])
+
+
+def test_the_group_bench_takes_the_largest_batch_whose_emulated_step_fits_else_the_smallest():
+    def steps(*seconds: float) -> list[StepSample]:
+        return [StepSample(b, Measurement(median=t, min=t, max=t, repeats=3), 1)
+                for b, t in zip((4, 16, 64, 128), seconds)]
+
+    # unscaled CPU seconds; at speed 0.1 the emulated step is 10x: 0.05, 0.1, 0.2, 0.4 s
+    assert group_batch(steps(0.005, 0.01, 0.02, 0.04), 0.1) == 64
+    assert group_batch(steps(0.005, 0.01, 0.02, 0.04), 1.0) == 128
+    assert group_batch(steps(0.03, 0.04, 0.05, 0.06), 0.1) == 4     # none fits: the smallest
 
 
 def test_step_over_emulated_memory_is_out_of_memory_and_keeps_smaller_batches():
