@@ -51,9 +51,12 @@ KeyPath = tuple[str | int, ...]
 
 
 def default_cluster() -> Cluster:
-    """This machine alone: its GPUs, or on a machine without nvidia-smi an emulated set."""
+    """This machine alone: its GPUs, or on a machine without nvidia-smi an emulated set. Its Python is
+    the controller's own (where hgtrain and its dependencies are installed, a virtual environment
+    say), not whichever ``python3`` comes first on PATH."""
     emulate = None if shutil.which("nvidia-smi") else DEFAULT_EMULATION
-    return Cluster(nodes=(NodeSpec(name="local", host="localhost", emulate=emulate),), source=None)
+    return Cluster(nodes=(NodeSpec(name="local", host="localhost", python=sys.executable, emulate=emulate),),
+                   source=None)
 
 
 def load_cluster(path: str | Path) -> Cluster:
