@@ -1,7 +1,7 @@
 """The bundled example: an MLP classifier on synthetic data, trained with hgcli.runtime.
 
     python -m hgcli.examples.train                       # alone, one process
-    python -m hgcli.runtime.localrun -- python -m hgcli.examples.train   # emulated 1,1,0.25,0.25 + PS
+    python -m hgcli.local -- python -m hgcli.examples.train   # emulated 1,1,0.25,0.25 + PS
     hgtrain launch -- python -m hgcli.examples.train     # on a cluster
 
 Stated result: test accuracy >= 0.92 (TARGET) after the default 4 epochs; under the default emulated

@@ -40,7 +40,7 @@ class StableSpeed:
     """The CPU seconds a step of a given batch size takes on a device of stable speed: the lower
     quartile of the last ``STABLE_WINDOW`` steps of that size (this one included; the fastest of
     up to three). The bench times emulated devices through the same estimate
-    (hgcli/node/stepbench.py), so profile and runtime agree."""
+    (hgcli/node/bench/step.py), so profile and runtime agree."""
 
     def __init__(self, window: int = STABLE_WINDOW) -> None:
         self._window = window
