@@ -1,4 +1,4 @@
-"""Plans for emulated devices on this machine, for tests, the benchmark and ``localrun``.
+"""Plans for emulated devices on this machine, for tests, the benchmarks and ``python -m hgcli.local``.
 
 Not the planner (hgcli/plan/placement.py): this only lays out the plan you describe (speeds, groups, batches,
 PS count) in the rank-numbering convention: workers first, group by group, then the PS ranks.

@@ -376,7 +376,7 @@ class CostModel:
 
     def _crowding(self, busy: dict[int, float]) -> dict[int, float]:
         """Slowdown of each node whose processes ask for more CPU than it has cores: they share
-        the cores (docs/planning.md, CPU contention); nodes of unknown core count are left out."""
+        the cores (docs/planning.md, CPU crowding); nodes of unknown core count are left out."""
         return {n: b / self.cores[n] for n, b in busy.items() if self.cores[n] and b > self.cores[n]}
 
     def _push_pull_s(self, leader: int, node_share: dict[int, float], shards: int, wait: float) -> float:

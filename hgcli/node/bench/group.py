@@ -7,16 +7,13 @@ training is not what a link benchmark between two hot processes says: every step
 (a share ``speed`` of the step on the CPU), sleeps out the rest of its emulated step and then joins
 the all-reduce, so the ring starts with processes waking from a sleep on oversubscribed cores, and
 the ranks leave it at different times (the last chunk reaches them one by one), which makes them
-arrive unevenly at the next step's all-reduce. On the 2-core development machine that came to
-8-10 ms per step for four ranks and a 0.7 MB model, where the ring formula on the two-rank link's
-figures gave 2.5 ms and the straggle term 1.7 (docs/planning.md).
+arrive unevenly at the next step's all-reduce: measured, this costs several times what the ring
+formula on the two-rank link's figures predicts (benchmarks/RESULTS.md has the figures).
 
-The ranks' own compute changes too: on that machine the members of a synchronous group spent more
-CPU per step on the same forward and backward than the same devices running free (the asynchronous
-PS strategy): 10-30% in most rounds of one accuracy run, a median 0-7% over three later runs
-(docs/planning.md, "Run AD and the 2+2 hybrid-vs-ps bias" and "The synchronous-membership CPU,
-priced"); the emulator stretches that CPU x 1/speed. Its mechanism is not known, so it is measured
-rather than modelled.
+The ranks' own compute changes too: on a CPU shared by emulated ranks, the members of a synchronous
+group can spend more CPU per step on the same forward and backward than the same devices running free
+(the asynchronous PS strategy); the emulator stretches that CPU x 1/speed. Its mechanism is not
+known, so it is measured rather than modelled (docs/bench.md, the group bench).
 
 So both are measured the way training runs: ``ranks`` child processes (``--serve``), one gloo group
 over loopback, each running the benched model's real step at ``batch`` through the runtime's

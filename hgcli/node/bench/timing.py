@@ -31,8 +31,8 @@ def emulated_clock(speed: float) -> Clock:
     """Time what the runtime's device emulation stretches, the way it runs (hgcli/runtime/emulate.py):
     this thread's CPU time (emulated ranks run torch on one thread), and after each call the pause the
     emulator would take at ``speed``. The pause matters: a step that follows a sleep runs with caches
-    another process has evicted, and on this project's 2-core machine it cost about 1 ms more CPU
-    than back-to-back steps (2.3 against 1.1 ms for the example MLP at batch 20)."""
+    another process has evicted, and on a small shared CPU that costs measurably more CPU than
+    back-to-back steps (about twice as much for the example MLP at batch 20)."""
     def rest(seconds: float) -> None:
         if speed < 1.0:
             time.sleep(min(seconds * (1.0 / speed - 1.0), MAX_EMULATED_PAUSE_S))
