@@ -4,7 +4,7 @@ For each emulated cluster (devices on this machine's CPU, speeds declared like a
 ``emulate``), the profiles are MEASURED, not made up: ``probe_cluster`` + ``bench_cluster`` (quick)
 on a local emulated node, timing the model the example actually trains (``hgcli.examples.models:
 example`` at this run's hidden size), so the planner's time(batch) fits that model. Then for each
-strategy (allreduce, hybrid, ps) ``hgcli.plan.make_plan`` builds the plan, ``localrun`` runs every
+strategy (allreduce, hybrid, ps) ``hgcli.plan.placement.make_plan`` builds the plan, ``localrun`` runs every
 rank of it as real processes on ``python -m hgcli.examples.train`` for a fixed number of steps, and
 the steady-state samples/s is measured: samples of every worker's steps between the moment the
 last worker took its first step and the moment the first worker took its last (so start-up, the
@@ -30,7 +30,7 @@ its run's throughput over 6 equal slices of its steady window. auto's strategy i
 in most rounds (the first round's on a tie).
 On a homogeneous cluster auto is one all-reduce group by rule 1 (docs/planning.md), whatever the
 predictions say; so the benchmark also reports what the predictions alone favour
-(``hgcli.plan.predicted_best`` of the median predictions: auto's own margins without rule 1), judged
+(``hgcli.plan.placement.predicted_best`` of the median predictions: auto's own margins without rule 1), judged
 the same way, to tell the cost model's ranking from the rule's choice.
 
     PYTHONPATH=$PWD python3 benchmarks/cost_model_accuracy.py      (about 13 minutes; --rounds 1: 4-5)
@@ -75,9 +75,9 @@ def parse_args() -> argparse.Namespace:
 
 def measure_profiles(name: str, speeds: list[float], args: argparse.Namespace, workdir: Path) -> tuple[Any, Any]:
     """A one-node emulated cluster, probed and benched for real (quick) on the example model."""
-    from hgcli.bench import bench_cluster
-    from hgcli.model import Cluster, EmulateSpec, NodeSpec
-    from hgcli.probe import probe_cluster
+    from hgcli.bench.cluster import bench_cluster
+    from hgcli.schema.stages import Cluster, EmulateSpec, NodeSpec
+    from hgcli.probe.inventory import probe_cluster
 
     factory = workdir / f"example_h{args.hidden}.py"
     factory.write_text("from hgcli.examples.models import example\n\n\n"
@@ -122,7 +122,7 @@ def steady_rate(metrics: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def run_strategy(plan: Any, args: argparse.Namespace, workdir: Path) -> dict[str, float]:
-    from hgcli.runtime.localrun import run_plan
+    from hgcli.local.run import run_plan
 
     result = run_plan(plan, train_argv(args), workdir=workdir, timeout_s=args.timeout)
     with open(workdir / "metrics.jsonl", "w", encoding="utf-8") as fh:   # for a look at per-step terms
@@ -151,8 +151,8 @@ def run_strategy(plan: Any, args: argparse.Namespace, workdir: Path) -> dict[str
 def evaluate_round(name: str, speeds: list[float], args: argparse.Namespace, workdir: Path,
                    round_: int) -> dict[str, Any]:
     """A fresh bench of the cluster, then one run of every strategy (order rotated by round)."""
-    from hgcli.model import JobSpec, Strategy
-    from hgcli.plan import make_plan
+    from hgcli.schema.stages import JobSpec, Strategy
+    from hgcli.plan.placement import make_plan
 
     inventory, profiles = measure_profiles(name, speeds, args, workdir)
     bench_load = os.getloadavg()[0]
@@ -197,7 +197,7 @@ def evaluate(name: str, speeds: list[float], args: argparse.Namespace, workdir: 
                              "compute_share": statistics.median(run["compute_share"] for run in runs),
                              "sync_ms_per_step": statistics.median(run["sync_ms_per_step"] for run in runs),
                              "load_1min": statistics.median(run["load_1min"] for run in runs)}
-    from hgcli.plan import predicted_best
+    from hgcli.plan.placement import predicted_best
 
     choices = [r["auto"] for r in rounds]
     chosen = max(choices, key=lambda c: (choices.count(c), -choices.index(c)))

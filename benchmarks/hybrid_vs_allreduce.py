@@ -27,8 +27,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
-from hgcli.runtime.localplan import emulated_plan
-from hgcli.runtime.localrun import run_plan
+from hgcli.local.plans import emulated_plan
+from hgcli.local.run import run_plan
 
 SPEEDS = [1.0, 1.0, 0.25, 0.25]
 

@@ -27,9 +27,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from hgcli.config import default_cluster  # noqa: E402
-from hgcli.model import GroupPlan, Plan, RankPlan, Role, Strategy  # noqa: E402
-from hgcli.plan_io import write_plan  # noqa: E402
+from hgcli.config.cluster import default_cluster  # noqa: E402
+from hgcli.schema.stages import GroupPlan, Plan, RankPlan, Role, Strategy  # noqa: E402
+from hgcli.plan.files import write_plan  # noqa: E402
 
 # Each rank writes its clock to its own file (two ranks sharing a stdout interleave their bytes).
 TRIVIAL = """import os, time

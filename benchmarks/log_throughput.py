@@ -34,8 +34,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from hgcli.model import Cluster, GroupPlan, Plan, RankPlan, Role, Strategy  # noqa: E402
-from hgcli.plan_io import write_plan  # noqa: E402
+from hgcli.schema.stages import Cluster, GroupPlan, Plan, RankPlan, Role, Strategy  # noqa: E402
+from hgcli.plan.files import write_plan  # noqa: E402
 from tests.launch.hg import cluster_toml  # noqa: E402
 from tests.sshhosts import start_hosts  # noqa: E402
 

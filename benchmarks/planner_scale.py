@@ -25,11 +25,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hgcli.model import (  # noqa: E402  (after the path set-up above)
+from hgcli.schema.stages import (  # noqa: E402  (after the path set-up above)
     DeviceProfile, GpuInfo, Inventory, JobSpec, LinkProfile, Measurement, ModelSpec, NodeInfo, Profiles,
     StepSample, Strategy,
 )
-from hgcli.plan import make_plan  # noqa: E402
+from hgcli.plan.placement import make_plan  # noqa: E402
 
 SIZES = ((8, 64), (64, 512), (512, 4096))   # (nodes, devices)
 PER_NODE = 8

@@ -30,8 +30,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from hgcli.model import Cluster  # noqa: E402
-from hgcli.probe import probe_cluster  # noqa: E402
+from hgcli.schema.stages import Cluster  # noqa: E402
+from hgcli.probe.inventory import probe_cluster  # noqa: E402
 from tests.sshhosts import TestHosts, start_hosts  # noqa: E402
 
 COUNTS = (1, 4, 16)

@@ -35,11 +35,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hgcli.jobs import attempt_job_id
-from hgcli.model import Cluster, NodeSpec, Plan
-from hgcli.node.procs import MARKER_JOB, has_marker, proc_stat
-from hgcli.plan_io import write_plan
-from hgcli.runtime.localplan import emulated_plan
+from hgcli.jobs.records import attempt_job_id
+from hgcli.schema.stages import Cluster, NodeSpec, Plan
+from hgcli.node.agent.procs import MARKER_JOB, has_marker, proc_stat
+from hgcli.plan.files import write_plan
+from hgcli.local.plans import emulated_plan
 
 REPO = Path(__file__).resolve().parents[1]
 RESUMED = re.compile(r"resumed from checkpoint version (\d+)|no complete checkpoint")

@@ -42,7 +42,7 @@ def json_option(f):
 
 def load_cluster_arg(cluster_file: Path | None):
     """Nodes from -c, else --hostfile, else SLURM_JOB_NODELIST, else the embedded local cluster."""
-    from .config import load_node_source
+    from .config.cluster import load_node_source
 
     hostfile = click.get_current_context().meta.get("hgtrain.hostfile")
     return load_node_source(cluster_file, hostfile=hostfile)
@@ -75,8 +75,8 @@ def probe(cluster_file: Path | None, as_json: bool) -> None:
     Exit code 0 when every node answered, 4 when any failed (the others are still reported).
     """
     from .errors import EXIT_NODES_FAILED
-    from .model import to_json
-    from .probe import probe_cluster
+    from .schema.stages import to_json
+    from .probe.inventory import probe_cluster
     from .render.probe import probe_progress, render_inventory
 
     cluster = load_cluster_arg(cluster_file)
@@ -101,10 +101,10 @@ def probe(cluster_file: Path | None, as_json: bool) -> None:
                    "name, optionally @BATCH,BATCH,... Default: the bundled example (mlp). See docs/bench.md.")
 def bench(cluster_file: Path | None, as_json: bool, quick: bool, model_spec: str | None) -> None:
     """Measure each device and the links between nodes; store the profiles."""
-    from .bench import bench_cluster, failure_summary
+    from .bench.cluster import bench_cluster, failure_summary
     from .errors import EXIT_NODES_FAILED
-    from .model import to_json
-    from .pipeline import ensure_inventory
+    from .schema.stages import to_json
+    from .plan.pipeline import ensure_inventory
 
     cluster = load_cluster_arg(cluster_file)
     # Failed nodes are kept: bench lists each one with its probe error instead of refusing.
@@ -150,9 +150,9 @@ def plan(cluster_file: Path | None, strategy: str, global_batch: int | None, ps_
     Uses the stored inventory and profiles; probes and benches (quick) first when they are missing,
     stale or old (docs/cli.md), showing each stage on stderr.
     """
-    from .model import JobSpec, ModelSpec, Strategy, to_json
-    from .pipeline import prepare_plan
-    from .plan_io import write_plan
+    from .schema.stages import JobSpec, ModelSpec, Strategy, to_json
+    from .plan.pipeline import prepare_plan
+    from .plan.files import write_plan
 
     cluster = load_cluster_arg(cluster_file)
     model = ModelSpec(name=f"{params:,} parameters", parameters=params) if params else None
@@ -213,9 +213,9 @@ def launch(ctx: click.Context, cluster_file: Path | None, plan_file: Path | None
     hgtrain launch -c cluster.toml --plan plan.json -- python train.py --epochs 3
     Exit code: the first failing rank's (128+N for signal N); 130 on Ctrl-C. See docs/launch.md.
     """
-    from .launch import LaunchRequest, launch as run_launch
-    from .model import JobSpec, Strategy
-    from .ranklist import parse_rank_list
+    from .launch.launcher import LaunchRequest, launch as run_launch
+    from .schema.stages import JobSpec, Strategy
+    from .config.ranklist import parse_rank_list
     from .render.launch import make_sink
 
     shown = parse_rank_list(ranks) if ranks else None
@@ -240,7 +240,7 @@ def status(job: str | None, as_json: bool) -> None:
     """
     import json
 
-    from .status import job_status, list_status, status_dict
+    from .jobs.status import job_status, list_status, status_dict
 
     if job is not None:
         one = job_status(job)
@@ -272,9 +272,9 @@ def logs(job: str, follow: bool, ranks: str | None, as_json: bool) -> None:
     """
     import json
 
-    from . import jobs
+    from .jobs import records as jobs
     from .errors import EXIT_NODES_FAILED
-    from .joblogs import NodeLogs, has_local_logs, local_lines, parse_ranks
+    from .jobs.logs import NodeLogs, has_local_logs, local_lines, parse_ranks
 
     record = jobs.load(job)
     chosen = parse_ranks(ranks, record)
@@ -317,9 +317,10 @@ def metrics(job: str, fmt: str, ranks: str | None, output: Path | None) -> None:
     hgtrain metrics JOB > metrics.csv
     hgtrain metrics JOB --ranks 0 --format jsonl
     """
-    from . import jobs, state
-    from .joblogs import parse_ranks
-    from .metrics_export import read_metrics, to_csv, to_jsonl
+    from .jobs import records as jobs
+    from . import state
+    from .jobs.logs import parse_ranks
+    from .jobs.export import read_metrics, to_csv, to_jsonl
 
     record = jobs.load(job)
     rows = read_metrics(record, parse_ranks(ranks, record) if ranks else None)
@@ -338,8 +339,8 @@ def metrics(job: str, fmt: str, ranks: str | None, output: Path | None) -> None:
 @json_option
 def stop(job: str, as_json: bool) -> None:
     """Stop a running job on every node (only that job). Exit 4 names nodes that did not confirm."""
-    from .model import to_dict
-    from .stop import stop_job, unconfirmed_error
+    from .schema.stages import to_dict
+    from .jobs.stop import stop_job, unconfirmed_error
 
     result = stop_job(job)
     if as_json:

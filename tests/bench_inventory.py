@@ -1,4 +1,4 @@
-"""Inventories for bench tests, written the way the probe describes a node (hgcli.model.NodeInfo).
+"""Inventories for bench tests, written the way the probe describes a node (hgcli.schema.stages.NodeInfo).
 
 The probe module lands from another branch; until then the bench tests state the inventory they
 bench, which is also what keeps them independent of nvidia-smi and of this machine's hardware.
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from hgcli.model import Cluster, GpuInfo, Inventory, NodeInfo, to_dict
+from hgcli.schema.stages import Cluster, GpuInfo, Inventory, NodeInfo, to_dict
 from hgcli.state import cluster_dir, write_json
 
 

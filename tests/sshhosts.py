@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from hgcli.model import HostKeyPolicy, NodeSpec, SshSettings
-from hgcli.ports import free_port
+from hgcli.schema.stages import HostKeyPolicy, NodeSpec, SshSettings
+from hgcli.node.ports import free_port
 from hgcli.remote.known_hosts import host_name
 
 SSHD = "/usr/sbin/sshd"
@@ -154,7 +154,7 @@ class TestHost:
     def start(self, authorized_keys: Path) -> None:
         last_error = ""
         for _ in range(5):
-            self.port = self.fixed_port or free_port(self.address)  # below the ephemeral range: see hgcli.ports
+            self.port = self.fixed_port or free_port(self.address)  # below the ephemeral range: see hgcli.node.ports
             config = self.dir / "sshd_config"
             config.write_text(self.config_text(authorized_keys))
             log = open(self.log, "ab")

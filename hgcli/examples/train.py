@@ -1,11 +1,11 @@
 """The bundled example: an MLP classifier on synthetic data, trained with hgcli.runtime.
 
     python -m hgcli.examples.train                       # alone, one process
-    python -m hgcli.runtime.localrun -- python -m hgcli.examples.train   # emulated 1,1,0.25,0.25 + PS
+    python -m hgcli.local -- python -m hgcli.examples.train   # emulated 1,1,0.25,0.25 + PS
     hgtrain launch -- python -m hgcli.examples.train     # on a cluster
 
 Stated result: test accuracy >= 0.92 (TARGET) after the default 4 epochs; under the default emulated
-cluster it takes about a minute on a 2-core machine. The first worker evaluates now and then (not
+cluster it takes about a minute on two CPU cores. The first worker evaluates now and then (not
 stretched by device emulation) and, after ``ctx.finish()``, reports the final accuracy.
 """
 from __future__ import annotations

@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..model import EmulateSpec, GpuInfo, NodeInfo, from_dict, to_dict
+from ..schema.stages import EmulateSpec, GpuInfo, NodeInfo, from_dict, to_dict
 from . import frames
 
 QUERY_FIELDS = ("index", "name", "uuid", "memory.total", "memory.used", "compute_cap", "driver_version")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Callable, Generic, Sequence, TypeVar
 
 from ..errors import HgError
-from ..model import NodeSpec, SshSettings
+from ..schema.stages import NodeSpec, SshSettings
 
 T = TypeVar("T")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from ..errors import RemoteError
-from ..model import NodeSpec
+from ..schema.stages import NodeSpec
 from .transport import Completed
 
 

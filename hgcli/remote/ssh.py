@@ -52,8 +52,9 @@ _defer_invoke()
 import paramiko  # noqa: E402  (after _defer_invoke)
 
 from ..errors import RemoteError
-from ..model import HostKeyPolicy, NodeSpec, SshSettings
-from . import known_hosts, ship
+from ..schema.stages import HostKeyPolicy, NodeSpec, SshSettings
+from . import known_hosts
+from . import ship
 from .known_hosts import HostKey, Verdict
 from .transport import Completed
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import paramiko
 
 from ..errors import ConfigError
-from ..model import NodeSpec
-from ..nodelists import valid_host
+from ..schema.stages import NodeSpec
+from ..config.nodelists import valid_host
 
 # OpenSSH has no hop limit; a chain longer than this is a loop or a mistake, refused with a message.
 MAX_HOPS = 8

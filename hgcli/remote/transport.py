@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import BinaryIO, Mapping, Protocol, Sequence
 
-from ..model import NodeSpec
+from ..schema.stages import NodeSpec
 
 
 @dataclass(frozen=True)

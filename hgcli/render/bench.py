@@ -12,8 +12,8 @@ from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ..bench import BenchEvent
-from ..model import DeviceProfile, Measurement, Profiles
+from ..bench.cluster import BenchEvent
+from ..schema.stages import DeviceProfile, Measurement, Profiles
 
 
 class BenchProgress:

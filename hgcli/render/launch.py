@@ -18,7 +18,7 @@ import json
 import sys
 from typing import Callable, TextIO
 
-from ..launch_events import (
+from ..launch.events import (
     Event, JobEnded, JobStarted, JobRestarted, LogLines, Metric, Notice, Progress, RankExited,
     RankStarted, RootCause, Stage, Stopping, Summary, event_dict,
 )

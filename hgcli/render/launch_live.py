@@ -10,7 +10,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from ..launch_events import BoardView, Event, JobEnded, JobRestarted, LogLines, Progress, RankExited, Stopping
+from ..launch.events import BoardView, Event, JobEnded, JobRestarted, LogLines, Progress, RankExited, Stopping
 from .launch import COLOURS, _rate, _ratio, _shown, ending_lines, status_line, tag
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.text import Text
 
-from ..joblogs import LogLine
+from ..jobs.logs import LogLine
 
 RANK_COLOURS = ("cyan", "green", "yellow", "blue", "magenta", "bright_cyan", "bright_green", "bright_blue")
 

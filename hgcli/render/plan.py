@@ -5,7 +5,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.tree import Tree
 
-from ..model import Plan, RankPlan, Role
+from ..schema.stages import Plan, RankPlan, Role
 
 STRATEGIES = ("allreduce", "hybrid", "ps")
 

@@ -10,7 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 from rich.text import Text
 
-from ..model import GpuInfo, Inventory, NodeInfo
+from ..schema.stages import GpuInfo, Inventory, NodeInfo
 
 EMULATED = "EMULATED"
 

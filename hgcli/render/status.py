@@ -9,8 +9,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..model import JobRecord, RankState
-from ..status import JobLive, JobStatus, LiveRank, NodeLive
+from ..schema.stages import JobRecord, RankState
+from ..jobs.status import JobLive, JobStatus, LiveRank, NodeLive
 
 STATE_STYLE = {"running": "bold green", "starting": "green", "pending": "green", "succeeded": "blue",
                "failed": "bold red", "stopped": "yellow", "unknown": "bold magenta",

@@ -5,7 +5,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..stop import StopResult
+from ..jobs.stop import StopResult
 
 
 def render_stop(result: StopResult, console: Console | None = None) -> None:

@@ -12,7 +12,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from .. import model as m
+from ..schema import stages as m
 from .data import shard_batches
 from .emulate import Emulator
 from .env import RankEnv

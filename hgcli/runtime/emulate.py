@@ -18,7 +18,7 @@ caches and cores), so the faster steps are the ones closer to the device's own s
 
 Ranks of one all-reduce group on one node pool their estimates (``share``, fed by the group's
 all-reduce in hybrid.py): identical devices run at one speed, but each process's own estimate of
-the same step differed by ~10% on this 2-core machine (which core, whose caches), x10 at speed 0.1,
+the same step can differ by ~10% on a small shared CPU (which core, whose caches), x10 at speed 0.1,
 so every synchronous step waited ~3 ms for the process that happened to be slowest: an artifact
 of emulating on one shared CPU that no group of real GPUs of one model would show.
 """
@@ -40,7 +40,7 @@ class StableSpeed:
     """The CPU seconds a step of a given batch size takes on a device of stable speed: the lower
     quartile of the last ``STABLE_WINDOW`` steps of that size (this one included; the fastest of
     up to three). The bench times emulated devices through the same estimate
-    (hgcli/node/stepbench.py), so profile and runtime agree."""
+    (hgcli/node/bench/step.py), so profile and runtime agree."""
 
     def __init__(self, window: int = STABLE_WINDOW) -> None:
         self._window = window

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from .. import model
+from ..schema import stages as model
 from .errors import TrainingError
 
 DEFAULT_TIMEOUT_S = 120.0

@@ -18,7 +18,7 @@ import warnings
 
 import torch.distributed as dist
 
-from .. import model
+from ..schema import stages as model
 from .env import RankEnv
 from .errors import TrainingError
 

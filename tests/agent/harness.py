@@ -13,9 +13,9 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from hgcli.model import NodeSpec
+from hgcli.schema.stages import NodeSpec
 from hgcli.node import frames
-from hgcli.node.logs import frame_lines
+from hgcli.node.agent.logs import frame_lines
 from hgcli.remote.local import LocalTransport
 from hgcli.remote.transport import node_module_argv
 

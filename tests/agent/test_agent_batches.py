@@ -1,7 +1,7 @@
 """Log frames carry batches of lines: few frames for many lines, exact offsets, pieces of long lines."""
 from __future__ import annotations
 
-from hgcli.node.logs import CHUNK, frame_lines, log_frames, split_batches
+from hgcli.node.agent.logs import CHUNK, frame_lines, log_frames, split_batches
 
 from .harness import log_lines, py, wait_until
 

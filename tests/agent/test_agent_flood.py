@@ -5,7 +5,7 @@ import hashlib
 
 import pytest
 
-from hgcli.node.logs import CHUNK
+from hgcli.node.agent.logs import CHUNK
 
 from .harness import job_pids, py
 

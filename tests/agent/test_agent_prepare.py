@@ -9,7 +9,7 @@ import stat
 import threading
 
 from hgcli.node import frames
-from hgcli.node.logs import CHUNK
+from hgcli.node.agent.logs import CHUNK
 
 from .harness import WAIT_S, job_pids, new_job_id, py, transport
 from hgcli.remote.transport import node_module_argv

@@ -6,7 +6,7 @@ import os
 import stat
 import time
 
-from hgcli.node.spec import job_dir
+from hgcli.node.agent.spec import job_dir
 
 from .harness import has_line, job_pids, py, wait_until
 

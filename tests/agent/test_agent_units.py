@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
-from hgcli.node import procs
-from hgcli.node.control import parse_offsets
-from hgcli.node.logs import CHUNK, split_batches, split_lines
-from hgcli.node.secrets import REDACTED, is_secret_name, redact_env
-from hgcli.node.spec import parse_spec
+from hgcli.node.agent import procs
+from hgcli.node.agent.control import parse_offsets
+from hgcli.node.agent.logs import CHUNK, split_batches, split_lines
+from hgcli.node.agent.secrets import REDACTED, is_secret_name, redact_env
+from hgcli.node.agent.spec import parse_spec
 
 
 @pytest.mark.parametrize("name", ["HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "db_password", "WANDB_API_KEY",

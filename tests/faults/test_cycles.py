@@ -1,5 +1,5 @@
 """Many jobs in a row from one controller process: nothing may accumulate. The controller is this
-test's own process (``hgcli.launch.launch``, as the CLI calls it), so its descriptors, sockets,
+test's own process (``hgcli.launch.launcher.launch``, as the CLI calls it), so its descriptors, sockets,
 threads and child processes can be counted before and after; half the jobs are stopped (SIGTERM to
 a rank, as `hgtrain stop` ends it on a node) rather than left to finish.
 
@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from hgcli.launch import LaunchRequest, launch
-from hgcli.launch_events import RankStarted
+from hgcli.launch.launcher import LaunchRequest, launch
+from hgcli.launch.events import RankStarted
 from hgcli.remote.local import LocalTransport
 from tests.agent.harness import job_pids
 from tests.launch.hg import cluster_toml

@@ -19,8 +19,8 @@ import time
 
 import pytest
 
-from hgcli.model import Cluster
-from hgcli.jobs import attempt_job_id
+from hgcli.schema.stages import Cluster
+from hgcli.jobs.records import attempt_job_id
 from tests.agent.harness import job_pids, wait_until
 from tests.conftest import require_sshd
 from tests.launch.hg import cluster_toml

@@ -18,8 +18,8 @@ import time
 
 import pytest
 
-from hgcli.jobs import attempt_job_id
-from hgcli.model import Cluster
+from hgcli.jobs.records import attempt_job_id
+from hgcli.schema.stages import Cluster
 from tests.agent.harness import job_pids
 from tests.launch.hg import WAIT_S, cluster_toml
 from tests.launch.plans import local_cluster, make_plan, plan_file

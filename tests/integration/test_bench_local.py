@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from hgcli.bench import NODE_DEVICE, bench_cluster
+from hgcli.bench.cluster import NODE_DEVICE, bench_cluster
 from hgcli.cli import main
-from hgcli.config import default_cluster, load_cluster
-from hgcli.model import Inventory, Profiles, from_dict
-from hgcli.profiles import load_profiles, profile_is_stale
+from hgcli.config.cluster import default_cluster, load_cluster
+from hgcli.schema.stages import Inventory, Profiles, from_dict
+from hgcli.bench.profiles import load_profiles, profile_is_stale
 from tests.bench_inventory import inventory_of, store_inventory
 
 pytestmark = pytest.mark.slow

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from hgcli.bench import BenchEvent, bench_cluster
-from hgcli.config import load_cluster
-from hgcli.model import Profiles, from_dict
-from hgcli.probe import probe_cluster
-from hgcli.profiles import load_profiles
+from hgcli.bench.cluster import BenchEvent, bench_cluster
+from hgcli.config.cluster import load_cluster
+from hgcli.schema.stages import Profiles, from_dict
+from hgcli.probe.inventory import probe_cluster
+from hgcli.bench.profiles import load_profiles
 from tests.sshhosts import REPO, TestHosts
 
 pytestmark = [pytest.mark.sshd, pytest.mark.slow]

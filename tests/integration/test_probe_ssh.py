@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from hgcli.model import Cluster, EmulateSpec
-from hgcli.probe import inventory_path, load_inventory, probe_cluster
+from hgcli.schema.stages import Cluster, EmulateSpec
+from hgcli.probe.inventory import inventory_path, load_inventory, probe_cluster
 from tests.conftest import require_sshd
 from tests.sshhosts import REPO, start_hosts
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hgcli.errors import RemoteError
-from hgcli.model import HostKeyPolicy
+from hgcli.schema.stages import HostKeyPolicy
 from hgcli.remote import ship
 from hgcli.remote.known_hosts import fingerprint
 from hgcli.remote.ssh import SshTransport

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from hgcli.model import Cluster
+from hgcli.schema.stages import Cluster
 
 REPO = Path(__file__).resolve().parents[2]
 WAIT_S = 120.0   # generous: the test machines are shared; every wait is still bounded

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from hgcli.model import Cluster, GroupPlan, NodeSpec, Plan, RankPlan, Role, Strategy
-from hgcli.plan_io import write_plan
+from hgcli.schema.stages import Cluster, GroupPlan, NodeSpec, Plan, RankPlan, Role, Strategy
+from hgcli.plan.files import write_plan
 
 
 def local_cluster(names: Sequence[str] = ("local",)) -> Cluster:

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import io
 
-from hgcli.launch_events import LogLines
-from hgcli.launch_loop import TAIL_LINES, Interrupt, JobController
-from hgcli.launch_metrics import MetricsBoard
-from hgcli.launch_record import JobBook
-from hgcli.mailbox import Mailbox
-from hgcli.model import JobRecord, RankRecord
+from hgcli.launch.events import LogLines
+from hgcli.launch.loop import TAIL_LINES, Interrupt, JobController
+from hgcli.launch.metrics import MetricsBoard
+from hgcli.launch.record import JobBook
+from hgcli.launch.mailbox import Mailbox
+from hgcli.schema.stages import JobRecord, RankRecord
 from hgcli.node import frames as wire
-from hgcli.node.logs import CHUNK, log_frames
-from hgcli.node.output import _wire
+from hgcli.node.agent.logs import CHUNK, log_frames
+from hgcli.node.agent.output import _wire
 
 from .plans import local_cluster, make_plan
 
@@ -62,7 +62,7 @@ def test_bytes_that_are_not_utf8_reach_the_rank_file_and_the_last_lines_escaped(
 
 
 def test_last_lines_of_a_batch():
-    from hgcli.launch_loop import last_lines
+    from hgcli.launch.loop import last_lines
 
     assert last_lines(b"a\nb\nc\n", 2) == ["b", "c"]
     assert last_lines(b"a\nb\nc\n", 5) == ["a", "b", "c"]

@@ -6,7 +6,7 @@ import json
 
 from rich.console import Console
 
-from hgcli.launch_events import (
+from hgcli.launch.events import (
     BoardView, GroupView, JobEnded, JobStarted, LogLines, Metric, Progress, RankExited, RootCause, Summary,
 )
 from hgcli.render.launch import JsonSink, PlainSink
@@ -86,7 +86,7 @@ def test_rich_sink_shows_coloured_lines_the_live_table_and_the_ending():
 def test_a_console_that_cannot_keep_up_skips_lines_never_other_events():
     import threading
 
-    from hgcli.launch_events import Dispatcher
+    from hgcli.launch.events import Dispatcher
 
     gate = threading.Event()
     seen = []
@@ -112,7 +112,7 @@ def test_a_console_that_cannot_keep_up_skips_lines_never_other_events():
 def test_a_pipe_or_json_reader_gets_every_line_however_slow():
     import threading
 
-    from hgcli.launch_events import Dispatcher
+    from hgcli.launch.events import Dispatcher
 
     gate = threading.Event()
     seen = []

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from hgcli.model import Cluster
+from hgcli.schema.stages import Cluster
 from tests.agent.harness import job_pids, wait_until
 
 from .hg import assert_not_in_any_cmdline, cluster_toml, text_under

@@ -4,13 +4,13 @@ from __future__ import annotations
 import pytest
 
 from hgcli.errors import ConfigError, UsageError
-from hgcli.launch import LaunchRequest, master_address, user_env
-from hgcli.launch_loop import rank_exit_code
-from hgcli.launch_metrics import MetricsBoard
-from hgcli.launch_spec import CheckpointPolicy, NodeLaunch, agent_spec, forwarded_env, read_env_file
+from hgcli.launch.launcher import LaunchRequest, master_address, user_env
+from hgcli.launch.loop import rank_exit_code
+from hgcli.launch.metrics import MetricsBoard
+from hgcli.launch.spec import CheckpointPolicy, NodeLaunch, agent_spec, forwarded_env, read_env_file
 from hgcli.runtime.env import cuda_visible_devices
-from hgcli.model import Cluster, NodeSpec, RankPlan, Role
-from hgcli.ranklist import parse_rank_list
+from hgcli.schema.stages import Cluster, NodeSpec, RankPlan, Role
+from hgcli.config.ranklist import parse_rank_list
 
 from .plans import local_cluster, make_plan
 
@@ -140,9 +140,9 @@ def test_the_controller_side_of_launch_never_imports_torch():
 
     code = ("import sys\n"
             "from hgcli.cli import cli\n"
-            "import hgcli.launch, hgcli.render.launch\n"
+            "import hgcli.launch.launcher, hgcli.render.launch\n"
             "from tests.launch.plans import local_cluster, make_plan\n"
-            "from hgcli.launch_spec import CheckpointPolicy, NodeLaunch, agent_spec\n"
+            "from hgcli.launch.spec import CheckpointPolicy, NodeLaunch, agent_spec\n"
             "c = local_cluster(('a',)); p = make_plan(c, [['a']], ps=['a'])\n"
             "n = NodeLaunch(name='a', python='py', package_root='/p', job_dir='/j', plan_path='/j/p', checkpoint_dir='/j/c')\n"
             "agent_spec(plan=p, job_id='j', node=n, command=('x',), user_env={}, master_addr='h',\n"
@@ -161,7 +161,7 @@ def test_a_plain_launch_imports_neither_rich_nor_invoke_and_match_exec_still_wor
 
     code = ("import sys\n"
             "from hgcli.cli import cli\n"
-            "import hgcli.launch, hgcli.remote.ssh, hgcli.stream\n"
+            "import hgcli.launch.launcher, hgcli.remote.ssh, hgcli.launch.agentlink\n"
             "from hgcli.render.launch import make_sink\n"
             "make_sink(as_json=False, ranks=None)\n"
             "loaded = [m for m in ('rich', 'invoke.collection', 'asyncio') if m in sys.modules]\n"

@@ -12,11 +12,11 @@ import threading
 import time
 from pathlib import Path
 
-from hgcli import jobs
-from hgcli.model import (GroupPlan, JobRecord, JobState, NodeSpec, Plan, RankPlan, RankRecord, RankState, Role,
+from hgcli.jobs import records as jobs
+from hgcli.schema.stages import (GroupPlan, JobRecord, JobState, NodeSpec, Plan, RankPlan, RankRecord, RankState, Role,
                          Strategy, to_dict)
 from hgcli.node import frames
-from hgcli.node.spec import AgentSpec, RankSpec
+from hgcli.node.agent.spec import AgentSpec, RankSpec
 from hgcli.remote.local import LocalTransport
 from hgcli.remote.transport import Transport, node_module_argv
 from tests.agent.harness import WAIT_S, job_pids, new_job_id, wait_until

@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from hgcli.config import load_cluster
+from hgcli.config.cluster import load_cluster
 from hgcli.remote.fanout import open_transport
 from tests.ops.conftest import ROOT
 from tests.ops.jobsetup import WAIT_S, job_id, start_detached, wait_until, write_record

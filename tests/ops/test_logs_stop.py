@@ -8,10 +8,10 @@ import subprocess
 import sys
 import time
 
-from hgcli import jobs
+from hgcli.jobs import records as jobs
 from hgcli.cli import main
-from hgcli.config import load_cluster
-from hgcli.model import JobState, RankState
+from hgcli.config.cluster import load_cluster
+from hgcli.schema.stages import JobState, RankState
 from tests.ops.conftest import ROOT
 from tests.ops.jobsetup import (WAIT_S, job_id, job_pids, py, start_detached, two_node_cluster_file, wait_gone,
                                 wait_until, write_record)

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import json
 
-from hgcli import jobs
+from hgcli.jobs import records as jobs
 from hgcli.cli import main
-from hgcli.config import load_cluster
-from hgcli.model import JobState, RankState
+from hgcli.config.cluster import load_cluster
+from hgcli.schema.stages import JobState, RankState
 from hgcli.remote.fanout import open_transport
 from tests.ops.jobsetup import job_id, job_pids, start_detached, wait_until, write_record
 

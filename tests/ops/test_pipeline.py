@@ -13,10 +13,10 @@ import pytest
 
 from hgcli import state
 from hgcli.cli import main
-from hgcli.config import default_cluster
-from hgcli.model import Inventory, JobSpec, NodeInfo, Plan, Profiles, from_dict, to_dict
-from hgcli.pipeline import INVENTORY_MAX_AGE_S, inventory_unusable, prepare_plan, profiles_unusable
-from hgcli.profiles import load_profiles, store_profiles
+from hgcli.config.cluster import default_cluster
+from hgcli.schema.stages import Inventory, JobSpec, NodeInfo, Plan, Profiles, from_dict, to_dict
+from hgcli.plan.pipeline import INVENTORY_MAX_AGE_S, inventory_unusable, prepare_plan, profiles_unusable
+from hgcli.bench.profiles import load_profiles, store_profiles
 
 pytestmark = pytest.mark.slow
 
@@ -114,7 +114,7 @@ def test_inventory_reuse_rules():
 
 
 def test_profiles_with_a_failed_device_are_benched_again_unless_skipped(tmp_path):
-    from hgcli.model import DeviceProfile, GpuInfo
+    from hgcli.schema.stages import DeviceProfile, GpuInfo
 
     cluster = default_cluster()
     inventory = Inventory(cluster=cluster.fingerprint(), nodes=(

@@ -6,11 +6,11 @@ import os
 import subprocess
 import sys
 
-from hgcli import jobs
+from hgcli.jobs import records as jobs
 from hgcli.cli import main
-from hgcli.config import default_cluster, load_cluster
-from hgcli.model import JobState, RankState
-from hgcli.status import job_status
+from hgcli.config.cluster import default_cluster, load_cluster
+from hgcli.schema.stages import JobState, RankState
+from hgcli.jobs.status import job_status
 from tests.ops.conftest import ROOT
 from tests.ops.jobsetup import job_id, py, start_detached, two_node_cluster_file, wait_gone, wait_until, write_record
 

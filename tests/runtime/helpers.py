@@ -1,10 +1,10 @@
-"""Running a plan's ranks as real local processes (hgcli.runtime.localrun) for the runtime tests."""
+"""Running a plan's ranks as real local processes (hgcli.local) for the runtime tests."""
 import sys
 from pathlib import Path
 
 import torch
 
-from hgcli.runtime.localrun import LocalRunResult, run_plan
+from hgcli.local.run import LocalRunResult, run_plan
 
 SCRIPTS = Path(__file__).parent / "scripts"
 

@@ -12,8 +12,8 @@ import torch
 from hgcli.examples.data import make_model
 from hgcli.runtime import checkpoint
 from hgcli.runtime.env import ps_argv
-from hgcli.runtime.localplan import emulated_plan
-from hgcli.runtime.localrun import run_plan
+from hgcli.local.plans import emulated_plan
+from hgcli.local.run import run_plan
 from hgcli.runtime.ps import assign_shards
 
 from .helpers import load, run_ok, script

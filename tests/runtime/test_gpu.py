@@ -6,10 +6,10 @@ import sys
 import pytest
 import torch
 
-from hgcli import model as m
+from hgcli.schema import stages as m
 from hgcli.runtime.groups import group_backend
-from hgcli.runtime.localplan import emulated_plan
-from hgcli.runtime.localrun import run_plan
+from hgcli.local.plans import emulated_plan
+from hgcli.local.run import run_plan
 
 from .helpers import run_ok, script
 

@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from hgcli.runtime.env import ps_argv
-from hgcli.runtime.localplan import emulated_plan
+from hgcli.local.plans import emulated_plan
 
 from .helpers import run_ok, script
 

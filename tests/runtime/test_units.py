@@ -10,13 +10,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hgcli import model as m
+from hgcli.schema import stages as m
 from hgcli.runtime import checkpoint
 from hgcli.runtime.data import shard_batches
 from hgcli.runtime.emulate import Emulator, StableSpeed
 from hgcli.runtime.env import RankEnv, ps_argv, rank_env
 from hgcli.runtime.errors import TrainingError
-from hgcli.runtime.localplan import emulated_plan
+from hgcli.local.plans import emulated_plan
 from hgcli.runtime.metrics import MetricsSink
 from hgcli.runtime.ps import ShardServer, assign_shards
 

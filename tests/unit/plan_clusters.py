@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hgcli.model import (
+from hgcli.schema.stages import (
     DeviceProfile, GpuInfo, Inventory, LinkProfile, Measurement, ModelSpec, NodeInfo, Profiles, StepSample,
 )
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from hypothesis import given, strategies as st
 
-from hgcli.bench_links import bench_link, link_backend, link_rounds
-from hgcli.model import Cluster, GpuInfo, NodeInfo, NodeSpec
+from hgcli.bench.links import bench_link, link_backend, link_rounds
+from hgcli.schema.stages import Cluster, GpuInfo, NodeInfo, NodeSpec
 from hgcli.node.frames import decode
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,7 +39,7 @@ def test_backend_is_nccl_only_between_real_cuda_gpus():
 
 
 def _start(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "hgcli.node.linkbench", "--quick", "--timeout", "60", *args],
+    return subprocess.Popen([sys.executable, "-m", "hgcli.node.bench.link", "--quick", "--timeout", "60", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
 
@@ -69,7 +69,7 @@ def test_node_linkbench_between_two_local_processes():
 def test_rank1_without_a_listener_fails_within_its_timeout():
     # A port nobody listens on: the store connect must give up, not hang.
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "hgcli.node.linkbench", "--rank", "1", "--addr", "127.0.0.1",
+    proc = subprocess.run([sys.executable, "-m", "hgcli.node.bench.link", "--rank", "1", "--addr", "127.0.0.1",
                            "--port", "9", "--timeout", "3", "--quick"], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
     assert proc.returncode != 0
@@ -95,7 +95,7 @@ def test_bench_link_names_a_node_that_cannot_run_it():
 
 
 def test_intra_node_link_only_where_devices_of_one_node_talk_through_gloo():
-    from hgcli.bench_links import intra_node_gloo
+    from hgcli.bench.links import intra_node_gloo
 
     emulated = NodeInfo("e", "e", True, gpus=(GpuInfo(0, "T4", emulated=True, speed=0.5),
                                               GpuInfo(1, "T4", emulated=True, speed=0.5)))

@@ -7,8 +7,8 @@ import re
 import pytest
 from hypothesis import given, strategies as st
 
-from hgcli.metis import METIS_NODE, device_type, file_name, from_metis, to_metis
-from hgcli.model import DeviceProfile, Measurement, ModelSpec, Profiles, StepSample
+from hgcli.bench.metis import METIS_NODE, device_type, file_name, from_metis, to_metis
+from hgcli.schema.stages import DeviceProfile, Measurement, ModelSpec, Profiles, StepSample
 
 # How Metis' loader finds the device type, tp and batch size in a file name (its data_loader.py).
 METIS_TYPE = re.compile(r"DeviceType\.(\w+?)_")

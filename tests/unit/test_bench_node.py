@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from hgcli.model import DeviceProfile, Measurement, StepSample, from_dict
-from hgcli.node.bench import group_batch
-from hgcli.node import modelspec
-from hgcli.node.groupbench import summarize_pairs
+from hgcli.schema.stages import DeviceProfile, Measurement, StepSample, from_dict
+from hgcli.node.bench.main import group_batch
+from hgcli.node.bench import modelspec
+from hgcli.node.bench.group import summarize_pairs
 from hgcli.node.frames import decode
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,9 +8,9 @@ import stat
 import pytest
 
 from hgcli.errors import StateError
-from hgcli.model import (SCHEMA_VERSION, DeviceProfile, GpuInfo, Inventory, LinkProfile, Measurement,
+from hgcli.schema.stages import (SCHEMA_VERSION, DeviceProfile, GpuInfo, Inventory, LinkProfile, Measurement,
                          ModelSpec, NodeInfo, Profiles, StepSample)
-from hgcli.profiles import load_profiles, profile_is_stale, profiles_path, store_profiles
+from hgcli.bench.profiles import load_profiles, profile_is_stale, profiles_path, store_profiles
 
 M = Measurement(1.0, 0.9, 1.2, 5)
 
@@ -93,8 +93,8 @@ def test_corrupt_or_foreign_profiles_are_state_errors():
 
 
 def test_emulated_profile_scales_exactly_by_declared_speed_and_caps_memory():
-    from hgcli.bench import DeviceTarget, emulated_profile
-    from hgcli.model import DeviceProfile, Measurement, StepSample
+    from hgcli.bench.cluster import DeviceTarget, emulated_profile
+    from hgcli.schema.stages import DeviceProfile, Measurement, StepSample
 
     m = lambda v: Measurement(v, v, v, 3)  # noqa: E731
     base = DeviceProfile(node="a", device="gpu0", name="A100", emulated=True, speed=1.0, memory_total_mib=100,
@@ -112,8 +112,8 @@ def test_emulated_profile_scales_exactly_by_declared_speed_and_caps_memory():
 def test_emulated_profile_from_a_base_measured_at_another_speed():
     # A device derived from a measurement at another declared speed scales by the ratio of the
     # speeds (the bench measures each distinct speed, so in practice the ratio is 1).
-    from hgcli.bench import DeviceTarget, emulated_profile
-    from hgcli.model import DeviceProfile, Measurement, StepSample
+    from hgcli.bench.cluster import DeviceTarget, emulated_profile
+    from hgcli.schema.stages import DeviceProfile, Measurement, StepSample
 
     m = lambda v: Measurement(v, v, v, 3)  # noqa: E731
     base = DeviceProfile(node="a", device="gpu2", name="T4", emulated=True, speed=0.25, memory_total_mib=100,
@@ -127,7 +127,7 @@ def test_emulated_profile_from_a_base_measured_at_another_speed():
 def test_emulated_clock_counts_cpu_time_and_pauses_like_the_emulator():
     import time
 
-    from hgcli.node.timing import emulated_clock, time_repeats
+    from hgcli.node.bench.timing import emulated_clock, time_repeats
 
     def spin_then_sleep() -> None:
         end = time.thread_time() + 0.01

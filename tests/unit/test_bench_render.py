@@ -5,8 +5,8 @@ import io
 
 from rich.console import Console
 
-from hgcli.bench import BenchEvent, failure_summary
-from hgcli.model import DeviceProfile, LinkProfile, Measurement, ModelSpec, Profiles, StepSample
+from hgcli.bench.cluster import BenchEvent, failure_summary
+from hgcli.schema.stages import DeviceProfile, LinkProfile, Measurement, ModelSpec, Profiles, StepSample
 from hgcli.render.bench import BenchProgress, render_profiles
 
 M = Measurement(2.5, 2.0, 3.0, 5)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from hgcli.node.modelspec import LoadedModel
-from hgcli.node.stepbench import runtime_hooks, step_samples
+from hgcli.node.bench.modelspec import LoadedModel
+from hgcli.node.bench.step import runtime_hooks, step_samples
 
 
 def test_the_timed_step_runs_the_runtimes_hooks_on_a_gathered_batch():
@@ -58,7 +58,7 @@ def test_the_emulators_pause_falls_between_backward_and_the_optimizer():
     optimizer would leave the next forward's caches cold, and that is stretched x 1/speed."""
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-    from hgcli.node.timing import Clock
+    from hgcli.node.bench.timing import Clock
 
     events: list[str] = []
     model = torch.nn.Linear(3, 2)
@@ -87,7 +87,7 @@ def test_the_emulators_pause_falls_between_backward_and_the_optimizer():
 
 def _timed(emulated_speed: float | None, forward_ticks: list[int]) -> list[float]:
     """Seconds per timed call on a fake clock whose forward takes the given ticks, call by call."""
-    from hgcli.node.timing import Clock
+    from hgcli.node.bench.timing import Clock
 
     now = [0.0]
     ticks = iter(forward_ticks)

@@ -12,13 +12,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hgcli.config import (
+from hgcli.config.cluster import (
     DEFAULT_EMULATION, cluster_from_slurm, default_cluster, load_cluster, load_hostfile, load_node_source,
 )
 from hgcli.errors import EXIT_USAGE, ConfigError
-from hgcli.model import EmulateSpec, HostKeyPolicy
-from hgcli.nodelists import expand_nodelist
-from hgcli.tomllines import TomlLines
+from hgcli.schema.stages import EmulateSpec, HostKeyPolicy
+from hgcli.config.nodelists import expand_nodelist
+from hgcli.config.tomllines import TomlLines
 
 ROOT_DIR = Path(__file__).resolve().parents[2]
 
@@ -316,7 +316,7 @@ def test_bad_ssh_config_names_it(tmp_path):
 
 def test_missing_ssh_config_is_fine_and_paramiko_stays_unimported(tmp_path):
     path = write(tmp_path / "c.toml", '[ssh]\nconfig = "absent"\n[[nodes]]\nhost = "gpu9"\n')
-    code = ("import sys; from hgcli.config import load_cluster; "
+    code = ("import sys; from hgcli.config.cluster import load_cluster; "
             f"c = load_cluster({str(path)!r}); print(c.nodes[0].address, 'paramiko' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}).stdout
@@ -522,7 +522,7 @@ def test_arbitrary_nodelists_fail_only_with_config_error(text):
 
 
 def test_example_file_loads_and_docs_cover_every_key():
-    from hgcli.config import EMULATE_KEYS, NODE_KEYS, ROOT_KEYS, SSH_KEYS
+    from hgcli.config.cluster import EMULATE_KEYS, NODE_KEYS, ROOT_KEYS, SSH_KEYS
 
     example = ROOT_DIR / "cluster.example.toml"
     cluster = load_cluster(example)

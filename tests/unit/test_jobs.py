@@ -4,9 +4,9 @@ import stat
 
 import pytest
 
-from hgcli import jobs
+from hgcli.jobs import records as jobs
 from hgcli.errors import JobError
-from hgcli.model import GroupPlan, JobRecord, JobState, Plan, RankPlan, Role, Strategy
+from hgcli.schema.stages import GroupPlan, JobRecord, JobState, Plan, RankPlan, Role, Strategy
 
 
 def record(job_id: str, state=JobState.RUNNING) -> JobRecord:

@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from hgcli import jobs
+from hgcli.jobs import records as jobs
 from hgcli.cli import main
-from hgcli.launch_record import JobBook
-from hgcli.model import JobRecord, RankRecord
+from hgcli.launch.record import JobBook
+from hgcli.schema.stages import JobRecord, RankRecord
 from tests.launch.plans import local_cluster, make_plan
 
 

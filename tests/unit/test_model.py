@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from hgcli.model import (
+from hgcli.schema.stages import (
     Cluster, EmulateSpec, GpuInfo, GroupPlan, HostKeyPolicy, Inventory, NodeInfo, NodeSpec, Plan,
     RankPlan, Role, SshSettings, Strategy, from_dict, to_dict,
 )

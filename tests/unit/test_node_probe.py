@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hgcli.model import GpuInfo, NodeInfo, from_dict
+from hgcli.schema.stages import GpuInfo, NodeInfo, from_dict
 from hgcli.node import frames
 from hgcli.node.probe import (
     NvidiaSmiError, describe_failure, parse_cpuinfo, parse_gpu_csv, parse_meminfo, parse_os_release,

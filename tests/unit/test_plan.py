@@ -10,12 +10,12 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from hgcli.errors import ConfigError, HgError, StateError, UsageError
-from hgcli.model import (
+from hgcli.schema.stages import (
     Cluster, DeviceProfile, JobSpec, ModelSpec, NodeInfo, NodeSpec, Plan, Role, Strategy,
     from_dict, to_dict,
 )
-from hgcli.plan import LIKE_SPEED_RATIO, MEMORY_USABLE_FRACTION, make_plan, predicted_best
-from hgcli.plan_io import load_plan, write_plan
+from hgcli.plan.placement import LIKE_SPEED_RATIO, MEMORY_USABLE_FRACTION, make_plan, predicted_best
+from hgcli.plan.files import load_plan, write_plan
 
 from tests.unit.plan_clusters import A100, T4, Kind, cluster, link, measured
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from hgcli import state
 from hgcli.cli import main
-from hgcli.config import default_cluster
-from hgcli.model import Plan, Role, Strategy, from_dict, to_dict
-from hgcli.plan_io import load_plan
+from hgcli.config.cluster import default_cluster
+from hgcli.schema.stages import Plan, Role, Strategy, from_dict, to_dict
+from hgcli.plan.files import load_plan
 from tests.unit.plan_clusters import A100, T4, cluster
 
 

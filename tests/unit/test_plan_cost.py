@@ -5,9 +5,9 @@ import dataclasses
 
 import pytest
 
-from hgcli.model import ExchangeProfile, GroupSyncProfile, JobSpec, Measurement, ModelSpec, StepSample, Strategy
-from hgcli.plan import _fit_time, _monotone, make_plan
-from hgcli.plan_cost import INTRA_NODE_LATENCY_S, oversubscription, straggle
+from hgcli.schema.stages import ExchangeProfile, GroupSyncProfile, JobSpec, Measurement, ModelSpec, StepSample, Strategy
+from hgcli.plan.placement import _fit_time, _monotone, make_plan
+from hgcli.plan.cost import INTRA_NODE_LATENCY_S, oversubscription, straggle
 
 from tests.unit.plan_clusters import A100, T4, cluster, measured
 
@@ -196,8 +196,8 @@ def test_a_single_shard_push_waits_for_cores_by_its_fixed_cost():
     """Only the RPC's fixed cost (waking its threads) waits for a core; the per-byte part does not.
     With one shard holding the whole model the wait used to cancel out (the stretched fixed cost
     was taken off the measured round trip)."""
-    from hgcli.plan import _assign_batches, _exchanges, _usable_devices
-    from hgcli.plan_cost import CostModel, Network
+    from hgcli.plan.placement import _assign_batches, _exchanges, _usable_devices
+    from hgcli.plan.cost import CostModel, Network
 
     inventory, profiles = cluster([[A100, A100, T4, T4]], model=ModelSpec("tiny", 5000))
     devices = tuple(dataclasses.replace(p, exchange=exchange(0.0030, 0.0001, latency=0.0012, nbytes=20_000))

@@ -1,8 +1,8 @@
-"""hgcli.ports: MASTER_PORT is picked below the kernel's ephemeral range (CI saw EADDRINUSE when an
+"""hgcli.node.ports: MASTER_PORT is picked below the kernel's ephemeral range (CI saw EADDRINUSE when an
 outgoing connection took a port picked with bind(0) before rank 0 bound it)."""
 import socket
 
-from hgcli import ports
+from hgcli.node import ports
 
 
 def test_port_is_below_the_ephemeral_range_and_free():

@@ -11,9 +11,9 @@ from rich.console import Console
 
 from hgcli.cli import main
 from hgcli.errors import RemoteError
-from hgcli.model import EmulateSpec, GpuInfo, Inventory, NodeInfo, NodeSpec, to_dict
+from hgcli.schema.stages import EmulateSpec, GpuInfo, Inventory, NodeInfo, NodeSpec, to_dict
 from hgcli.node import frames
-from hgcli.probe import parse_probe_output, probe_args
+from hgcli.probe.inventory import parse_probe_output, probe_args
 from hgcli.render.probe import render_inventory
 
 NODE = NodeSpec(name="n1", host="gpu1")

@@ -13,7 +13,7 @@ from hgcli.errors import RemoteError
 from hgcli.remote import ship
 from hgcli.remote.local import LocalTransport
 from hgcli.remote.ssh import command_line, parse_jump
-from hgcli.model import NodeSpec
+from hgcli.schema.stages import NodeSpec
 
 
 @pytest.mark.parametrize("argv", [["echo", "a b", "it's", "$HOME", "`x`", ";", "", "~", "*"]])

@@ -1,0 +1,137 @@
+"""Node lists users already have: DeepSpeed/MPI hostfiles and Slurm's SLURM_JOB_NODELIST.
+
+Pure text -> host entries; ``config.py`` turns them into a ``Cluster``. Errors are ConfigErrors
+naming the hostfile line or the Slurm list, so a typo never reaches a connection attempt.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+
+# Host names as ssh, DNS and Slurm accept them, plus IPv6 literals; no leading "-" (never an option).
+_HOST = re.compile(r"^[A-Za-z0-9_.:%][A-Za-z0-9_.:%-]*$")
+# Far beyond any real allocation; stops a typo like gpu[1-99999999] from eating memory.
+MAX_HOSTS = 100_000
+_SLOTS = re.compile(r"^slots=(\d+)$")
+
+
+@dataclass(frozen=True)
+class HostEntry:
+    host: str
+    slots: int | None
+    line: int
+
+
+def valid_host(host: str) -> bool:
+    return bool(_HOST.match(host))
+
+
+def parse_hostfile(text: str, source: str) -> list[HostEntry]:
+    """``host [slots=N]`` per line, ``#`` comments, blank lines; duplicates are refused (as DeepSpeed
+    does) because a host listed twice would get ranks started twice."""
+    entries: list[HostEntry] = []
+    seen: dict[str, int] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        fields = raw.split("#", 1)[0].split()
+        if not fields:
+            continue
+        where = f"{source}:{number}"
+        host, rest = fields[0], fields[1:]
+        if not valid_host(host):
+            raise ConfigError(f"{host!r} is not a host name", source=where)
+        slots = None
+        for item in rest:
+            m = _SLOTS.match(item)
+            if m is None:
+                raise ConfigError(f"cannot read {item!r}: expected 'host' or 'host slots=N'", source=where)
+            if slots is not None:
+                raise ConfigError("slots given twice", source=where)
+            slots = int(m.group(1))
+            if slots < 1:
+                raise ConfigError("slots must be at least 1", source=where)
+        if host in seen:
+            raise ConfigError(f"host {host!r} listed twice (first at line {seen[host]})", source=where)
+        seen[host] = number
+        entries.append(HostEntry(host=host, slots=slots, line=number))
+    return entries
+
+
+def expand_nodelist(nodelist: str, source: str = "SLURM_JOB_NODELIST") -> list[str]:
+    """Slurm's compressed host list -> host names, in order.
+
+    ``gpu[01-03,07],cpu5`` -> gpu01 gpu02 gpu03 gpu07 cpu5. A range keeps the zero padding of its
+    lower bound (as Slurm prints it); several bracket groups in one name expand as their product
+    (``r[1-2]n[1-2]`` -> r1n1 r1n2 r2n1 r2n2), like Slurm's multi-dimensional names.
+    """
+    hosts: list[str] = []
+    for item in _split_top_level(nodelist, source):
+        hosts.extend(_expand_item(item, source))
+    if not hosts:
+        raise ConfigError("the node list is empty", source=source)
+    duplicates = [host for host, count in Counter(hosts).items() if count > 1]
+    if duplicates:
+        raise ConfigError(f"host {duplicates[0]!r} listed twice in {nodelist!r}", source=source)
+    return hosts
+
+
+def _split_top_level(nodelist: str, source: str) -> list[str]:
+    items, depth, current = [], 0, []
+    for ch in nodelist.strip():
+        if ch == "[":
+            depth += 1
+            if depth > 1:
+                raise ConfigError(f"nested '[' in {nodelist!r}", source=source)
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise ConfigError(f"']' without '[' in {nodelist!r}", source=source)
+        if ch == "," and depth == 0:
+            items.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+    if depth:
+        raise ConfigError(f"'[' without ']' in {nodelist!r}", source=source)
+    items.append("".join(current))
+    for item in items:
+        if not item.strip():
+            raise ConfigError(f"empty host name in {nodelist!r}", source=source)
+    return [item.strip() for item in items]
+
+
+def _expand_item(item: str, source: str) -> list[str]:
+    parts = re.split(r"(\[[^\]]*\])", item)
+    choices: list[list[str]] = []
+    for part in parts:
+        if part.startswith("["):
+            choices.append(_expand_ranges(part[1:-1], item, source))
+        elif part:
+            choices.append([part])
+    if math.prod(len(c) for c in choices) > MAX_HOSTS:
+        raise ConfigError(f"{item!r} expands to more than {MAX_HOSTS} hosts", source=source)
+    hosts = ["".join(combo) for combo in itertools.product(*choices)]
+    for host in hosts:
+        if not valid_host(host):
+            raise ConfigError(f"{host!r} (from {item!r}) is not a host name", source=source)
+    return hosts
+
+
+def _expand_ranges(ranges: str, item: str, source: str) -> list[str]:
+    values: list[str] = []
+    for rng in ranges.split(","):
+        m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", rng)
+        if m is None:
+            raise ConfigError(f"cannot read range {rng!r} in {item!r}", source=source)
+        lo, hi = m.group(1), m.group(2) or m.group(1)
+        if int(hi) < int(lo):
+            raise ConfigError(f"range {rng.strip()!r} in {item!r} runs backwards", source=source)
+        if int(hi) - int(lo) >= MAX_HOSTS:
+            raise ConfigError(f"range {rng.strip()!r} in {item!r} is too large", source=source)
+        width = len(lo)
+        values.extend(str(n).zfill(width) for n in range(int(lo), int(hi) + 1))
+    return values

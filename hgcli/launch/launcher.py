@@ -1,0 +1,377 @@
+"""`hgtrain launch`: plan -> node agents -> one job, reported as typed events (no printing here).
+
+``launch(request, on_event)`` runs a whole job and returns its result; ``on_event`` receives every
+event (``launch_events``) on a separate thread, so the console can never slow the agents down.
+Steps, each bounded: the plan (a plan file, or probe -> bench -> plan through ``pipeline``), the job
+record, then on every node at once: connect, ship the package, start the agent and let it prepare
+the node (``hgcli.node.agent.prelaunch``: writes the plan where ``HGTRAIN_PLAN`` points, on rank 0's node
+finds a free ``MASTER_PORT``, on a restart lists the PS checkpoints), then send every agent its spec
+on stdin; then ``launch_loop.JobController`` until every agent has ended (or, with ``detach``, has
+detached). Failure semantics and exit codes: docs/launch.md.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Mapping
+
+from ..jobs import records as jobs
+from ..errors import EXIT_JOB, ConfigError, HgError, UsageError
+from .events import Dispatcher, Event, JobEnded, JobRestarted, JobStarted, RootCause, Stage
+from .loop import Interrupt, JobController, Outcome
+from .metrics import MetricsBoard, predictions
+from .record import JobBook
+from .mailbox import Mailbox
+from .spec import CheckpointPolicy, NodeLaunch, agent_spec, forwarded_env, parse_assignment, read_env_file
+from ..schema.stages import Cluster, JobRecord, JobSpec, JobState, NodeSpec, Plan, RankRecord, Role, to_json
+from ..node.agent.spec import DEFAULT_JOBS_ROOT
+from ..remote.fanout import NodeResult, fanout, open_transport
+from ..remote.transport import Transport, node_module_argv
+from .agentlink import AgentLink, Heartbeat, Inbound
+
+# PS checkpoints by default once a minute: cheap next to a minute of training, and bounds the work a
+# restart redoes; a count (--checkpoint-every) suits runs whose pace is known.
+DEFAULT_CHECKPOINT_S = 60.0
+RETRY_S = 2.0   # between two tries to prepare a node that failed on a restart
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    cluster: Cluster
+    command: tuple[str, ...]
+    plan_file: Path | None = None          # None: probe/bench/plan as needed (pipeline.prepare_plan)
+    job: JobSpec = field(default_factory=JobSpec)
+    env: tuple[str, ...] = ()              # --env NAME=VALUE, in order
+    env_file: Path | None = None
+    detach: bool = False
+    grace_s: float = 10.0                  # SIGTERM -> SIGKILL on every rank when stopping
+    heartbeat_timeout_s: float = 30.0      # a silent node is lost after this long (both directions)
+    jobs_root: str = DEFAULT_JOBS_ROOT     # on the nodes
+    restarts: int = 0                      # restart the whole job after a rank failure / lost node
+    checkpoint_every: int = 0              # PS checkpoint every N versions (0: not on a count)
+    checkpoint_seconds: float = DEFAULT_CHECKPOINT_S   # and/or every T seconds (0: not on a clock)
+    # A human terminal cannot read a flood anyway: past a backlog it is shown a count instead of the
+    # lines (all are in the rank files). Scripts, pipes and --json readers get every line.
+    console_may_skip: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            raise UsageError("no command to launch: hgtrain launch [OPTIONS] -- COMMAND [ARGS]...")
+        if self.grace_s < 0:
+            raise UsageError("--grace must be >= 0")
+        if self.heartbeat_timeout_s < 1:
+            raise UsageError("--heartbeat-timeout must be at least 1 second")
+        if self.restarts < 0 or self.checkpoint_every < 0 or self.checkpoint_seconds < 0:
+            raise UsageError("--restarts, --checkpoint-every and --checkpoint-seconds must be >= 0")
+        if self.restarts and self.detach:
+            raise UsageError("--restarts needs hgtrain to stay attached: it cannot be used with --detach")
+
+    @property
+    def heartbeat_interval_s(self) -> float:
+        # Several beats per timeout, so one delayed beat never looks like a dead node.
+        return min(5.0, self.heartbeat_timeout_s / 4)
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    job_id: str
+    state: JobState
+    exit_code: int
+    root_cause: RootCause | None
+
+
+def user_env(request: LaunchRequest, environ: Mapping[str, str]) -> dict[str, str]:
+    """Forwarded allowlist, then the env file, then --env (later wins); checked before any contact."""
+    env = forwarded_env(environ)
+    if request.env_file is not None:
+        env.update(read_env_file(request.env_file))
+    for item in request.env:
+        name, value = parse_assignment(item, "--env")
+        env[name] = value
+    return env
+
+
+def master_address(plan: Plan, cluster: Cluster) -> str:
+    """MASTER_ADDR: rank 0's node as the other nodes reach it.
+
+    A node declared ``localhost`` is 127.0.0.1, which only ranks on this machine can reach: with
+    remote nodes in the plan that cannot work, so it is refused rather than left to time out."""
+    node = cluster.node(plan.rank(0).node)
+    if not node.is_local:
+        return node.address
+    remote = sorted({r.node for r in plan.ranks if not cluster.node(r.node).is_local})
+    if remote:
+        raise UsageError(f"rank 0 runs on node {node.name!r} (host {node.host}), which nodes "
+                         f"{', '.join(remote)} cannot reach as 127.0.0.1: declare this machine by an "
+                         "address they reach (host = \"10.0.0.5\") instead of localhost")
+    return "127.0.0.1"
+
+
+def _plan(request: LaunchRequest, emit: Callable[[Event], None], job_id: str) -> Plan:
+    cluster = request.cluster
+    if request.plan_file is not None:
+        from ..plan.files import load_plan
+
+        plan = load_plan(request.plan_file, cluster)
+    else:
+        from ..plan.pipeline import prepare_plan
+
+        plan = prepare_plan(cluster, request.job, quick=True,
+                            on_stage=lambda stage, message: emit(Stage(job_id, stage, message)))
+        if plan.cluster != cluster.fingerprint():
+            raise HgError(f"internal error: the plan is of cluster {plan.cluster}, not {cluster.fingerprint()}")
+    known = {n.name for n in cluster.nodes}
+    unknown = sorted({r.node for r in plan.ranks if r.node not in known})
+    if unknown:
+        where = request.plan_file or "the plan"
+        raise ConfigError(f"plan places ranks on unknown node(s) {', '.join(unknown)}", source=str(where))
+    return plan
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    link: AgentLink   # started, its agent waiting for the spec
+    launch: NodeLaunch
+    port: int | None
+    checkpoints: dict[str, list[int]] | None   # shard -> versions on the node (asked for on restarts)
+
+
+def _prepare_node(node: NodeSpec, link: AgentLink, plan_json: str, job_id: str, jobs_root: str,
+                  want_port: bool, checkpoints: str | None) -> _Prepared:
+    """Start the node's agent (shipping the package if needed) and let it write the plan file, find a
+    free port there and, with ``checkpoints`` (a directory on the node), list the PS checkpoint
+    versions in it (``node/prelaunch.py``); its spec follows once every node is prepared."""
+    try:
+        link.start()
+        ok = link.prepare({"job_id": job_id, "node": node.name, "jobs_root": jobs_root, "plan": plan_json,
+                           "port": want_port, "checkpoints": checkpoints})
+    except BaseException:
+        link.close(join_s=0.5)   # a retry starts a fresh link; this one must not linger
+        raise
+    return _Prepared(link, NodeLaunch(name=node.name, python=node.python,
+                                      package_root=link.transport.package_root(), job_dir=ok["job_dir"],
+                                      plan_path=ok["plan"], checkpoint_dir=f"{ok['job_dir']}/ps-checkpoint"),
+                     ok.get("port"), ok.get("checkpoints"))
+
+
+@contextlib.contextmanager
+def _signals_to(interrupt: Interrupt) -> Iterator[None]:
+    """SIGINT/SIGTERM only set a flag the controller loop acts on (stop every node, then exit)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def launch(request: LaunchRequest, on_event: Callable[[Event], None]) -> LaunchResult:
+    """Run the job (or start it detached); every failure of a started job is in the result."""
+    environ = dict(os.environ)
+    env = user_env(request, environ)
+    job_id = jobs.new_job_id()
+    dispatcher = Dispatcher(on_event, may_skip=request.console_may_skip)
+    try:
+        plan = _plan(request, dispatcher.put, job_id)
+        master_addr = master_address(plan, request.cluster)
+        return _run(request, plan, job_id, env, master_addr, dispatcher.put)
+    finally:
+        dispatcher.close()
+        if dispatcher.error is not None and not isinstance(dispatcher.error, BrokenPipeError):
+            raise dispatcher.error
+
+
+def _run(request: LaunchRequest, plan: Plan, job_id: str, env: dict[str, str], master_addr: str,
+         emit: Callable[[Event], None]) -> LaunchResult:
+    record = JobRecord(id=job_id, cluster=request.cluster.fingerprint(), cluster_source=_source(request.cluster),
+                       command=request.command, plan=plan, started_at=time.time(), detached=request.detach,
+                       ranks=_fresh_ranks(plan))
+    book = JobBook(record)
+    started = time.monotonic()
+    board = MetricsBoard(plan)
+    nodes = [request.cluster.node(n) for n in dict.fromkeys(r.node for r in plan.ranks)]
+    transports = {n.name: open_transport(n, request.cluster.ssh) for n in nodes}
+    interrupt = Interrupt()
+    attempt = _Attempt(request, plan, env, master_addr, emit, book, board, interrupt, transports)
+    try:
+        with _signals_to(interrupt):
+            outcome = attempt.run(0)
+            for number in range(1, request.restarts + 1):
+                if not outcome.restartable or interrupt.count:
+                    break
+                reason = outcome.root_cause.sentence() if outcome.root_cause else "failed"
+                book.update(restarts=book.record.restarts + (reason,), state=JobState.STARTING,
+                            ranks=_fresh_ranks(plan))
+                emit(JobRestarted(job_id=job_id, attempt=number, reason=reason, resume=bool(plan.ps_shards)))
+                outcome = attempt.run(number)
+    finally:
+        for t in transports.values():
+            t.close()
+    return _finish(book, board, emit, outcome, started, request.detach)
+
+
+def _fresh_ranks(plan: Plan) -> tuple[RankRecord, ...]:
+    return tuple(RankRecord(rank=r.rank, node=r.node, role=r.role) for r in plan.ranks)
+
+
+@dataclass
+class _Attempt:
+    """One start of the whole job on every node (``launch --restarts`` makes several, one at a time).
+
+    Attempt N's agents run under ``jobs.attempt_job_id(job, N)`` (an agent refuses a job id already
+    used on its node), while the PS ranks of every attempt share the first attempt's checkpoint
+    directory on their node, so attempt N >= 1 resumes from the last complete checkpoint set."""
+
+    request: LaunchRequest
+    plan: Plan
+    env: dict[str, str]
+    master_addr: str
+    emit: Callable[[Event], None]
+    book: JobBook
+    board: MetricsBoard
+    interrupt: Interrupt
+    transports: dict[str, Transport]
+    checkpoint_dirs: dict[str, str] = field(default_factory=dict)
+
+    def run(self, number: int) -> Outcome:
+        request, plan, emit = self.request, self.plan, self.emit
+        job_id = self.book.record.id
+        agent_id = jobs.attempt_job_id(job_id, number)
+        node_names = list(self.transports)
+        nodes = [request.cluster.node(n) for n in node_names]
+        inbox: Mailbox[Inbound] = Mailbox()
+        prepared, failed = self._prepare(nodes, agent_id, number, inbox)
+        links = [prepared[n].link for n in node_names if n in prepared]
+        try:
+            if failed or self.interrupt.count:
+                return _not_started(failed, self.interrupt, number)
+            if number and jobs.load(job_id).state is JobState.STOPPED:
+                return Outcome(JobState.STOPPED, EXIT_JOB, None)   # 'hgtrain stop' between two attempts
+            launches = {}
+            for name, ready in prepared.items():
+                self.checkpoint_dirs.setdefault(name, ready.launch.checkpoint_dir)
+                launches[name] = dataclasses.replace(ready.launch, checkpoint_dir=self.checkpoint_dirs[name])
+            port = prepared[plan.rank(0).node].port
+            policy = CheckpointPolicy(every=request.checkpoint_every, seconds=request.checkpoint_seconds,
+                                      resume=number > 0, resume_version=_resume_version(plan, prepared))
+            specs = {n: agent_spec(plan=plan, job_id=agent_id, node=launches[n], command=request.command,
+                                   user_env=self.env, master_addr=self.master_addr, master_port=port,
+                                   jobs_root=request.jobs_root, grace_s=request.grace_s,
+                                   heartbeat_interval_s=request.heartbeat_interval_s,
+                                   heartbeat_timeout_s=request.heartbeat_timeout_s, detach=request.detach,
+                                   checkpoint=policy)
+                     for n in node_names}
+            predicted, ideal = predictions(plan)
+            if number == 0:
+                emit(JobStarted(job_id=job_id, strategy=plan.strategy.value, world_size=plan.world_size,
+                                nodes=tuple(node_names), command=request.command, job_dir=str(self.book.dir),
+                                master=f"{self.master_addr}:{port}", detached=request.detach,
+                                predicted_samples_per_s=predicted, ideal_samples_per_s=ideal))
+            start_links = fanout(nodes, lambda n: prepared[n.name].link.send_spec(specs[n.name]))
+            heartbeat = Heartbeat(links, request.heartbeat_interval_s).start()
+            controller = JobController(job_id=job_id, plan=plan, links=links, inbox=inbox, book=self.book,
+                                       board=self.board, emit=emit, interrupt=self.interrupt,
+                                       grace_s=request.grace_s, heartbeat_timeout_s=request.heartbeat_timeout_s,
+                                       detach=request.detach, jobs_root=request.jobs_root,
+                                       agent_job_id=agent_id)
+            for failed in start_links.failed:   # the agent could not even be started there
+                controller.fail_to_start(failed.node.name, failed.error or "unknown error")
+            try:
+                outcome = controller.run()
+            finally:
+                heartbeat.stop()
+            if request.detach and outcome.state is not JobState.RUNNING:
+                _stop_detached(links, agent_id, request.jobs_root)
+            return outcome
+        finally:
+            for link in links:
+                link.close()
+
+    def _prepare(self, nodes: list[NodeSpec], agent_id: str, number: int,
+                 inbox: Mailbox[Inbound]) -> tuple[dict[str, _Prepared], list[NodeResult[_Prepared]]]:
+        """Start every node's agent and prepare the node (on a restart also listing the PS checkpoints
+        of the nodes with PS ranks). On a restart a node that fails (typically the node lost by the previous attempt, not
+        reachable yet) is tried again every ``RETRY_S`` for up to one heartbeat timeout, so a short
+        network outage costs one restart, not the job; after that the restart fails naming it."""
+        plan, request = self.plan, self.request
+        plan_json = to_json(plan)
+        ps_nodes = {r.node for r in plan.ranks if r.role is Role.PS}
+        deadline = time.monotonic() + (request.heartbeat_timeout_s if number else 0.0)
+        done: dict[str, _Prepared] = {}
+        todo = nodes
+        while True:
+            results = fanout(todo, lambda n: _prepare_node(
+                n, AgentLink(self.transports[n.name], inbox), plan_json, agent_id, request.jobs_root,
+                n.name == plan.rank(0).node, self.checkpoint_dirs.get(n.name) if number and n.name in ps_nodes else None))
+            done.update((r.node.name, r.value) for r in results.succeeded if r.value is not None)
+            failed = list(results.failed)
+            if not failed or self.interrupt.count or time.monotonic() + RETRY_S > deadline:
+                return done, failed
+            todo = [r.node for r in failed]
+            time.sleep(RETRY_S)
+
+
+def _resume_version(plan: Plan, prepared: Mapping[str, _Prepared]) -> int | None:
+    """The newest PS checkpoint version that every shard has, over the files of every node."""
+    listings = [p.checkpoints for p in prepared.values() if p.checkpoints]
+    if not plan.ps_shards or not listings:
+        return None
+    from ..runtime.checkpoint import complete_versions_of   # imports no torch
+
+    versions = complete_versions_of(listings, len(plan.ps_shards))
+    return versions[0] if versions else None
+
+
+def _source(cluster: Cluster) -> str | None:
+    """The node source as `status`/`stop` must read it again from any directory: a file made absolute."""
+    source = cluster.source
+    if source is not None and Path(source).is_file():
+        return str(Path(source).resolve())
+    return source
+
+
+def _stop_detached(links: list[AgentLink], job_id: str, jobs_root: str) -> None:
+    """A detached start failed on some node: the nodes that did detach no longer listen on stdin,
+    so stop them over a fresh command, as `hgtrain stop` would."""
+    def stop(link: AgentLink) -> None:
+        argv, env = node_module_argv(link.transport, "agent", "--stop", job_id, "--node", link.node,
+                                     "--jobs-root", jobs_root)
+        link.transport.run(argv, env=env, timeout=120.0)
+
+    fanout([link.transport.node for link in links],
+           lambda n: stop(next(link for link in links if link.node == n.name)))
+
+
+def _not_started(failed, interrupt: Interrupt, number: int) -> Outcome:
+    if failed:
+        first = failed[0]
+        others = "".join(f"; {r.node.name}: {r.error}" for r in failed[1:])
+        when = f"cannot restart the job (restart {number}) there: " if number else ""
+        cause = RootCause(node=first.node.name, rank=None, exit_code=None, signal=None,
+                          reason=f"{when}{first.error}{others}", oom=None)
+        return Outcome(JobState.FAILED, EXIT_JOB, cause)
+    return Outcome(JobState.STOPPED, interrupt.exit_code, None)
+
+
+def _finish(book: JobBook, board: MetricsBoard, emit: Callable[[Event], None], outcome: Outcome,
+            started: float, detached: bool) -> LaunchResult:
+    cause = outcome.root_cause
+    if outcome.state is JobState.RUNNING:
+        book.update(state=JobState.RUNNING)
+        book.close()
+        summary = None
+    else:
+        book.finish(outcome.state, outcome.exit_code, cause.sentence() if cause else None)
+        summary = board.summary(time.monotonic() - started)
+    emit(JobEnded(job_id=book.record.id, state=outcome.state.value, exit_code=outcome.exit_code,
+                  root_cause=cause, summary=summary, job_dir=str(book.dir), detached=detached))
+    return LaunchResult(book.record.id, outcome.state, outcome.exit_code, cause)

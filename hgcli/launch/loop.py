@@ -1,0 +1,349 @@
+"""The controller's decisions while a job runs: who failed first, when to stop everyone, when it is over.
+
+One thread (the caller's) consumes the agents' frames from one inbox, so every decision sees the
+frames in arrival order and the root cause is the first failure that reached us. The rules:
+- a rank ends ``failed`` (non-zero or a signal, before any stop): it is the root cause; every agent
+  is told to stop (its grace period, then SIGKILL), and the job's exit code is that rank's code
+  (128 + signal for a signal);
+- an agent's connection ends before its ``end`` frame, or nothing (not even a heartbeat) arrives from
+  it for ``heartbeat_timeout_s``: the node is lost, named as the root cause, the others are stopped,
+  exit code 4; its own agent stops its ranks by itself (stdin EOF or heartbeat silence);
+- SIGINT/SIGTERM to hgtrain: stop everyone the same way, exit 130/143;
+- after a stop, wait at most ``grace_s + STOP_EXTRA_S`` for every ``end``, then drop the connections
+  (the agents still kill their ranks: they die with their connection).
+"""
+from __future__ import annotations
+
+import collections
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..errors import EXIT_JOB, EXIT_NODES_FAILED
+from .events import (
+    Event, LogLines, Metric, Notice, Progress, RankExited, RankStarted, RootCause, Stopping,
+)
+from .metrics import MetricsBoard
+from .record import JobBook
+from .mailbox import Mailbox
+from ..schema.stages import JobState, Plan, RankState
+from .agentlink import AgentLink, Inbound
+
+REAP_EXTRA_S = 30.0    # beyond the grace period: connect, the agent's --stop waits, SIGKILL
+STOP_EXTRA_S = 20.0     # beyond the grace period: the agent's 5 s after SIGKILL, draining its logs
+TAIL_LINES = 10         # last lines of the root-cause rank shown with it
+POLL_S = 0.2
+PROGRESS_EVERY_S = 1.0
+
+_RANK_STATES = {"succeeded": RankState.SUCCEEDED, "failed": RankState.FAILED,
+                "stopped": RankState.STOPPED, "unknown": RankState.UNKNOWN}
+
+
+def last_lines(data: bytes, n: int) -> list[str]:
+    """The last ``n`` complete lines of a batch (an unfinished piece after the last newline is not
+    one), found from the end: only they are decoded, not the megabyte before them."""
+    cut = data.rfind(b"\n")
+    if cut < 0:
+        return []
+    start = cut
+    for _ in range(n):
+        start = data.rfind(b"\n", 0, start)
+        if start < 0:
+            break
+    return data[start + 1:cut].decode("utf-8", "backslashreplace").split("\n")
+
+
+def rank_exit_code(frame: dict[str, Any]) -> int | None:
+    """The code a shell would show: the exit code, or 128 + the signal number."""
+    if frame.get("signal") is not None:
+        return 128 + int(frame["signal"])
+    code = frame.get("code")
+    return int(code) if code is not None else None
+
+
+@dataclass
+class Interrupt:
+    """Set by the signal handlers of ``launch``: the signal that asked us to stop, and how often."""
+
+    signum: int | None = None
+    count: int = 0
+
+    def __call__(self, signum: int, _frame: object) -> None:
+        self.signum = self.signum or signum
+        self.count += 1
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + (self.signum or signal.SIGINT)
+
+
+@dataclass
+class _Node:
+    link: AgentLink
+    ended: bool = False            # `end` received, or given up on
+    detached: bool = False
+    end: dict[str, Any] | None = None
+
+
+@dataclass
+class Outcome:
+    state: JobState
+    exit_code: int
+    root_cause: RootCause | None
+    notes: list[str] = field(default_factory=list)
+    # A rank failed or a node was lost (not a stop asked for by Ctrl-C or 'hgtrain stop', nor a node
+    # that could not even start): what `launch --restarts` restarts the job for.
+    restartable: bool = False
+
+
+class JobController:
+    def __init__(self, *, job_id: str, plan: Plan, links: list[AgentLink],
+                 inbox: Mailbox[Inbound], book: JobBook, board: MetricsBoard,
+                 emit: Callable[[Event], None], interrupt: Interrupt, grace_s: float,
+                 heartbeat_timeout_s: float, detach: bool, jobs_root: str,
+                 agent_job_id: str | None = None) -> None:
+        self.job_id = job_id
+        self.agent_job_id = agent_job_id or job_id   # what the agents run under (a restart's own id)
+        self.plan = plan
+        self.nodes = {link.node: _Node(link) for link in links}
+        self.inbox = inbox
+        self.book = book
+        self.board = board
+        self.emit = emit
+        self.interrupt = interrupt
+        self.grace_s = grace_s
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.detach = detach
+        self.jobs_root = jobs_root
+        self.reapers: list[threading.Thread] = []
+        self.reap_notes: list[tuple[str, str]] = []
+        self.role = {r.rank: r.role.value for r in plan.ranks}
+        self.tails: dict[int, collections.deque[str]] = collections.defaultdict(
+            lambda: collections.deque(maxlen=TAIL_LINES))
+        self.root_cause: RootCause | None = None
+        self.root_code: int | None = None
+        self.stop_reason: str | None = None
+        self.stop_deadline: float | None = None
+        self.started: set[int] = set()
+        self.notes: list[str] = []
+        self.metrics_seen = False
+        self.progress_at = 0.0
+        self.stopped_outside = False   # a rank ended `stopped` before we asked: 'hgtrain stop' did it
+
+    # -- the loop ----------------------------------------------------------------------------------
+
+    def run(self) -> Outcome:
+        while not self._finished():
+            for item in self.inbox.take(POLL_S):   # everything there is, before the periodic checks
+                self._handle(item)
+            self._check_interrupt()
+            self._check_silence()
+            self.book.tick()
+            self._progress()
+            if self.stop_deadline is not None and time.monotonic() > self.stop_deadline:
+                self._give_up_waiting()
+        for reaper in self.reapers:
+            reaper.join(self.grace_s + REAP_EXTRA_S)
+        for node, message in self.reap_notes:
+            self._note(node, message)
+        return self._outcome()
+
+    def _finished(self) -> bool:
+        if self.detach and self.root_cause is None and self.stop_reason is None:
+            return all(n.detached or n.ended for n in self.nodes.values())
+        return all(n.ended for n in self.nodes.values())
+
+    def _progress(self) -> None:
+        now = time.monotonic()
+        if self.metrics_seen and now - self.progress_at >= PROGRESS_EVERY_S:
+            self.progress_at, self.metrics_seen = now, False
+            self.emit(Progress(self.job_id, self.board.view()))
+
+    # -- frames --------------------------------------------------------------------------------------
+
+    def _handle(self, item: Inbound) -> None:
+        node = self.nodes[item.node]
+        frame = item.frame
+        if frame is None:
+            self._connection_ended(node)
+            return
+        kind = frame.get("type")
+        if kind == "logs":
+            self._logs(item.node, frame)
+        elif kind == "metric":
+            self._metric(item.node, frame)
+        elif kind == "started":
+            self._started(item.node, frame)
+        elif kind == "exit":
+            self._exit(item.node, frame)
+        elif kind == "end":
+            node.ended, node.end = True, frame
+            if frame.get("logs_complete") is False:
+                self._note(item.node, "the connection was too slow to forward every log line; the "
+                                      "node-local files are complete ('hgtrain logs' reads them)")
+        elif kind == "detached":
+            node.detached = True
+        elif kind == "warning":
+            who = f"rank {frame['rank']}: " if frame.get("rank") is not None else ""
+            self._note(item.node, who + str(frame.get("message", "")))
+        elif kind == "error":
+            node.ended = True   # the agent exits after this frame, having started nothing
+            self._fail_node(item.node, f"its agent refused the job: {frame.get('message')}", EXIT_JOB)
+
+    def _logs(self, node: str, frame: dict[str, Any]) -> None:
+        """A batch of lines: one file write, one event, no per-line step whatever their number."""
+        rank, data, partial = int(frame["rank"]), frame["data"], bool(frame.get("partial"))
+        if not partial and not data.endswith(b"\n"):
+            data += b"\n"   # the stream's last line, unterminated: it ends here all the same
+        lines = LogLines(self.job_id, rank, node, self.role.get(rank, "?"), str(frame.get("stream")), data,
+                         partial)
+        self.book.write_log(lines)
+        self.tails[rank].extend(last_lines(data, TAIL_LINES))
+        self.emit(lines)
+
+    def _metric(self, node: str, frame: dict[str, Any]) -> None:
+        rank, data = int(frame["rank"]), frame.get("data")
+        if not isinstance(data, dict):
+            return
+        self.book.write_metric(rank, node, data)
+        self.board.add(rank, data)
+        self.metrics_seen = True
+        self.emit(Metric(self.job_id, rank, node, self.role.get(rank, "?"), data))
+
+    def _started(self, node: str, frame: dict[str, Any]) -> None:
+        rank = int(frame["rank"])
+        self.started.add(rank)
+        self.book.update_rank(rank, state=RankState.RUNNING)
+        self.emit(RankStarted(self.job_id, rank, node, self.role.get(rank, "?"), int(frame["pid"])))
+        if len(self.started) == self.plan.world_size:
+            self.book.update(state=JobState.RUNNING)
+
+    def _exit(self, node: str, frame: dict[str, Any]) -> None:
+        rank, state = int(frame["rank"]), str(frame.get("state"))
+        code = rank_exit_code(frame)
+        self.book.update_rank(rank, state=_RANK_STATES.get(state, RankState.UNKNOWN), exit_code=frame.get("code"),
+                              signal=frame.get("signal"))
+        reason = str(frame.get("reason") or f"ended ({state})")
+        if state == "stopped" and self.stop_reason is None:
+            self.stopped_outside = True
+        self.emit(RankExited(self.job_id, rank, node, self.role.get(rank, "?"), state, code,
+                             frame.get("signal_name"), reason, frame.get("oom")))
+        if state == "failed" and self.root_cause is None and self.stop_reason is None:
+            self.root_cause = RootCause(node=node, rank=rank, exit_code=code, signal=frame.get("signal_name"),
+                                        reason=reason, oom=frame.get("oom"))
+            self.root_code = code if code else 1
+            self._begin_stop(f"{node}:{rank} {reason}")
+
+    def _connection_ended(self, node: _Node) -> None:
+        if node.ended:
+            return
+        if node.detached:
+            node.ended = True     # the foreground agent exited after detaching: as designed
+            return
+        node.ended = True
+        code = node.link.wait(2.0)
+        detail = f"its agent exited with code {code}" if code is not None else "the connection closed"
+        stderr = [line for line in node.link.stderr_tail if line.strip()]
+        if stderr:
+            detail += f"; agent stderr: {stderr[-1]}"
+        self._fail_node(node.link.node, f"lost before the job ended ({detail})", EXIT_NODES_FAILED)
+        self._reap(node.link)
+
+    def _check_silence(self) -> None:
+        if self.heartbeat_timeout_s <= 0:
+            return
+        now = time.monotonic()
+        for node in self.nodes.values():
+            if node.ended or node.detached:
+                continue
+            silent = now - node.link.last_heard
+            if silent > self.heartbeat_timeout_s:
+                node.ended = True
+                node.link.close(join_s=0.5)   # its agent stops its ranks on EOF / its own silence timer
+                self._fail_node(node.link.node, f"lost: nothing heard from its agent for {silent:.0f} s "
+                                                f"(heartbeat timeout {self.heartbeat_timeout_s:g} s)",
+                                EXIT_NODES_FAILED)
+                self._reap(node.link)
+
+    def _reap(self, link: AgentLink) -> None:
+        """A lost agent may have left ranks running (an agent killed by SIGKILL cannot stop them):
+        stop them over a fresh command, in the background; a cut link just makes this fail."""
+        def reap() -> None:
+            self.reap_notes.append((link.node, link.reap(self.agent_job_id, self.jobs_root, self.grace_s + REAP_EXTRA_S)))
+
+        thread = threading.Thread(target=reap, name=f"hgtrain-reap-{link.node}", daemon=True)
+        thread.start()
+        self.reapers.append(thread)
+
+    def fail_to_start(self, node: str, error: str) -> None:
+        """The agent could not be started on ``node``: the job fails before it begins there."""
+        self.nodes[node].ended = True
+        self._fail_node(node, f"its agent did not start: {error}", EXIT_JOB)
+
+    def _fail_node(self, node: str, reason: str, code: int) -> None:
+        if self.root_cause is None and self.stop_reason is None:
+            self.root_cause = RootCause(node=node, rank=None, exit_code=None, signal=None, reason=reason,
+                                        oom=None)
+            self.root_code = code
+        else:
+            self._note(node, reason)
+        self._begin_stop(f"node {node} {reason}")
+
+    def _note(self, node: str | None, message: str) -> None:
+        self.notes.append(f"{node}: {message}" if node else message)
+        self.emit(Notice(self.job_id, node, message))
+
+    # -- stopping ------------------------------------------------------------------------------------
+
+    def _check_interrupt(self) -> None:
+        if self.interrupt.count == 0:
+            return
+        if self.stop_reason is None:
+            name = signal.Signals(self.interrupt.signum or signal.SIGINT).name
+            self._begin_stop(f"hgtrain received {name}")
+        elif self.interrupt.count > 1 and self.stop_deadline is not None:
+            self.stop_deadline = 0.0   # asked twice: stop waiting; the agents finish the stop alone
+
+    def _begin_stop(self, reason: str) -> None:
+        if self.stop_reason is not None:
+            return
+        self.stop_reason = reason
+        self.emit(Stopping(self.job_id, reason))
+        for node in self.nodes.values():
+            if not node.ended:
+                node.link.stop()
+        self.stop_deadline = time.monotonic() + self.grace_s + STOP_EXTRA_S
+
+    def _give_up_waiting(self) -> None:
+        for node in self.nodes.values():
+            if not node.ended:
+                node.ended = True
+                node.link.close(join_s=0.5)
+                self._note(node.link.node, "did not confirm the stop in time; its connection is closed, "
+                                           "so its agent kills what is left by itself")
+
+    # -- the result ----------------------------------------------------------------------------------
+
+    def _outcome(self) -> Outcome:
+        cause = self.root_cause
+        if cause is not None and cause.rank is not None:
+            cause = RootCause(**{**cause.__dict__, "last_lines": tuple(self.tails[cause.rank])})
+        if cause is not None:
+            restartable = (not self.interrupt.count and not self.stopped_outside
+                           and (cause.rank is not None or self.root_code == EXIT_NODES_FAILED))
+            return Outcome(JobState.FAILED, self.root_code or 1, cause, self.notes, restartable)
+        if self.interrupt.count:
+            return Outcome(JobState.STOPPED, self.interrupt.exit_code, None, self.notes)
+        if self.detach:
+            return Outcome(JobState.RUNNING, 0, None, self.notes)
+        ranks = self.book.record.ranks
+        if all(r.state is RankState.SUCCEEDED for r in ranks):
+            return Outcome(JobState.SUCCEEDED, 0, None, self.notes)
+        # Every agent ended without a failing rank, yet some rank did not succeed: report, not hide.
+        odd = ", ".join(f"{r.node}:{r.rank} {r.state.value}" for r in ranks if r.state is not RankState.SUCCEEDED)
+        return Outcome(JobState.FAILED, 1, RootCause(node="-", rank=None, exit_code=None, signal=None,
+                                                     reason=f"ended without succeeding: {odd}", oom=None),
+                       self.notes)
+

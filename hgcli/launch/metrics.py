@@ -1,0 +1,115 @@
+"""Live aggregation of the ranks' metric lines: per group step, loss, samples/s; cluster total.
+
+A training step is a metric with ``step`` and ``samples`` and no ``event`` (what ``ctx.log(step=,
+loss=, samples=)`` of the runtime writes); anything else (evaluations, syncs) only updates
+``accuracy`` when it carries one. Rates use the ranks' own ``time`` stamps, so a controller that
+falls behind does not see a burst of fake throughput.
+"""
+from __future__ import annotations
+
+import collections
+import time
+from typing import Any
+
+from .events import BoardView, GroupView, Summary
+from ..schema.stages import Plan
+
+WINDOW_S = 10.0   # the live rate is over the last WINDOW_S seconds
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def predictions(plan: Plan) -> tuple[float | None, float | None]:
+    """The plan's predicted samples/s for its own strategy, and the ideal (sum of the devices)."""
+    p = plan.predicted_samples_per_s
+    return p.get(plan.strategy.value), p.get("ideal")
+
+
+class MetricsBoard:
+    """Rates are per rank (samples after its first record over the span of its stamps), summed per
+    group and over the cluster: ranks of a group log at the same moments, so pooling their records
+    before taking a span would count one step too many."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self._group = {r.rank: ("-" if r.group is None else str(r.group)) for r in plan.workers}
+        self._recent: dict[int, collections.deque[tuple[float, float]]] = collections.defaultdict(
+            collections.deque)
+        self._step: dict[int, int] = {}
+        self._loss: dict[int, float] = {}
+        self._total: dict[int, float] = collections.defaultdict(float)
+        self._first: dict[int, tuple[float, float]] = {}   # rank -> (time, samples) of its first step
+        self._last: dict[int, float] = {}
+        self.accuracy: float | None = None
+
+    def add(self, rank: int, data: dict[str, Any]) -> None:
+        accuracy = _number(data.get("accuracy"))
+        if accuracy is not None:
+            self.accuracy = accuracy
+        step, samples = _number(data.get("step")), _number(data.get("samples"))
+        if step is None or samples is None or "event" in data or rank not in self._group:
+            return
+        at = _number(data.get("time")) or time.time()
+        self._step[rank] = int(step)
+        loss = _number(data.get("loss"))
+        if loss is not None:
+            self._loss[rank] = loss
+        self._total[rank] += samples
+        self._first.setdefault(rank, (at, samples))
+        self._last[rank] = at
+        recent = self._recent[rank]
+        recent.append((at, samples))
+        while recent and recent[0][0] < at - WINDOW_S:
+            recent.popleft()
+
+    def _live_rate(self, rank: int) -> float | None:
+        recent = self._recent.get(rank)
+        if not recent or len(recent) < 2:
+            return None
+        span = recent[-1][0] - recent[0][0]
+        return sum(s for _, s in list(recent)[1:]) / span if span > 0 else None
+
+    def _job_rate(self, rank: int) -> float | None:
+        if rank not in self._first:
+            return None
+        start, first = self._first[rank]
+        span = self._last[rank] - start
+        return (self._total[rank] - first) / span if span > 0 else None
+
+    def _groups(self) -> dict[str, tuple[int, ...]]:
+        groups: dict[str, tuple[int, ...]] = {}
+        for rank, group in self._group.items():
+            groups[group] = groups.get(group, ()) + (rank,)
+        return groups
+
+    @staticmethod
+    def _sum(rates: list[float | None]) -> float | None:
+        known = [r for r in rates if r is not None]
+        return sum(known) if known else None
+
+    def view(self) -> BoardView:
+        rows = []
+        for group, ranks in self._groups().items():
+            steps = [self._step[r] for r in ranks if r in self._step]
+            losses = [self._loss[r] for r in ranks if r in self._loss]
+            rows.append(GroupView(group=group, ranks=ranks, step=max(steps) if steps else None,
+                                  loss=sum(losses) / len(losses) if losses else None,
+                                  samples_per_s=self._sum([self._live_rate(r) for r in ranks])))
+        predicted, ideal = predictions(self.plan)
+        return BoardView(groups=tuple(rows), samples_per_s=self._sum([g.samples_per_s for g in rows]),
+                         predicted_samples_per_s=predicted, ideal_samples_per_s=ideal,
+                         accuracy=self.accuracy)
+
+    def summary(self, elapsed_s: float) -> Summary:
+        groups = {}
+        for group, ranks in self._groups().items():
+            rate = self._sum([self._job_rate(r) for r in ranks])
+            if rate is not None:
+                groups[group] = rate
+        predicted, ideal = predictions(self.plan)
+        return Summary(elapsed_s=elapsed_s, samples=int(sum(self._total.values())),
+                       samples_per_s=sum(groups.values()) if groups else None,
+                       predicted_samples_per_s=predicted, ideal_samples_per_s=ideal,
+                       accuracy=self.accuracy, groups=groups)

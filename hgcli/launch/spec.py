@@ -1,0 +1,128 @@
+"""What each node agent is told to run: the ranks' argv and environment (pure, no I/O but the env file).
+
+The environment a rank gets is built in layers, later layers winning:
+1. the agent's own environment on the node (sshd's, or the controller's for a local node);
+2. the forwarded allowlist of the controller's environment: ``NCCL_*``, ``HGTRAIN_*``, ``PYTHONPATH``;
+3. ``--env-file`` then ``--env K=V`` (in that order, so the command line beats the file);
+4. the plan's variables for the rank (``hgcli.runtime.env.rank_env``: torchrun's, HGTRAIN_*), and
+   ``CUDA_VISIBLE_DEVICES`` of a real GPU rank (its one device; empty for a PS rank);
+5. ``PYTHONPATH`` with the package root shipped to the node first, so ``import hgcli.runtime`` works
+   there whatever else is on the path.
+Everything travels inside the spec on the agent's stdin, never on a command line: values of secret
+names (``hgcli.node.agent.secrets``) therefore never reach ``/proc/*/cmdline``.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from ..errors import ConfigError, UsageError
+from ..schema.stages import Plan, RankPlan, Role
+from ..node.agent.spec import AgentSpec, RankSpec
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+FORWARD_PREFIXES = ("NCCL_", "HGTRAIN_")
+FORWARD_NAMES = ("PYTHONPATH",)
+# Controller-side settings that mean nothing on a node (and a state dir path is the controller's).
+NOT_FORWARDED = frozenset({"HGTRAIN_STATE_DIR", "HGTRAIN_CLUSTER", "HGTRAIN_DEBUG"})
+
+
+def parse_assignment(text: str, where: str) -> tuple[str, str]:
+    """``K=V`` -> (K, V); the value is taken literally (quotes, spaces, newlines and all)."""
+    name, sep, value = text.partition("=")
+    if not sep or not _NAME.fullmatch(name):
+        raise UsageError(f"{where}: expected NAME=VALUE with NAME made of letters, digits and '_', "
+                         f"got {name!r}")
+    return name, value
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """``NAME=VALUE`` lines (``#`` comments, blank lines and a leading ``export`` allowed; one pair of
+    matching quotes around a value is removed, nothing else is interpreted)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or exc
+        raise ConfigError(f"cannot read env file: {reason}", source=str(path)) from exc
+    env: dict[str, str] = {}
+    for number, line in enumerate(text.split("\n"), 1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if stripped.startswith("export "):
+            stripped = stripped[len("export "):].lstrip()
+        try:
+            name, value = parse_assignment(stripped, f"{path}:{number}")
+        except UsageError as exc:
+            raise ConfigError(str(exc)) from None
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        env[name] = value
+    return env
+
+
+def forwarded_env(environ: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in environ.items()
+            if (k.startswith(FORWARD_PREFIXES) or k in FORWARD_NAMES) and k not in NOT_FORWARDED}
+
+
+@dataclass(frozen=True)
+class NodeLaunch:
+    """What the controller learned of one node before its agent gets its spec (``hgcli.node.agent.prelaunch``)."""
+
+    name: str
+    python: str
+    package_root: str              # where ``import hgcli`` works on the node
+    job_dir: str                   # the agent's job directory (absolute, on the node)
+    plan_path: str                 # the plan file on the node (HGTRAIN_PLAN)
+    checkpoint_dir: str            # the PS checkpoints on the node: the first attempt's, kept by restarts
+
+
+@dataclass(frozen=True)
+class CheckpointPolicy:
+    """When PS ranks checkpoint (``--checkpoint-every`` versions, ``--checkpoint-seconds``; 0 = never
+    on that trigger) and whether they resume from the last complete set (a restart)."""
+
+    every: int = 0
+    seconds: float = 0.0
+    resume: bool = False
+    # The newest version every shard has a file of, over every node (the launcher lists them through
+    # prelaunch); None: each PS looks in its own directory (which suffices when all are on one node).
+    resume_version: int | None = None
+
+
+def rank_argv(plan: Plan, rank: RankPlan, command: Sequence[str], node: NodeLaunch,
+              checkpoint: CheckpointPolicy = CheckpointPolicy()) -> tuple[str, ...]:
+    """The user's command for a worker; the runtime's parameter server for a PS rank."""
+    if rank.role is Role.PS:
+        from ..runtime.env import ps_argv
+
+        return tuple(ps_argv(node.python, checkpoint_dir=node.checkpoint_dir, checkpoint_every=checkpoint.every,
+                             checkpoint_seconds=checkpoint.seconds, resume=checkpoint.resume,
+                             resume_version=checkpoint.resume_version))
+    return tuple(command)
+
+
+def agent_spec(*, plan: Plan, job_id: str, node: NodeLaunch, command: Sequence[str],
+               user_env: Mapping[str, str], master_addr: str, master_port: int, jobs_root: str,
+               grace_s: float, heartbeat_interval_s: float, heartbeat_timeout_s: float,
+               detach: bool, checkpoint: CheckpointPolicy = CheckpointPolicy()) -> AgentSpec:
+    """The spec of ``node``'s agent. ``user_env`` = forwarded allowlist + env file + ``--env``."""
+    from ..runtime.env import rank_env
+
+    env = dict(user_env)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (node.package_root, env.get("PYTHONPATH")) if p)
+    ranks = []
+    for rp in plan.ranks:
+        if rp.node != node.name:
+            continue
+        renv = rank_env(plan, rp.rank, master_addr=master_addr, master_port=master_port,
+                        plan_path=node.plan_path, job_id=job_id)
+        ranks.append(RankSpec(rank=rp.rank, argv=rank_argv(plan, rp, command, node, checkpoint), env=renv))
+    return AgentSpec(job_id=job_id, node=node.name, ranks=tuple(ranks), env=env, jobs_root=jobs_root,
+                     grace_s=grace_s, heartbeat_interval_s=heartbeat_interval_s,
+                     heartbeat_timeout_s=heartbeat_timeout_s, detach=detach,
+                     raw_logs=True)   # AgentLink reads raw log payloads (frames.read_stream)

@@ -1,0 +1,131 @@
+"""What one parameter-server push costs on this node: the planner's PS exchange and PS service time.
+
+A hybrid or ps plan's group leader pushes its gradient to the PS over torch RPC (TensorPipe, TCP,
+as hgcli/runtime/groups.py sets it up), the PS applies it with the optimizer and answers with fresh
+parameters (hgcli/runtime/ps.py). With small models the fixed software cost of that round trip
+(pickling, RPC threads, the PS's locking) dominates and is far above the wire time a link
+benchmark predicts, so it is measured here, the way the runtime does it, over loopback: the client
+(this process, the bench) flattens a model-sized gradient, pushes it, and loads the answer; a
+child process (``--serve``) plays the PS with SGD with momentum, like the step benchmark. Three
+figures: the round trip of a model-sized push (``round_trip_s``), of a one-element one
+(``latency_s``: the fixed cost), and the PS's own busy time per model-sized push (``service_s``:
+what a PS serves serially, its capacity).
+
+    python -m hgcli.node.bench.exchange --serve --parameters N   (started by measure_exchange)
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from typing import Any
+
+from ...schema.stages import ExchangeProfile
+from .timing import summarize, time_repeats
+
+CLIENT, SERVER = "bench", "ps"
+_STATE: dict[str, Any] = {}
+_LOCK = threading.Lock()
+
+
+def measure_exchange(torch: Any, parameters: int, *, warmup: int, repeats: int,
+                     timeout_s: float = 60.0) -> ExchangeProfile:
+    """Start the PS child, time pushes of ``parameters`` float32 values and of one value."""
+    import torch.distributed as dist
+    from torch.distributed import rpc
+
+    store = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False, multi_tenant=True,
+                          timeout=_delta(timeout_s))
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port)}
+    child = subprocess.Popen([sys.executable, "-m", "hgcli.node.bench.exchange", "--serve", "--parameters",
+                              str(parameters), "--timeout", repr(timeout_s)],
+                             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    saved = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT")}
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port)})
+    try:
+        _init_rpc(rpc, CLIENT, 0, timeout_s)
+        try:
+            service: list[float] = []
+            big, small = torch.ones(parameters), torch.ones(1)
+            params = torch.empty(parameters)
+
+            def push(grad: Any) -> None:
+                flat = grad.clone()           # the runtime concatenates its shard before a push
+                busy, fresh = rpc.rpc_sync(SERVER, _apply, args=(flat,), timeout=timeout_s)
+                service.append(busy)
+                params[: fresh.numel()].copy_(fresh)   # and loads the answer into its parameters
+
+            round_trip = time_repeats(lambda: push(big), warmup=warmup, repeats=repeats)
+            busy = service[warmup:]
+            latency = time_repeats(lambda: push(small), warmup=warmup, repeats=repeats)
+        finally:
+            rpc.shutdown(graceful=True, timeout=timeout_s)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        try:
+            child.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+    return ExchangeProfile(bytes=4 * parameters, round_trip_s=summarize(round_trip),
+                           latency_s=summarize(latency), service_s=summarize(busy))
+
+
+def _delta(seconds: float) -> Any:
+    import datetime
+
+    return datetime.timedelta(seconds=seconds)
+
+
+def _init_rpc(rpc: Any, name: str, rank: int, timeout_s: float) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        rpc.init_rpc(name, rank=rank, world_size=2, rpc_backend_options=rpc.TensorPipeRpcBackendOptions(
+            init_method="env://", rpc_timeout=timeout_s, num_worker_threads=8,
+            _transports=["uv"], _channels=["basic"]))
+
+
+def _apply(grad: Any) -> tuple[float, Any]:
+    """The PS's work for one push (hgcli/runtime/ps.py ``push``): scale, optimizer step, copy out.
+    A shorter push (the fixed-cost probe) is answered at once: only the RPC itself is timed."""
+    start = time.perf_counter()
+    with _LOCK:
+        param, opt = _STATE["param"], _STATE["opt"]
+        if grad.numel() < param.numel():
+            return time.perf_counter() - start, grad.clone()
+        param.grad = grad * 1.0
+        opt.step()
+        out = param.detach().clone()
+    return time.perf_counter() - start, out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m hgcli.node.bench.exchange")
+    p.add_argument("--serve", action="store_true", required=True)
+    p.add_argument("--parameters", type=int, required=True)
+    p.add_argument("--timeout", type=float, default=60.0)
+    args = p.parse_args(argv)
+    import torch
+    from torch.distributed import rpc
+
+    torch.set_num_threads(1)    # like the runtime's PS rank
+    param = torch.zeros(args.parameters, requires_grad=True)
+    _STATE.update(param=param, opt=torch.optim.SGD([param], lr=1e-3, momentum=0.9))
+    _init_rpc(rpc, SERVER, 1, args.timeout)
+    rpc.shutdown(graceful=True, timeout=args.timeout)    # serves until the bench shuts down
+    return 0
+
+
+if __name__ == "__main__":
+    # Run the imported module, not __main__: RPC resolves _apply as hgcli.node.bench.exchange._apply.
+    from hgcli.node.bench.exchange import main as _main
+    sys.exit(_main())

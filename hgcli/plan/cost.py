@@ -1,0 +1,425 @@
+"""The cost model of the planner: predicted samples/s of a layout of groups and PS ranks.
+
+Pure, like the planner that calls it. Every formula and constant is documented in docs/planning.md
+(change both together). Work is per group, per node or per PS node, never over all device pairs.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from ..schema.stages import ExchangeProfile, GroupSyncProfile, Inventory, JobSpec, LinkProfile, Strategy
+
+# Links nobody measured: inside a node (PCIe/NVLink-class ring) and between nodes (10 GbE).
+INTRA_NODE_GBS = 16.0
+INTRA_NODE_LATENCY_S = 10e-6
+DEFAULT_LINK_GBS = 1.25
+DEFAULT_LINK_LATENCY_S = 50e-6
+# A PS rank applies the optimizer to its shard on the CPU at this many parameter bytes per second.
+PS_APPLY_GBS = 2.0
+# PS counts tried by the cost model: powers of two up to this, plus one PS per node.
+PS_CANDIDATES_MAX = 16
+# Accumulation is capped so a slow group still pushes now and then.
+MAX_ACCUMULATE = 64
+# Staleness bound = slack x the pushes other groups make during the slowest group's window.
+STALENESS_SLACK = 2.0
+
+
+@dataclass(frozen=True)
+class Device:
+    """A usable worker device with its fitted cost: mean step time = a + c * batch, batch <= cap;
+    ``noise`` = mean delay of a step / its noise-free time (hgcli.plan.placement.step_noise)."""
+
+    node: int          # index in inventory node order
+    device: str
+    emulated: bool
+    speed: float
+    a: float
+    c: float
+    cap: int | None
+    noise: float = 0.0
+
+    def time(self, batch: float) -> float:
+        return self.a + self.c * batch
+
+
+def _harmonic(n: int) -> float:
+    """1 + 1/2 + ... + 1/n (asymptotic form beyond 64 terms: error below 1e-7)."""
+    if n <= 64:
+        return sum(1.0 / k for k in range(1, n + 1))
+    return math.log(n) + 0.5772156649 + 1.0 / (2 * n) - 1.0 / (12 * n * n)
+
+
+def straggle(noise: float, n: int, accumulate: int = 1) -> float:
+    """Expected slowest of ``n`` members / one member's mean, over ``accumulate`` steps between
+    two synchronisations. A step is its noise-free time t0 plus an exponential delay of mean
+    noise * t0; the largest of n such delays has mean H_n times theirs (H_n the harmonic number),
+    and the delays of accumulated steps add up, so their spread grows as sqrt(accumulate)."""
+    if n < 2 or noise <= 0:
+        return 1.0
+    return 1.0 + (_harmonic(n) - 1.0) * noise / ((1.0 + noise) * math.sqrt(accumulate))
+
+
+def oversubscription(ranks: int, cores: int, demand: float | None = None) -> float:
+    """How much longer a latency-bound exchange takes on a node whose ranks outnumber its cores:
+    every hop wakes a process that may then wait for a core. With ``ranks`` processes all runnable,
+    sharing ``cores`` round-robin, each runs ranks / cores of the time it would alone; that is the
+    bound. ``demand`` (cores' worth of CPU the workers ask for: an emulated device at speed s runs
+    s of a core while it computes and sleeps the rest) lowers it as a queue would: with the cores
+    busy a share u = demand / cores of the time, a woken process's wait stretches it by 1 / (1 - u).
+    1 when the node has a core per rank, or its core count is unknown (0)."""
+    if not cores or ranks <= cores:
+        return 1.0
+    bound = ranks / cores
+    if demand is None:
+        return bound
+    busy = min(demand / cores, 0.99)
+    return min(bound, 1.0 / (1.0 - busy))
+
+
+class GroupStats(NamedTuple):
+    """A group's figures per synchronisation, before PS placement."""
+
+    samples: float      # samples per step
+    compute: float      # seconds per step of its slowest member
+    sync: float         # all-reduce + broadcast seconds, uncontended
+    latency: float      # the latency part of ``sync`` (stretched by oversubscription)
+    leader: int         # node index of its leader
+    noise: float        # noise of its noisiest member
+    nodes: frozenset[int]
+
+
+@dataclass(frozen=True)
+class Option:
+    """One candidate layout with its predicted throughput."""
+
+    strategy: Strategy
+    groups: tuple[tuple[int, ...], ...]   # device indices, in rank order
+    accumulate: tuple[int, ...]
+    ps_nodes: tuple[int, ...]             # node index of each PS rank
+    staleness: int
+    samples_per_s: float
+    summary: str
+
+
+# ---------------------------------------------------------------------------------------------
+# Network: measured links per node pair, documented defaults for the rest
+# ---------------------------------------------------------------------------------------------
+
+class Network:
+    """Links by node pair. Building it is the one pass over every measured link (O(nodes^2) on a
+    fully measured cluster, which is the size of the input); everything after is per node or group.
+    The loops are plain and local-variable heavy because they run 130k times on 512 nodes."""
+
+    def __init__(self, node_names: list[str], links: tuple[LinkProfile, ...]) -> None:
+        index = {name: i for i, name in enumerate(node_names)}.get
+        nodes = self.nodes = len(node_names)
+        pairs: dict[tuple[int, int], tuple[float, float]] = {}
+        # Measured intra-node links (a node to itself: emulated devices exchanging through gloo over
+        # loopback on a shared CPU); other nodes get the INTRA_NODE_* defaults.
+        self.intra: dict[int, tuple[float, float]] = {}
+        for link in links:
+            measured = link.bandwidth_gbs
+            if measured is None or link.error:
+                continue
+            i, j = index(link.a), index(link.b)
+            bw = measured.median * 1e9
+            if i is None or j is None or not bw > 0:
+                continue
+            lat = link.latency_s.median if link.latency_s is not None else DEFAULT_LINK_LATENCY_S
+            if i == j:
+                self.intra[i] = (bw, max(lat, 0.0))
+                continue
+            key = (i, j) if i < j else (j, i)
+            old = pairs.get(key)
+            if old is None or old[0] < bw:
+                pairs[key] = (bw, lat if lat > 0 else 0.0)
+        self.pairs = pairs
+        degree = [0] * nodes
+        nic = [0.0] * nodes             # fastest link of a node: what its NIC can carry
+        worst = [math.inf] * nodes      # slowest link of a node, defaults included
+        worst_lat = [0.0] * nodes
+        for (i, j), (bw, lat) in pairs.items():
+            degree[i] += 1
+            degree[j] += 1
+            if bw > nic[i]:
+                nic[i] = bw
+            if bw > nic[j]:
+                nic[j] = bw
+            if bw < worst[i]:
+                worst[i] = bw
+            if bw < worst[j]:
+                worst[j] = bw
+            if lat > worst_lat[i]:
+                worst_lat[i] = lat
+            if lat > worst_lat[j]:
+                worst_lat[j] = lat
+        default = DEFAULT_LINK_GBS * 1e9
+        for n in range(nodes):
+            if degree[n] < nodes - 1 or nodes == 1:   # some pair unmeasured: it runs at the default
+                nic[n] = max(nic[n], default)
+                worst[n] = min(worst[n], default)
+                worst_lat[n] = max(worst_lat[n], DEFAULT_LINK_LATENCY_S)
+        self.nic, self.worst, self.worst_lat = nic, worst, worst_lat
+
+    def link(self, i: int, j: int) -> tuple[float, float]:
+        """(bytes/s, latency s) between two nodes; inside a node, the intra-node default."""
+        if i == j:
+            return self.intra.get(i, (INTRA_NODE_GBS * 1e9, INTRA_NODE_LATENCY_S))
+        return self.pairs.get((i, j) if i < j else (j, i), (DEFAULT_LINK_GBS * 1e9, DEFAULT_LINK_LATENCY_S))
+
+    def ring(self, members: list[int]) -> tuple[float, float]:
+        """Slowest hop and largest latency on a ring through the members' nodes in node order."""
+        nodes = sorted(set(members))
+        bw, lat = math.inf, 0.0
+        if len(nodes) < len(members):          # devices sharing a node: intra-node hops
+            seen: set[int] = set()
+            for n in members:
+                if n in seen:
+                    b, l = self.link(n, n)
+                    bw, lat = min(bw, b), max(lat, l)
+                seen.add(n)
+        if len(nodes) > 1:
+            for i, j in zip(nodes, nodes[1:] + nodes[:1]):
+                b, l = self.link(i, j)
+                bw, lat = min(bw, b), max(lat, l)
+        return bw, lat
+
+
+def _ring_allreduce_s(n: int, nbytes: float, bw: float, lat: float) -> float:
+    return 0.0 if n < 2 else 2 * (n - 1) / n * nbytes / bw + 2 * (n - 1) * lat
+
+
+def _broadcast_s(n: int, nbytes: float, bw: float, lat: float) -> float:
+    """Pipelined ring broadcast of fresh parameters from the group leader."""
+    return 0.0 if n < 2 else nbytes / bw + (n - 1) * lat
+
+
+# ---------------------------------------------------------------------------------------------
+# Throughput of a layout
+# ---------------------------------------------------------------------------------------------
+
+class CostModel:
+    """Predicts samples/s of a layout; see docs/planning.md for every formula."""
+
+    def __init__(self, devices: list[Device], batches: list[int], net: Network, model_bytes: float,
+                 global_batch: int, inventory: Inventory, job: JobSpec,
+                 exchange: dict[int, ExchangeProfile] | None = None,
+                 group_sync: dict[int, GroupSyncProfile] | None = None) -> None:
+        self.devices, self.batches, self.net = devices, batches, net
+        self.bytes, self.global_batch, self.job = model_bytes, global_batch, job
+        self.exchange = exchange or {}   # node index -> its measured PS push
+        self.group_sync = group_sync or {}   # node index -> its emulated devices' measured sync step
+        self.cores = cores = [n.cpu_cores or 0 for n in inventory.nodes]
+        # PS ranks go on healthy nodes (a CPU-only node qualifies): best network first, then most
+        # CPU cores, then node order.
+        healthy = [i for i, n in enumerate(inventory.nodes) if n.ok]
+        self.ps_order = sorted(healthy, key=lambda n: (-net.nic[n], -cores[n], n))
+        self.ranks_on: dict[int, int] = {}       # worker ranks per node (every device is one)
+        self.demand_on: dict[int, float] = {}    # cores' worth of CPU its workers ask for
+        for d in devices:
+            self.ranks_on[d.node] = self.ranks_on.get(d.node, 0) + 1
+            # A real GPU's process spins on its stream and holds a core; an emulated one holds
+            # ``speed`` of a core (the emulator sleeps the rest of each step).
+            self.demand_on[d.node] = self.demand_on.get(d.node, 0.0) + (min(d.speed, 1.0) if d.emulated else 1.0)
+
+    def _oversub(self, node: int, ps_ranks: dict[int, int]) -> float:
+        return oversubscription(self.ranks_on.get(node, 0) + ps_ranks.get(node, 0), self.cores[node],
+                                self.demand_on.get(node, 0.0))
+
+    def _group(self, members: tuple[int, ...]) -> GroupStats:
+        nodes = [self.devices[i].node for i in members]
+        bw, lat = self.net.ring(nodes)
+        n = len(members)
+        compute = max(self._member_time(i, n) for i in members)
+        noise = max(self.devices[i].noise for i in members)
+        sync = _ring_allreduce_s(n, self.bytes, bw, lat) + _broadcast_s(n, self.bytes, bw, lat)
+        latency = 3 * (n - 1) * lat if n > 1 else 0.0
+        return GroupStats(float(sum(self.batches[i] for i in members)), compute, sync, latency, nodes[0],
+                          noise, frozenset(nodes))
+
+    def allreduce(self) -> Option:
+        members = tuple(range(len(self.devices)))
+        nodes = [d.node for d in self.devices]
+        bw, lat = self.net.ring(nodes)
+        step = max(self._member_time(i, len(members)) for i in members)
+        step *= straggle(max(d.noise for d in self.devices), len(members))
+        own = _ring_allreduce_s(len(members), self.bytes, bw, lat)   # its CPU work, uncontended
+        measured = self._measured_sync(nodes, bw)
+        if measured is not None:
+            comm = measured
+        else:
+            wait = max(self._oversub(n, {}) for n in set(nodes))
+            comm = own + 2 * (len(members) - 1) * lat * (wait - 1.0)
+        busy: dict[int, float] = {}
+        for d, b in zip(self.devices, self.batches):
+            if d.emulated:
+                busy[d.node] = busy.get(d.node, 0.0) + (d.speed * d.time(b) + own) / (step + comm)
+        crowded = self._crowding(busy)
+        rate = self.global_batch / ((step + comm) * max(crowded.values(), default=1.0))
+        return Option(Strategy.ALLREDUCE, (members,), (1,), (), 0, rate,
+                       f"one all-reduce group of {len(members)}")
+
+    def _member_time(self, i: int, members: int) -> float:
+        """Device ``i``'s step at its batch as a member of a group of ``members``: an emulated device
+        in a synchronous group computes slower by its node's measured ratio (hgcli/node/bench/group.py:
+        the same ranks' CPU per step synchronous over free), which the emulator stretches x 1/speed."""
+        d = self.devices[i]
+        measured = self.group_sync.get(d.node) if d.emulated and members > 1 else None
+        ratio = measured.compute_ratio.median if measured is not None and measured.compute_ratio else 1.0
+        return d.time(self.batches[i]) * ratio
+
+    def _measured_sync(self, nodes: list[int], bw: float) -> float | None:
+        """What a synchronous step adds when the group is exactly the emulated devices of one node and
+        the bench measured that step (hgcli/node/bench/group.py): waking from the emulated sleep on
+        shared cores and the uneven arrivals are in it, which the ring formula has no terms for. The
+        benched model's bytes are swapped for this plan's at the ring's per-byte rate. None otherwise."""
+        if len(set(nodes)) != 1:
+            return None
+        measured = self.group_sync.get(nodes[0])
+        if measured is None or measured.ranks != len(nodes):
+            return None
+        n = len(nodes)
+        return max(0.0, measured.seconds.median + 2 * (n - 1) / n * (self.bytes - measured.bytes) / bw)
+
+    def best_async(self, strategy: Strategy, layouts: list[tuple[tuple[int, ...], ...]]) -> Option:
+        """The fastest layout and PS count; a candidate must win by 1% to displace an earlier one,
+        so ties keep the fewer groups and the fewer PS ranks."""
+        candidates: list[Option] = []
+        for groups in layouts:
+            if len(groups) == 1:
+                one = self.allreduce()
+                candidates.append(Option(strategy, one.groups, one.accumulate, (), 0, one.samples_per_s,
+                                          "a single group: no parameter servers"))
+            else:
+                candidates.extend(self._with_ps(strategy, groups))
+        best = candidates[0]
+        for option in candidates[1:]:
+            if option.samples_per_s > best.samples_per_s * 1.01:
+                best = option
+        return best
+
+    def _ps_counts(self) -> list[int]:
+        if self.job.ps_ranks is not None:
+            return [self.job.ps_ranks]
+        nodes = len(self.ps_order)
+        counts = [p for p in (2 ** k for k in range(5)) if p <= min(nodes, PS_CANDIDATES_MAX)]
+        if nodes not in counts:
+            counts.append(nodes)   # a local PS on every node
+        return counts
+
+    def _with_ps(self, strategy: Strategy, groups: tuple[tuple[int, ...], ...]) -> list[Option]:
+        stats = [self._group(g) for g in groups]
+        if strategy is Strategy.HYBRID:
+            # asynchronous large mini-batch: a group accumulates to the global batch before it pushes
+            accumulate = tuple(min(MAX_ACCUMULATE, max(1, math.ceil(self.global_batch / s.samples))) for s in stats)
+        else:
+            accumulate = (1,) * len(stats)   # the classic asynchronous PS: every worker pushes every step
+        return [self._predict_async(strategy, groups, stats, accumulate, count) for count in self._ps_counts()]
+
+    def _predict_async(self, strategy: Strategy, groups: tuple[tuple[int, ...], ...],
+                       stats: list[GroupStats], accumulate: tuple[int, ...], count: int) -> Option:
+        ps_nodes = tuple(self.ps_order[k % len(self.ps_order)] for k in range(count))
+        node_share: dict[int, float] = {}
+        ps_ranks: dict[int, int] = {}
+        for q in ps_nodes:
+            node_share[q] = node_share.get(q, 0.0) + self.bytes / count
+            ps_ranks[q] = ps_ranks.get(q, 0) + 1
+        # Latencies under oversubscribed cores (oversubscription): a group's ring on its nodes, an
+        # RPC round trip on the leader's node and the PS nodes'.
+        ps_wait = max(self._oversub(q, ps_ranks) for q in ps_ranks)
+        exchange = {n: self._push_pull_s(n, node_share, count, max(ps_wait, self._oversub(n, ps_ranks)))
+                    for n in {s.leader for s in stats}}
+        syncs = [s.sync + s.latency * (max(self._oversub(n, ps_ranks) for n in s.nodes) - 1.0) for s in stats]
+        windows = [acc * s.compute * straggle(s.noise, len(g), acc) + sync + exchange[s.leader]
+                   for s, sync, acc, g in zip(stats, syncs, accumulate, groups)]
+        # A node's NIC carries the pushes and pulls of every group led from it: share it.
+        nic_load: dict[int, float] = {}
+        for s, window in zip(stats, windows):
+            remote = self.bytes - node_share.get(s.leader, 0.0)
+            nic_load[s.leader] = nic_load.get(s.leader, 0.0) + 2 * remote / self.net.nic[s.leader] / window
+        windows = [w * max(1.0, nic_load[s.leader]) for s, w in zip(stats, windows)]
+        pushes_from: dict[int, float] = {}
+        for s, window in zip(stats, windows):
+            pushes_from[s.leader] = pushes_from.get(s.leader, 0.0) + 1.0 / window
+        total_pushes = sum(1.0 / w for w in windows)
+        loads = {q: self._ps_load(q, share, total_pushes, pushes_from.get(q, 0.0), count)
+                 for q, share in node_share.items()}
+        scale = max(1.0, max(loads.values()))     # a saturated PS slows every group down alike
+        windows = [w * scale for w in windows]
+        # Emulated devices and PS ranks sharing a node's cores (node CPU seconds per second).
+        busy = {q: load / scale for q, load in loads.items()}
+        # CPU work of communication: its uncontended time (waiting for a core is not demand).
+        own = {n: self._push_pull_s(n, node_share, count, 1.0) for n in exchange}
+        for g, s, acc, w in zip(groups, stats, accumulate, windows):
+            for i in g:
+                d = self.devices[i]
+                if d.emulated:
+                    cpu = acc * d.speed * d.time(self.batches[i]) + s.sync + own[s.leader]
+                    busy[d.node] = busy.get(d.node, 0.0) + cpu / w
+        crowded = self._crowding(busy)
+        if crowded:
+            windows = [w * max((crowded.get(self.devices[i].node, 1.0) for i in g), default=1.0)
+                       for g, w in zip(groups, windows)]
+        rate = sum(acc * s.samples / w for s, acc, w in zip(stats, accumulate, windows))
+        total_pushes = sum(1.0 / w for w in windows)
+        slowest = 1.0 / max(windows)
+        staleness = self.job.staleness
+        if staleness is None:
+            staleness = max(1, math.ceil(STALENESS_SLACK * (total_pushes - slowest) / slowest))
+        # The runtime's waiting rule (docs/runtime.md) needs S >= groups - 1: with a smaller bound
+        # every group could be waiting for another. A lower --staleness is raised to that floor.
+        staleness = max(staleness, len(groups) - 1)
+        where = "a PS on every node" if count == len(self.ps_order) > 1 else f"{count} PS rank(s)"
+        return Option(strategy, groups, accumulate, ps_nodes, staleness, rate, f"{len(groups)} groups, {where}")
+
+    def _crowding(self, busy: dict[int, float]) -> dict[int, float]:
+        """Slowdown of each node whose processes ask for more CPU than it has cores: they share
+        the cores (docs/planning.md, CPU crowding); nodes of unknown core count are left out."""
+        return {n: b / self.cores[n] for n, b in busy.items() if self.cores[n] and b > self.cores[n]}
+
+    def _push_pull_s(self, leader: int, node_share: dict[int, float], shards: int, wait: float) -> float:
+        """A leader pushes its update to every shard and pulls fresh parameters back: the RPC
+        round trips as measured on the leader's node (fixed cost, times ``wait`` for cores, + per
+        byte, scaled to a shard), plus the wire time of the shards on other nodes."""
+        measured = self.exchange.get(leader)
+        if measured is None:
+            return self._wire_s(leader, node_share)
+        share = self.bytes / shards
+        # The per-byte part is what the measured round trip adds to the measured fixed cost, both
+        # uncontended; only the fixed cost (waking the RPC threads) then waits for cores. (Taking
+        # the stretched fixed cost off the round trip cancelled the wait whenever one shard held
+        # the whole model.)
+        per_byte = max(0.0, measured.round_trip_s.median - measured.latency_s.median) / measured.bytes
+        fixed = measured.latency_s.median * wait
+        # one round trip to every shard at once; with several shards the runtime then pulls from the
+        # others (hgcli/runtime/hybrid.py _exchange): a second round trip, without the PS update.
+        software = (fixed + per_byte * share) * (2 if shards > 1 else 1)
+        remote = any(q != leader for q in node_share)
+        return software + (self._wire_s(leader, node_share) if remote else 0.0)
+
+    def _wire_s(self, leader: int, node_share: dict[int, float]) -> float:
+        if len(node_share) <= PS_CANDIDATES_MAX:
+            slowest, lat = 0.0, 0.0
+            for q, share in node_share.items():
+                bw, l = self.net.link(leader, q)
+                slowest, lat = max(slowest, share / bw), max(lat, l)
+        else:   # shards on every node: bound by the leader's slowest link instead of pair lookups
+            slowest = max(node_share.values()) / self.net.worst[leader]
+            lat = self.net.worst_lat[leader]
+        remote = self.bytes - node_share.get(leader, 0.0)
+        return 2 * (max(slowest, remote / self.net.nic[leader]) + lat)
+
+    def _ps_load(self, node: int, share: float, total_pushes: float, local_pushes: float,
+                 count: int) -> float:
+        """Fraction of a second the PS ranks of one node are busy per second of training."""
+        nic = self.net.nic[node]
+        intra = self.net.link(node, node)[0]
+        traffic = 2 * share * ((total_pushes - local_pushes) / nic + local_pushes / intra)
+        measured = self.exchange.get(node)
+        if measured is not None:   # the PS's measured busy time per push, scaled to its shard
+            apply = total_pushes * measured.service_s.median * (self.bytes / count) / measured.bytes
+        else:
+            apply = total_pushes * (self.bytes / count) / (PS_APPLY_GBS * 1e9)
+        return traffic + apply

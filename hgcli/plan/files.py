@@ -1,0 +1,39 @@
+"""The I/O around the pure planner: plan files users write and launch from (its stored inputs are
+``plan/pipeline.py``'s job)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .. import state
+from ..errors import ConfigError
+from ..schema.stages import SCHEMA_VERSION, Cluster, Plan, from_dict, to_json
+
+
+def write_plan(path: Path, plan: Plan) -> None:
+    """Write a plan file atomically. It is the user's file, not state: mode 0644 like any output."""
+    try:
+        state.atomic_write(path, to_json(plan) + "\n", mode=0o644)
+    except OSError as exc:
+        raise ConfigError(f"cannot write plan file: {exc.strerror or exc}", source=str(path)) from exc
+
+
+def load_plan(path: Path, cluster: Cluster) -> Plan:
+    """A plan file made for this cluster; anything else is a ConfigError naming the file."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read plan file: {exc.strerror or exc}", source=str(path)) from exc
+    except ValueError as exc:
+        raise ConfigError(f"not a JSON plan file: {exc}", source=str(path)) from exc
+    if isinstance(data, dict) and data.get("version", SCHEMA_VERSION) != SCHEMA_VERSION:
+        raise ConfigError(f"plan format version {data.get('version')!r}, this hgtrain reads "
+                          f"{SCHEMA_VERSION}; run 'hgtrain plan' again", source=str(path))
+    try:
+        plan = from_dict(Plan, data)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"not a valid plan: {exc}", source=str(path)) from exc
+    if plan.cluster != cluster.fingerprint():
+        raise ConfigError(f"this plan was made for cluster {plan.cluster}, not this cluster "
+                          f"({cluster.fingerprint()}); run 'hgtrain plan' for it", source=str(path))
+    return plan

@@ -1,0 +1,169 @@
+"""probe -> bench -> plan in one call, reusing what is stored when it still describes the cluster.
+
+``hgtrain plan`` and ``hgtrain launch`` (without ``--plan``) call ``prepare_plan`` so a fresh cluster
+needs one command, and a second run costs no re-bench. What counts as reusable:
+
+- inventory: stored for this cluster fingerprint, readable, this schema, probed less than
+  ``INVENTORY_MAX_AGE_S`` ago, and (unless failed nodes are skipped) every node ok. A probe takes
+  seconds, so it is repeated rather than trusted for long: it catches a node that went down.
+- profiles: stored for this fingerprint, readable, not stale for the inventory
+  (``profiles.profile_is_stale``: devices, drivers, torch) and, unless failures are skipped, no
+  failed device. A bench takes minutes, so there is no age limit: the hardware check decides.
+
+Failed nodes or devices stop the pipeline with exit 4 naming them, unless ``skip_failed``: then the
+plan uses the healthy ones only and its ``reason`` names what it left out. Planning silently on
+fewer devices than the user declared would hide a broken node until the job is slow.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, TypeVar
+
+from ..errors import EXIT_NODES_FAILED, HgError, StateError
+from ..schema.stages import Cluster, Inventory, JobSpec, Plan, Profiles
+
+# Inventories older than this are probed again (seconds).
+INVENTORY_MAX_AGE_S = 3600.0
+
+OnStage = Callable[[str, str], None]
+T = TypeVar("T")
+
+
+class NodesFailedError(HgError):
+    """Probe or bench failed on some nodes/devices; the message names them."""
+
+    exit_code = EXIT_NODES_FAILED
+
+
+def _quiet(stage: str, message: str) -> None:
+    del stage, message
+
+
+def _ago(when: float) -> str:
+    if not when:
+        return "at an unknown time"
+    seconds = time.time() - when
+    if seconds < 90:
+        return f"{seconds:.0f} s ago"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min ago"
+    return f"{seconds / 3600:.1f} h ago"
+
+
+def inventory_unusable(inventory: Inventory | None, cluster: Cluster, *, skip_failed: bool,
+                       now: float | None = None) -> str | None:
+    """Why the stored inventory must be probed again, or None when it can be reused."""
+    if inventory is None:
+        return "no stored inventory"
+    if inventory.cluster != cluster.fingerprint():
+        return f"stored inventory is of cluster {inventory.cluster}"
+    age = (time.time() if now is None else now) - inventory.probed_at
+    if age > INVENTORY_MAX_AGE_S or age < 0:
+        return f"stored inventory is {age / 3600:.1f} h old (limit {INVENTORY_MAX_AGE_S / 3600:g} h)"
+    if inventory.failed and not skip_failed:
+        return "stored inventory has failed nodes: " + ", ".join(n.name for n in inventory.failed)
+    return None
+
+
+def _stored_or_fresh(stage: str, what: str, load: Callable[[], T | None],
+                     unusable: Callable[[T | None], str | None], measure: Callable[[str], T],
+                     describe: Callable[[T], str], say: OnStage) -> T:
+    """The stored value when ``unusable`` finds nothing wrong with it, else ``measure(why)``.
+    An unreadable stored file is one more reason to measure again (the stage overwrites it)."""
+    try:
+        stored = load()
+    except StateError as exc:
+        return measure(f"stored {what} unreadable ({exc})")
+    why = unusable(stored)
+    if stored is None or why is not None:
+        return measure(why or f"no stored {what}")
+    say(stage, f"using stored {what} ({describe(stored)})")
+    return stored
+
+
+def _failures(stage: str, failed: list[str], kind: str, skip_failed: bool, say: OnStage) -> None:
+    """Refuse (exit 4, names listed) unless failures are to be skipped, then say what is skipped."""
+    if not failed:
+        return
+    if not skip_failed:
+        raise NodesFailedError(f"{stage} failed on {len(failed)} {kind}(s): {'; '.join(failed)}; fix them "
+                               f"or pass --skip-failed to plan on the healthy {kind}s")
+    say(stage, f"skipping failed {kind}(s): {'; '.join(failed)}")
+
+
+def ensure_inventory(cluster: Cluster, *, skip_failed: bool = False,
+                     on_stage: OnStage | None = None) -> Inventory:
+    """The stored inventory when reusable, else a fresh probe (stored by the probe stage)."""
+    from ..probe.inventory import load_inventory, probe_cluster
+
+    say = on_stage or _quiet
+
+    def probe(why: str) -> Inventory:
+        say("probe", f"probing {len(cluster.nodes)} node(s): {why}")
+        fresh = probe_cluster(cluster)
+        say("probe", f"{len(fresh.succeeded)} of {len(fresh.nodes)} node(s) ok")
+        return fresh
+
+    inventory = _stored_or_fresh("probe", "inventory", lambda: load_inventory(cluster),
+                                 lambda stored: inventory_unusable(stored, cluster, skip_failed=skip_failed),
+                                 probe, lambda stored: f"{len(stored.nodes)} node(s), probed "
+                                                       f"{_ago(stored.probed_at)}", say)
+    _failures("probe", [f"{n.name} ({n.error})" for n in inventory.failed], "node", skip_failed, say)
+    return inventory
+
+
+def profiles_unusable(profiles: Profiles | None, inventory: Inventory, *, skip_failed: bool) -> str | None:
+    """Why the stored profiles must be benched again, or None when they can be reused."""
+    from ..bench.profiles import profile_is_stale
+
+    if profiles is None:
+        return "no stored profiles"
+    stale = profile_is_stale(profiles, inventory)
+    if stale:
+        return f"stored profiles are stale: {stale}"
+    failed = _failed_devices(profiles, inventory)
+    if failed and not skip_failed:
+        return "stored profiles have failed devices: " + ", ".join(failed)
+    return None
+
+
+def _failed_devices(profiles: Profiles, inventory: Inventory) -> list[str]:
+    """Failed devices of nodes that probed ok (a failed node is the probe's failure, named there)."""
+    ok = {n.name for n in inventory.succeeded}
+    return [f"{d.device}@{d.node} ({d.error})" for d in profiles.devices if d.error and d.node in ok]
+
+
+def ensure_profiles(cluster: Cluster, inventory: Inventory, *, quick: bool = True, skip_failed: bool = False,
+                    on_stage: OnStage | None = None) -> Profiles:
+    """The stored profiles when reusable, else a fresh bench (stored by the bench stage)."""
+    from ..bench.cluster import bench_cluster
+    from ..bench.profiles import load_profiles
+
+    say = on_stage or _quiet
+
+    def bench(why: str) -> Profiles:
+        say("bench", f"benching{' (quick)' if quick else ''}: {why}")
+        fresh = bench_cluster(cluster, inventory, quick=quick)
+        say("bench", f"measured {len(fresh.devices)} device(s) and {len(fresh.links)} link(s)")
+        return fresh
+
+    profiles = _stored_or_fresh("bench", "profiles", lambda: load_profiles(inventory.cluster),
+                                lambda stored: profiles_unusable(stored, inventory, skip_failed=skip_failed),
+                                bench, lambda stored: f"{len(stored.devices)} device(s), measured "
+                                                      f"{_ago(stored.measured_at)}", say)
+    _failures("bench", _failed_devices(profiles, inventory), "device", skip_failed, say)
+    return profiles
+
+
+def prepare_plan(cluster: Cluster, job: JobSpec, *, quick: bool = True, skip_failed: bool = False,
+                 on_stage: OnStage | None = None) -> Plan:
+    """Inventory (stored or probed), profiles (stored or benched), then the pure planner."""
+    from .placement import make_plan
+
+    say = on_stage or _quiet
+    inventory = ensure_inventory(cluster, skip_failed=skip_failed, on_stage=say)
+    profiles = ensure_profiles(cluster, inventory, quick=quick, skip_failed=skip_failed, on_stage=say)
+    say("plan", f"planning ({job.strategy.value})")
+    plan = make_plan(inventory, profiles, job)
+    say("plan", f"{plan.strategy.value}: {plan.world_size} rank(s), {len(plan.groups)} group(s)")
+    return plan

@@ -1,0 +1,481 @@
+"""The placement planner: Inventory + Profiles + JobSpec -> Plan.
+
+Pure (no I/O, no torch, no printing) so it can be tested exhaustively and run on huge synthetic
+clusters. This module turns profiles into per-device costs, sets the batch sizes, forms the groups
+and picks a strategy; hgcli/plan/cost.py predicts throughput. Every constant is documented in
+docs/planning.md (change both together). Work is per device, per group or per node, never over all
+device pairs, so 4096 devices plan in well under a second.
+"""
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from collections.abc import Mapping
+
+from ..errors import StateError, UsageError
+from ..schema.stages import (
+    SCHEMA_VERSION, DeviceProfile, ExchangeProfile, GroupPlan, GroupSyncProfile, Inventory, JobSpec, ModelSpec, Plan, Profiles,
+    RankPlan, Role, Strategy,
+)
+from .cost import CostModel, Device, Network, Option
+
+# Devices whose throughputs differ by at most this factor are "like" and may share an all-reduce group.
+LIKE_SPEED_RATIO = 1.25
+# auto keeps synchronous all-reduce unless another strategy is predicted more than this much faster.
+AUTO_MARGIN = 0.05
+# Fraction of device memory the planner fills (allocator fragmentation, CUDA context, workspace).
+MEMORY_USABLE_FRACTION = 0.9
+# Memory estimate when the profile has no measured memory: weights + grads + two optimizer moments
+# (4 x model bytes) static, and activations of one model-size per sample (a rough, stated guess).
+STATIC_MEMORY_FACTOR = 4.0
+ACTIVATION_MEMORY_FACTOR = 1.0
+# Compute estimate when the profile has no step times: 6 FLOPs per parameter per sample (forward 2,
+# backward 4) at this fraction of the measured fp32 matmul peak.
+FLOPS_PER_PARAMETER_PER_SAMPLE = 6.0
+MATMUL_EFFICIENCY = 0.5
+# Per-device batch when the job does not say.
+DEFAULT_BATCH_PER_DEVICE = 32
+# Model assumed when neither the job nor the profiles name one (the paper's ResNet-50).
+DEFAULT_MODEL = ModelSpec(name="assumed ResNet-50 size (bench with --model to measure yours)",
+                          parameters=25_557_032)
+
+
+def make_plan(inventory: Inventory, profiles: Profiles, job: JobSpec) -> Plan:
+    """Plan the ranks of one job; raises HgError for a request that cannot be planned."""
+    _check_inputs(inventory, profiles, job)
+    model = job.model or profiles.model or DEFAULT_MODEL
+    model_bytes = float(model.parameters * model.bytes_per_parameter)
+    node_names = [n.name for n in inventory.nodes]
+    devices, skipped = _usable_devices(inventory, profiles, model_bytes)
+    if not devices:
+        why = _summarise(skipped) if skipped else "the profiles list no devices"
+        raise UsageError(f"no usable devices to plan on ({why}); run 'hgtrain bench' again")
+    global_batch = job.global_batch if job.global_batch is not None else DEFAULT_BATCH_PER_DEVICE * len(devices)
+    real, batches = _assign_batches(devices, global_batch, node_names)
+    net = Network(node_names, profiles.links)
+    cost = CostModel(devices, batches, net, model_bytes, global_batch, inventory, job,
+                     _exchanges(inventory, profiles), _group_syncs(inventory, profiles))
+
+    allreduce = cost.allreduce()
+    classes = _speed_classes(devices, real)
+    hybrid = cost.best_async(Strategy.HYBRID, _hybrid_layouts(devices, classes))
+    ps = cost.best_async(Strategy.PS, [tuple((i,) for i in range(len(devices)))])
+    options = {Strategy.ALLREDUCE: allreduce, Strategy.HYBRID: hybrid, Strategy.PS: ps}
+    chosen, reason = _choose(job.strategy, options, len(classes), len(devices))
+    if skipped:
+        reason += "; not used: " + _summarise(skipped)
+    predicted = {s.value: o.samples_per_s for s, o in options.items()}
+    predicted["ideal"] = sum(b / d.time(b) for d, b in zip(devices, batches))
+    return _build_plan(chosen, devices, batches, node_names, predicted, global_batch, inventory.cluster,
+                       reason, model)
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs
+# ---------------------------------------------------------------------------------------------
+
+def _check_inputs(inventory: Inventory, profiles: Profiles, job: JobSpec) -> None:
+    if inventory.cluster != profiles.cluster:
+        raise StateError(f"the profiles were measured on cluster {profiles.cluster}, the inventory is of "
+                         f"cluster {inventory.cluster}; run 'hgtrain bench' again")
+    for what, version in (("inventory", inventory.version), ("profiles", profiles.version)):
+        if version != SCHEMA_VERSION:
+            raise StateError(f"the stored {what} has format version {version}, this hgtrain reads "
+                             f"{SCHEMA_VERSION}; run 'hgtrain probe' and 'hgtrain bench' again")
+    if job.global_batch is not None and job.global_batch < 1:
+        raise UsageError(f"global batch must be at least 1, got {job.global_batch}")
+    if job.ps_ranks is not None and job.ps_ranks < 1:
+        raise UsageError(f"the number of PS ranks must be at least 1, got {job.ps_ranks}")
+    if job.staleness is not None and job.staleness < 0:
+        raise UsageError(f"the staleness bound must be 0 or more, got {job.staleness}")
+    model = job.model or profiles.model
+    if model is not None and (model.parameters < 1 or model.bytes_per_parameter < 1):
+        raise UsageError(f"model {model.name!r} must have at least one parameter of at least one byte")
+
+
+def _exchanges(inventory: Inventory, profiles: Profiles) -> dict[int, ExchangeProfile]:
+    """The measured PS push of each node (node index -> profile), from any of its devices."""
+    node_index = {n.name: i for i, n in enumerate(inventory.nodes)}
+    out: dict[int, ExchangeProfile] = {}
+    for p in profiles.devices:
+        i = node_index.get(p.node)
+        if i is not None and p.exchange is not None and p.exchange.bytes > 0 and i not in out:
+            out[i] = p.exchange
+    return out
+
+
+def _group_syncs(inventory: Inventory, profiles: Profiles) -> dict[int, GroupSyncProfile]:
+    """The measured synchronous step of each emulated node's devices (node index -> profile)."""
+    node_index = {n.name: i for i, n in enumerate(inventory.nodes)}
+    out: dict[int, GroupSyncProfile] = {}
+    for p in profiles.devices:
+        i = node_index.get(p.node)
+        if i is not None and p.group_sync is not None and i not in out:
+            out[i] = p.group_sync
+    return out
+
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+def _natural_key(text: str) -> tuple:
+    """gpu2 before gpu10."""
+    return tuple(int(p) if p.isdigit() else p for p in _DIGITS.split(text))
+
+
+def _usable_devices(inventory: Inventory, profiles: Profiles,
+                    model_bytes: float) -> tuple[list[Device], list[str]]:
+    """Devices the plan may use, in node then device order, and a note for each one left out."""
+    node_index = {n.name: i for i, n in enumerate(inventory.nodes)}
+    node_ok = {n.name: n.ok for n in inventory.nodes}
+    usable: list[tuple[int, tuple, Device]] = []
+    skipped: list[str] = []
+    seen: set[tuple[str, str]] = set()
+    for p in profiles.devices:
+        label = f"{p.device}@{p.node}"
+        if p.node not in node_index:
+            raise StateError(f"the profiles name node {p.node!r}, which the inventory does not have; "
+                             "run 'hgtrain probe' and 'hgtrain bench' again")
+        if (p.node, p.device) in seen:
+            raise StateError(f"the profiles list device {label} twice; run 'hgtrain bench' again")
+        seen.add((p.node, p.device))
+        if not node_ok[p.node]:
+            skipped.append(f"{label} (node failed its probe)")
+            continue
+        if p.error:
+            skipped.append(f"{label} ({p.error})")
+            continue
+        fit = _fit_time(p, model_bytes)
+        if fit is None:
+            skipped.append(f"{label} (no step times or matmul figures)")
+            continue
+        cap = _memory_cap(p, model_bytes)
+        if cap is not None and cap < 1:
+            skipped.append(f"{label} (cannot hold one sample in {p.memory_total_mib} MiB)")
+            continue
+        dev = Device(node_index[p.node], p.device, p.emulated, p.speed, fit[0], fit[1], cap, fit[2])
+        usable.append((dev.node, _natural_key(p.device), dev))
+    usable.sort(key=lambda t: (t[0], t[1]))
+    return [d for _, _, d in usable], skipped
+
+
+def _linear_fit(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """y = a + c * x with a >= 0 and c > 0 (least squares; through the origin when that fails)."""
+    n = len(points)
+    sx = sy = sxx = sxy = 0.0
+    for x, y in points:
+        sx += x
+        sy += y
+        sxx += x * x
+        sxy += x * y
+    spread = n * sxx - sx * sx          # > 0 exactly when there are two distinct x
+    if spread > 1e-12 * n * sxx:
+        c = (n * sxy - sx * sy) / spread
+        a = (sy - c * sx) / n
+        if c > 0 and a >= 0:
+            return a, c
+    return 0.0, sxy / sxx
+
+
+def _robust_fit(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """y = a + c * x with a >= 0 and c > 0 by repeated medians (Siegel): c = the median over points
+    of the median slope to the others, a = the median of y - c * x. Unlike least squares, one
+    batch size measured during a burst of load (its fastest repeat 2x the others' line) moves
+    neither; with fewer than three sizes it is the line through them."""
+    xs = sorted({x for x, _ in points})
+    if len(xs) < 2:
+        return _linear_fit(points)
+    slopes = []
+    for i, (xi, yi) in enumerate(points):
+        mine = [(yj - yi) / (xj - xi) for j, (xj, yj) in enumerate(points) if j != i and xj != xi]
+        slopes.append(statistics.median(mine))
+    c = statistics.median(slopes)
+    # Equal pooled times give slopes of rounding noise (+-1e-22 s per sample): flat too.
+    if not c * xs[-1] > 1e-9 * max(y for _, y in points):
+        # Flat (after _monotone, equal times): the step is its fixed cost at every size measured, as
+        # a small model on a GPU is (an H200 ran the example's step in 1.5-1.7 ms from batch 32 to
+        # 2048). The per-sample slope is below what the bench resolves; the caller prices it.
+        return statistics.median([y for _, y in points]), 0.0
+    a = statistics.median([y - c * x for x, y in points])
+    if a < 0:
+        return 0.0, statistics.median([y / x for x, y in points])
+    return a, c
+
+
+def _monotone(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Pool adjacent violators: the closest non-decreasing sequence in x (a larger batch never
+    takes less time; a measurement saying otherwise is noise, shared out between the sizes)."""
+    points = sorted(points)
+    blocks: list[tuple[float, int]] = []      # (sum of y, count)
+    for _, y in points:
+        total, count = y, 1
+        while blocks and blocks[-1][0] / blocks[-1][1] > total / count:
+            prev_total, prev_count = blocks.pop()
+            total, count = total + prev_total, count + prev_count
+        blocks.append((total, count))
+    ys = [total / count for total, count in blocks for _ in range(count)]
+    return [(x, y) for (x, _), y in zip(points, ys)]
+
+
+def _fit_time(p: DeviceProfile, model_bytes: float) -> tuple[float, float, float] | None:
+    """(a, c, noise): mean seconds per step = a + c * batch, and the noise of one step (see
+    ``step_noise``); from step times, else from matmul TFLOP/s (noise 0), else None.
+
+    A step's time is its noise-free time plus delays that only ever add (another process on the
+    core, a cache refilled after the emulator's pause), so the noise-free line is fitted to each
+    batch size's fastest repeat (``min``), made non-decreasing, by repeated medians, and the delays
+    are priced apart: one outlier repeat moves a median a lot and a minimum never upwards.
+    """
+    steps = [s for s in p.steps if s.batch_size > 0 and s.seconds.median > 0]
+    lows = [(float(s.batch_size), s.seconds.min if s.seconds.min > 0 else s.seconds.median) for s in steps]
+    if lows:
+        a, c = _robust_fit(_monotone(lows))
+        if c == 0.0 and a > 0:
+            # A flat time(batch): price the unresolved per-sample part from the matmul throughput,
+            # else as 1% of the fixed cost over the largest batch measured (below the bench's noise).
+            c = _flop_slope(p, model_bytes) or a * 0.01 / max(x for x, _ in lows)
+        if c > 0 and math.isfinite(c):
+            noise = step_noise([s.seconds.median / (a + c * s.batch_size) - 1.0 for s in steps])
+            grow = 1.0 + noise
+            return a * grow, c * grow, noise
+    c = _flop_slope(p, model_bytes)
+    return None if c is None else (0.0, c, 0.0)
+
+
+def _flop_slope(p: DeviceProfile, model_bytes: float) -> float | None:
+    """Seconds per sample of a step from the fp32 matmul throughput (the best dtype measured when
+    fp32 was not): FLOPS_PER_PARAMETER_PER_SAMPLE at MATMUL_EFFICIENCY of the peak."""
+    tflops = p.matmul_tflops.get("fp32") or p.matmul_tflops.get("float32")
+    if tflops is None and p.matmul_tflops:
+        tflops = max(p.matmul_tflops.values(), key=lambda m: m.median)
+    if tflops is None or tflops.median <= 0:
+        return None
+    parameters = model_bytes / 4.0
+    return FLOPS_PER_PARAMETER_PER_SAMPLE * parameters / (tflops.median * 1e12 * MATMUL_EFFICIENCY)
+
+
+def step_noise(excess: list[float]) -> float:
+    """Mean delay of a step as a fraction of its noise-free time, from each batch size's
+    median / fitted noise-free time - 1. Delays are modelled as exponential (independent
+    interruptions): their median is ln 2 x their mean. The median over batch sizes keeps one
+    noisy size from deciding."""
+    if not excess:
+        return 0.0
+    return max(0.0, statistics.median(excess)) / math.log(2.0)
+
+
+def _memory_cap(p: DeviceProfile, model_bytes: float) -> int | None:
+    """Largest batch that fits in the usable memory; None when the device's memory is unknown."""
+    if p.memory_total_mib is None:
+        return None
+    model_mib = model_bytes / 2**20
+    points = [(float(s.batch_size), float(s.memory_mib)) for s in p.steps
+              if s.memory_mib is not None and s.batch_size > 0 and s.memory_mib > 0]
+    if len({x for x, _ in points}) >= 2:
+        static, per_sample = _linear_fit(points)
+    elif points:
+        batch, mem = points[0]
+        static = min(STATIC_MEMORY_FACTOR * model_mib, mem / 2)
+        per_sample = (mem - static) / batch
+    else:
+        static, per_sample = STATIC_MEMORY_FACTOR * model_mib, ACTIVATION_MEMORY_FACTOR * model_mib
+    if per_sample <= 0:
+        return None
+    return math.floor((MEMORY_USABLE_FRACTION * p.memory_total_mib - static) / per_sample)
+
+
+# ---------------------------------------------------------------------------------------------
+# Batch sizes: equal step time for every device (batch proportional to its speed at that batch)
+# ---------------------------------------------------------------------------------------------
+
+def _summarise(notes: list[str], limit: int = 6, sep: str = "; ") -> str:
+    """The first few of a long list, so an error about 4096 devices stays one readable line."""
+    more = f" and {len(notes) - limit} more" if len(notes) > limit else ""
+    return sep.join(notes[:limit]) + more
+
+
+def _name_devices(devices: list[Device], node_names: list[str]) -> str:
+    return _summarise([f"{d.device}@{node_names[d.node]}" for d in devices], sep=", ")
+
+
+def _assign_batches(devices: list[Device], global_batch: int,
+                    node_names: list[str]) -> tuple[list[float], list[int]]:
+    """Batches equalising step time: the real-valued solution, and integers in [1, cap] summing
+    exactly to the global batch."""
+    if global_batch < len(devices):
+        raise UsageError(f"global batch {global_batch} is smaller than the {len(devices)} worker devices "
+                         f"({_name_devices(devices, node_names)}); each needs at least one sample: "
+                         f"use --global-batch {len(devices)} or more")
+    capacity = sum(d.cap for d in devices if d.cap is not None)
+    if all(d.cap is not None for d in devices) and global_batch > capacity:
+        tight = sorted(devices, key=lambda d: d.cap or 0)
+        listed = _summarise([f"{d.device}@{node_names[d.node]} <= {d.cap}" for d in tight], sep=", ")
+        raise UsageError(f"global batch {global_batch} does not fit in device memory: the "
+                         f"{len(devices)} devices hold at most {capacity} samples per step ({listed}); "
+                         f"use --global-batch {capacity} or less")
+    step = _equal_time(devices, global_batch)
+    real = [min(max((step - d.a) / d.c, 1.0), float(d.cap) if d.cap is not None else math.inf)
+            for d in devices]
+    return real, _round_to_total(real, devices, global_batch)
+
+
+def _equal_time(devices: list[Device], total: int) -> float:
+    """The step time T at which sum(clamp((T - a) / c, 1, cap)) == total (a sweep over breakpoints).
+
+    Between breakpoints the sum is K + S * T; a device starts growing at T = a + c and stops at
+    T = a + c * cap. Sorting the 2n breakpoints makes this O(n log n).
+    """
+    events: list[tuple[float, int, int]] = []
+    for i, d in enumerate(devices):
+        events.append((d.a + d.c, 0, i))
+        if d.cap is not None:
+            events.append((d.a + d.c * d.cap, 1, i))
+    events.sort()
+    k, s = float(len(devices)), 0.0
+    for when, kind, i in events:
+        if s > 0 and k + s * when >= total:
+            return (total - k) / s
+        d = devices[i]
+        if kind == 0:
+            s += 1.0 / d.c
+            k -= d.a / d.c + 1.0
+        else:
+            s -= 1.0 / d.c
+            k += d.a / d.c + d.cap
+    if s > 0:
+        return (total - k) / s
+    return events[-1][0]   # every device at its cap: the caller checked the total fits
+
+
+def _round_to_total(real: list[float], devices: list[Device], total: int) -> list[int]:
+    """Largest-remainder rounding that keeps every batch within [1, cap]."""
+    out = [max(1, math.floor(x)) for x in real]
+    out = [min(b, d.cap) if d.cap is not None else b for b, d in zip(out, devices)]
+    missing = total - sum(out)
+    order = sorted(range(len(real)), key=lambda i: real[i] - math.floor(real[i]), reverse=missing > 0)
+    while missing != 0:
+        moved = False
+        for i in order:
+            if missing == 0:
+                break
+            cap = devices[i].cap
+            if missing > 0 and (cap is None or out[i] < cap):
+                out[i] += 1
+                missing -= 1
+                moved = True
+            elif missing < 0 and out[i] > 1:
+                out[i] -= 1
+                missing += 1
+                moved = True
+        if not moved:  # cannot happen once the total was checked against [n, capacity]
+            raise UsageError(f"cannot split global batch {total} over {len(devices)} devices")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Strategies: speed classes, group layouts, the choice
+# ---------------------------------------------------------------------------------------------
+
+def _speed_classes(devices: list[Device], batches: list[float]) -> list[list[int]]:
+    """Devices sorted by samples/s at their batch; a class holds devices within LIKE_SPEED_RATIO of
+    its fastest member, so a class never spans more than that ratio. The batches are the real-valued
+    ones, so rounding never splits identical devices."""
+    speed = [b / d.time(b) for d, b in zip(devices, batches)]
+    order = sorted(range(len(devices)), key=lambda i: -speed[i])
+    classes: list[list[int]] = []
+    for i in order:
+        if classes and speed[classes[-1][0]] <= LIKE_SPEED_RATIO * speed[i]:
+            classes[-1].append(i)
+        else:
+            classes.append([i])
+    return [sorted(c) for c in classes]
+
+
+def _hybrid_layouts(devices: list[Device], classes: list[list[int]]) -> list[tuple[tuple[int, ...], ...]]:
+    """Two groupings of the speed classes: one group per class (spanning nodes), and one group per
+    class and node (all-reduce only on intra-node links). The cost model picks between them."""
+    merged = tuple(tuple(c) for c in classes)
+    per_node: list[tuple[int, ...]] = []
+    for c in classes:
+        by_node: dict[int, list[int]] = {}
+        for i in c:
+            by_node.setdefault(devices[i].node, []).append(i)
+        per_node.extend(tuple(v) for v in by_node.values())
+    layouts = [merged]
+    if len(per_node) != len(merged):
+        layouts.append(tuple(per_node))
+    return layouts
+
+
+def predicted_best(predicted: Mapping[str, float]) -> Strategy:
+    """The strategy the cost model's predictions alone favour (``predicted``: samples/s by strategy
+    name): hybrid or ps only when it beats allreduce by more than AUTO_MARGIN, and hybrid over ps on
+    a near tie (fewer, larger groups push less often and see less staleness). ``auto`` follows it
+    except on a homogeneous cluster (rule 1, docs/planning.md)."""
+    ar, hy, ps = (predicted[s.value] for s in (Strategy.ALLREDUCE, Strategy.HYBRID, Strategy.PS))
+    best, rate = (Strategy.PS, ps) if ps > hy * (1 + AUTO_MARGIN) else (Strategy.HYBRID, hy)
+    return best if rate > ar * (1 + AUTO_MARGIN) else Strategy.ALLREDUCE
+
+
+def _choose(requested: Strategy, options: dict[Strategy, Option], classes: int,
+            devices: int) -> tuple[Option, str]:
+    ar = options[Strategy.ALLREDUCE]
+    if requested is not Strategy.AUTO:
+        chosen = options[requested]
+        auto, _ = _choose(Strategy.AUTO, options, classes, devices)
+        note = "" if auto is chosen else f"; auto would choose {auto.strategy.value}"
+        return chosen, f"{requested.value} requested ({chosen.summary}){note}"
+    best = options[predicted_best({s.value: o.samples_per_s for s, o in options.items()})]
+    if classes == 1:
+        # Rule 1 holds whatever the predictions say; saying what they favour lets a user ask for it.
+        aside = "" if best is ar else (f"; the predictions alone favour {best.strategy.value} "
+                                       f"({best.samples_per_s / ar.samples_per_s - 1:.0%} above allreduce; "
+                                       f"--strategy {best.strategy.value} asks for it)")
+        return ar, (f"homogeneous: all {devices} devices within {LIKE_SPEED_RATIO}x of each other's speed, "
+                    f"so one synchronous all-reduce group (plain DDP) with no parameter servers{aside}")
+    if best is ar:
+        hy, ps = options[Strategy.HYBRID], options[Strategy.PS]
+        other = ps if ps.samples_per_s > hy.samples_per_s * (1 + AUTO_MARGIN) else hy
+        return ar, (f"allreduce predicted {ar.samples_per_s:.4g} samples/s, {other.strategy.value} "
+                    f"{other.samples_per_s:.4g}: not more than {AUTO_MARGIN:.0%} faster, so the synchronous "
+                    f"all-reduce is kept ({classes} speed classes, batches proportional to speed)")
+    gain = best.samples_per_s / ar.samples_per_s - 1
+    return best, (f"{best.strategy.value} predicted {best.samples_per_s:.4g} samples/s, {gain:.0%} above "
+                  f"allreduce ({ar.samples_per_s:.4g}): {classes} speed classes, {best.summary}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The Plan value
+# ---------------------------------------------------------------------------------------------
+
+def _build_plan(option: Option, devices: list[Device], batches: list[int], node_names: list[str],
+                predicted: dict[str, float], global_batch: int, cluster: str, reason: str,
+                model: ModelSpec) -> Plan:
+    """Workers first (groups in node order), then PS ranks in node order; local ranks per node."""
+    order = sorted(range(len(option.groups)), key=lambda g: option.groups[g][0])
+    ranks: list[RankPlan] = []
+    groups: list[GroupPlan] = []
+    local: dict[int, int] = {}
+
+    def next_local(node: int) -> int:
+        local[node] = local.get(node, 0) + 1
+        return local[node] - 1
+
+    for gid, g in enumerate(order):
+        members = []
+        for i in option.groups[g]:
+            d = devices[i]
+            ranks.append(RankPlan(rank=len(ranks), role=Role.WORKER, node=node_names[d.node], device=d.device,
+                                  group=gid, batch_size=batches[i], local_rank=next_local(d.node),
+                                  emulated=d.emulated, speed=d.speed))
+            members.append(ranks[-1].rank)
+        groups.append(GroupPlan(id=gid, ranks=tuple(members), accumulate=option.accumulate[g]))
+    shards = []
+    for node in sorted(option.ps_nodes):
+        ranks.append(RankPlan(rank=len(ranks), role=Role.PS, node=node_names[node], device="cpu",
+                              local_rank=next_local(node)))
+        shards.append(ranks[-1].rank)
+    return Plan(strategy=option.strategy, world_size=len(ranks), groups=tuple(groups), ranks=tuple(ranks),
+                predicted_samples_per_s=predicted, global_batch=global_batch, cluster=cluster, reason=reason,
+                staleness_bound=option.staleness if shards else 0, ps_shards=tuple(shards), model=model)

@@ -1,0 +1,377 @@
+"""Frozen dataclasses and str-Enums passed between the stages.
+
+cluster.toml -> Cluster -> (probe) Inventory -> (bench) Profiles -> (plan) Plan -> (launch) Job.
+Every value here serialises to plain JSON with ``to_dict`` and back with ``from_dict``; the ``--json``
+output of a stage is exactly that, so scripts can chain stages. This module imports only the standard
+library because it is shipped to nodes with the node-side code.
+"""
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+# The generic JSON conversion, re-exported: stages import it from here with the classes. Its own
+# module so node programs that parse only their own dataclasses need not create these.
+from . import codec
+
+to_dict, to_json, from_dict = codec.to_dict, codec.to_json, codec.from_dict
+
+# Bumped when a stored JSON shape changes incompatibly; readers refuse other versions.
+SCHEMA_VERSION = 1
+
+
+
+def digest(value: Any) -> str:
+    """Stable short hash of a value's JSON form (cluster identity, plan identity)."""
+    import hashlib  # here, not at the top: node programs import this module and never hash
+
+    blob = json.dumps(to_dict(value), sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------------------------
+# Cluster (from the cluster file, a hostfile, Slurm, or the embedded default)
+# ---------------------------------------------------------------------------------------------
+
+class HostKeyPolicy(str, enum.Enum):
+    YES = "yes"                # unknown key: refuse, show fingerprint (the default)
+    ACCEPT_NEW = "accept-new"  # unknown key: add to known_hosts; changed key: refuse
+    NO = "no"                  # accept anything (never overwrites a changed key either)
+
+
+@dataclass(frozen=True)
+class SshSettings:
+    known_hosts: str = "~/.ssh/known_hosts"
+    strict_host_key_checking: HostKeyPolicy = HostKeyPolicy.YES
+    connect_timeout: float = 10.0
+    config: str = "~/.ssh/config"
+
+
+@dataclass(frozen=True)
+class EmulateSpec:
+    """Devices a node pretends to have; they run on its CPU at ``speed`` relative to the fastest."""
+
+    devices: tuple[str, ...]
+    speed: tuple[float, ...]
+    memory_mib: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    host: str                      # as written: an address or an ssh-config alias
+    hostname: str | None = None    # resolved address (ssh config HostName), None = host
+    port: int = 22
+    user: str | None = None
+    identity_file: str | None = None
+    proxy_jump: str | None = None  # "[user@]host[:port][,...]" as written (cluster file or ssh config)
+    jump: NodeSpec | None = None   # proxy_jump resolved: the last hop, its own ``jump`` the hop before
+    python: str = "python3"
+    gpus: tuple[int, ...] | None = None   # visible subset of GPU indices; None = all
+    emulate: EmulateSpec | None = None
+    slots: int | None = None       # from a hostfile ("host slots=N")
+    source: str | None = None      # "file:line" where the node was declared, for error messages
+
+    @property
+    def is_local(self) -> bool:
+        return self.host in ("localhost", "local")
+
+    @property
+    def address(self) -> str:
+        return self.hostname or self.host
+
+
+@dataclass(frozen=True)
+class Cluster:
+    nodes: tuple[NodeSpec, ...]
+    ssh: SshSettings = field(default_factory=SshSettings)
+    source: str | None = None      # path of the cluster file; None for the embedded default
+
+    def fingerprint(self) -> str:
+        """Identity used to key cached inventory/profiles and to refuse a plan from another cluster."""
+        return digest([(n.name, n.address, n.port, n.gpus, n.emulate) for n in self.nodes])
+
+    def node(self, name: str) -> NodeSpec:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Inventory (probe)
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    name: str
+    uuid: str | None = None
+    memory_total_mib: int | None = None
+    memory_used_mib: int | None = None
+    compute_capability: str | None = None
+    driver_version: str | None = None
+    emulated: bool = False
+    speed: float | None = None     # declared relative speed of an emulated device
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    host: str
+    ok: bool
+    error: str | None = None
+    emulated: bool = False
+    gpus: tuple[GpuInfo, ...] = ()
+    cpu_model: str | None = None
+    cpu_cores: int | None = None
+    memory_total_mib: int | None = None
+    os: str | None = None
+    python_version: str | None = None
+    torch_version: str | None = None   # None when torch is not installed on the node
+    torch_cuda: str | None = None
+    elapsed_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Inventory:
+    cluster: str                   # Cluster.fingerprint()
+    nodes: tuple[NodeInfo, ...]
+    probed_at: float = 0.0
+    version: int = SCHEMA_VERSION
+
+    @property
+    def succeeded(self) -> tuple[NodeInfo, ...]:
+        return tuple(n for n in self.nodes if n.ok)
+
+    @property
+    def failed(self) -> tuple[NodeInfo, ...]:
+        return tuple(n for n in self.nodes if not n.ok)
+
+
+# ---------------------------------------------------------------------------------------------
+# Profiles (bench)
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Measurement:
+    """A repeated measurement: median and spread, so noisy figures are visible as such."""
+
+    median: float
+    min: float
+    max: float
+    repeats: int
+
+
+@dataclass(frozen=True)
+class StepSample:
+    batch_size: int
+    seconds: Measurement           # forward + backward + optimizer step
+    memory_mib: int | None = None  # peak device memory at that batch size
+
+
+@dataclass(frozen=True)
+class ExchangeProfile:
+    """One parameter-server push on a node, measured over loopback (hgcli/node/bench/exchange.py)."""
+
+    bytes: int                     # gradient pushed (the benched model's parameters x 4)
+    round_trip_s: Measurement      # push, PS update, fresh parameters back, as the runtime does it
+    latency_s: Measurement         # the same for a one-element push: the fixed cost
+    service_s: Measurement         # the PS's own busy time per push (it serves pushes one at a time)
+
+
+@dataclass(frozen=True)
+class GroupSyncProfile:
+    """A synchronous step of every emulated device of a node, measured as training runs it
+    (hgcli/node/bench/group.py): the all-reduce, waits included, and how much more CPU the ranks'
+    own compute took in the synchronous group than running free."""
+
+    ranks: int                     # the node's emulated devices, each a process of the group
+    bytes: int                     # the all-reduce buffer (the benched model's parameters x 4, + slots)
+    step_s: float                  # the emulated step the ranks ran (rank 0's, free), seconds
+    seconds: Measurement           # per synchronous step, inside the all-reduce
+    batch: int = 0                 # the benched model's batch each rank ran (0: profiles before it)
+    speed: float = 0.0             # the emulated speed each rank ran at
+    # CPU per step of the ranks' compute, synchronous over free; None in profiles before it (1.0)
+    compute_ratio: Measurement | None = None
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    node: str
+    device: str                    # "gpu0", "gpu1", ... or "cpu"
+    name: str                      # model name, e.g. "NVIDIA A100-SXM4-40GB"
+    emulated: bool
+    speed: float                   # emulated relative speed (1.0 for real devices)
+    memory_total_mib: int | None
+    matmul_tflops: dict[str, Measurement] = field(default_factory=dict)   # dtype -> TFLOP/s
+    mem_bandwidth_gbs: Measurement | None = None
+    h2d_bandwidth_gbs: Measurement | None = None
+    steps: tuple[StepSample, ...] = ()
+    error: str | None = None       # "out of memory", driver error...; the rest of the run continues
+    torch_version: str | None = None
+    driver_version: str | None = None
+    exchange: ExchangeProfile | None = None   # PS push cost on this device's node (with --model)
+    group_sync: GroupSyncProfile | None = None   # emulated nodes: their devices' synchronous step
+
+
+@dataclass(frozen=True)
+class LinkProfile:
+    a: str                         # node names
+    b: str
+    backend: str                   # "gloo" | "nccl"
+    bandwidth_gbs: Measurement | None = None
+    latency_s: Measurement | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the planner needs of the user's model: its size (traffic) and a label."""
+
+    name: str
+    parameters: int
+    bytes_per_parameter: int = 4
+
+
+@dataclass(frozen=True)
+class Profiles:
+    cluster: str                   # Cluster.fingerprint()
+    devices: tuple[DeviceProfile, ...]
+    links: tuple[LinkProfile, ...] = ()
+    model: ModelSpec | None = None
+    measured_at: float = 0.0
+    version: int = SCHEMA_VERSION
+
+
+# ---------------------------------------------------------------------------------------------
+# Plan
+# ---------------------------------------------------------------------------------------------
+
+class Strategy(str, enum.Enum):
+    AUTO = "auto"
+    ALLREDUCE = "allreduce"
+    HYBRID = "hybrid"
+    PS = "ps"
+
+
+class Role(str, enum.Enum):
+    WORKER = "worker"
+    PS = "ps"
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What the user asks the planner for; every field but the strategy may be left to the planner."""
+
+    strategy: Strategy = Strategy.AUTO
+    global_batch: int | None = None   # samples per step over all workers; None = 32 per worker device
+    ps_ranks: int | None = None       # number of parameter-server ranks; None = chosen by the cost model
+    staleness: int | None = None      # staleness bound; None = the planner's rule (docs/planning.md)
+    model: ModelSpec | None = None    # overrides Profiles.model (size of the parameters to exchange)
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    id: int
+    ranks: tuple[int, ...]
+    accumulate: int = 1            # local steps accumulated before the group pushes to the PS
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    rank: int
+    role: Role
+    node: str
+    device: str                    # "gpu0"... for workers; "cpu" for PS ranks
+    group: int | None = None
+    batch_size: int | None = None
+    local_rank: int = 0            # among the ranks of its node
+    emulated: bool = False
+    speed: float = 1.0             # emulated relative speed applied by the runtime
+
+
+@dataclass(frozen=True)
+class Plan:
+    strategy: Strategy
+    world_size: int
+    groups: tuple[GroupPlan, ...]
+    ranks: tuple[RankPlan, ...]
+    predicted_samples_per_s: dict[str, float]   # per strategy, plus "ideal"
+    global_batch: int
+    cluster: str                   # Cluster.fingerprint(): a plan from another cluster is refused
+    reason: str = ""               # why this strategy was chosen
+    staleness_bound: int = 0       # max versions a group may run ahead (0 for allreduce)
+    ps_shards: tuple[int, ...] = ()  # PS ranks, in shard order
+    model: ModelSpec | None = None
+    version: int = SCHEMA_VERSION
+
+    @property
+    def workers(self) -> tuple[RankPlan, ...]:
+        return tuple(r for r in self.ranks if r.role is Role.WORKER)
+
+    def rank(self, rank: int) -> RankPlan:
+        return self.ranks[rank]
+
+
+# ---------------------------------------------------------------------------------------------
+# Jobs (launch / status)
+# ---------------------------------------------------------------------------------------------
+
+class RankState(str, enum.Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    UNKNOWN = "unknown"            # its node cannot be reached
+
+    def is_running(self) -> bool:
+        return self in (RankState.PENDING, RankState.RUNNING)
+
+    def is_final(self) -> bool:
+        return self in (RankState.SUCCEEDED, RankState.FAILED, RankState.STOPPED)
+
+
+class JobState(str, enum.Enum):
+    STARTING = "starting"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+    def is_running(self) -> bool:
+        return self in (JobState.STARTING, JobState.RUNNING)
+
+
+@dataclass(frozen=True)
+class RankRecord:
+    rank: int
+    node: str
+    role: Role
+    state: RankState = RankState.PENDING
+    exit_code: int | None = None
+    signal: int | None = None
+    last_metrics: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """What `status` shows and `stop` needs; written atomically to the state dir. No secret values."""
+
+    id: str
+    cluster: str                   # Cluster.fingerprint()
+    cluster_source: str | None     # the cluster file, None for the embedded default
+    command: tuple[str, ...]
+    plan: Plan
+    state: JobState = JobState.STARTING
+    ranks: tuple[RankRecord, ...] = ()
+    started_at: float = 0.0
+    ended_at: float | None = None
+    exit_code: int | None = None
+    root_cause: str | None = None  # first failing rank, host, code/signal, in words
+    detached: bool = False
+    restarts: tuple[str, ...] = ()  # reason of each restart, in order
+    version: int = SCHEMA_VERSION
