@@ -8,6 +8,7 @@ exists, because it brings in paramiko).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -285,7 +286,11 @@ def _finish(decls: list[_Decl], ssh: SshSettings, *, source: str) -> Cluster:
             raise ConfigError(f"duplicate node name {name!r} (first declared at {first_seen[name]}); "
                               "give one of them another name = \"...\"", source=decl.source)
         first_seen[name] = decl.source
-        nodes.append(NodeSpec(**{**decl.fields, "name": name}, source=decl.source))
+        node = NodeSpec(**{**decl.fields, "name": name}, source=decl.source)
+        if node.is_local and "python" not in decl.fields:
+            # This machine: the Python hgtrain runs in has its dependencies; PATH's python3 may not.
+            node = dataclasses.replace(node, python=sys.executable)
+        nodes.append(node)
     return Cluster(nodes=tuple(_resolve_ssh_aliases(nodes, decls, ssh)), ssh=ssh, source=source)
 
 
