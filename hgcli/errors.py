@@ -53,6 +53,20 @@ class RemoteError(HgError):
         self.reason = message
 
 
+class NodesFailedError(HgError):
+    """Some nodes (or their devices) failed a stage; the message names them. The healthy ones were still
+    reported."""
+
+    exit_code = EXIT_NODES_FAILED
+
+
+class NodePythonError(HgError):
+    """A node's Python lacks a module that the plan's ranks (or the bench) import; the message names
+    node and module and says how to install it. Nothing was started."""
+
+    exit_code = EXIT_USAGE
+
+
 class StateError(HgError):
     """The state directory (job records, cached inventory and profiles) is unusable."""
 

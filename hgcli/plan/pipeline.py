@@ -25,7 +25,7 @@ from __future__ import annotations
 import time
 from typing import Callable, TypeVar
 
-from ..errors import EXIT_NODES_FAILED, EXIT_USAGE, HgError, StateError
+from ..errors import NodePythonError, NodesFailedError, StateError
 from ..schema.stages import PLAN_NEEDS, Cluster, Inventory, JobSpec, Plan, Profiles
 
 # Inventories older than this are probed again (seconds).
@@ -33,18 +33,6 @@ INVENTORY_MAX_AGE_S = 3600.0
 
 OnStage = Callable[[str, str], None]
 T = TypeVar("T")
-
-
-class NodesFailedError(HgError):
-    """Probe or bench failed on some nodes/devices; the message names them."""
-
-    exit_code = EXIT_NODES_FAILED
-
-
-class NodePythonError(HgError):
-    """A node's Python lacks a module its ranks (or the bench) import; the message names both."""
-
-    exit_code = EXIT_USAGE
 
 
 # What to do about a missing module ({py}: the node's Python, {node}: its name).

@@ -15,8 +15,9 @@ from hgcli import state
 from hgcli.cli import main
 from hgcli.config.cluster import default_cluster
 from hgcli.schema.stages import PLAN_NEEDS, Inventory, JobSpec, NodeInfo, Plan, Profiles, PythonRuntime, from_dict, to_dict
-from hgcli.plan.pipeline import (INVENTORY_MAX_AGE_S, NodePythonError, inventory_unusable, prepare_plan,
-                                 profiles_unusable, refuse_unrunnable, runtime_problems)
+from hgcli.errors import NodePythonError
+from hgcli.plan.pipeline import (INVENTORY_MAX_AGE_S, inventory_unusable, prepare_plan, profiles_unusable,
+                                 refuse_unrunnable, runtime_problems)
 from hgcli.bench.profiles import load_profiles, store_profiles
 
 pytestmark = pytest.mark.slow
