@@ -78,3 +78,18 @@ def test_plan_and_launch_refuse_a_hybrid_plan_before_anything_starts(hg, no_nump
     assert hg.job_ids() == []
     allreduce = hgtrain(hg, "plan", "-c", str(path), "--strategy", "allreduce", "--json")
     assert allreduce.returncode == 0, allreduce.stderr
+
+
+def test_unchecked_node_the_rank_itself_names_module_node_and_install_command(hg, tmp_path, no_numpy):
+    """Nothing stored to refuse by (a plan file, never probed): the ranks start, and a rank of a PS plan
+    says what RPC lacks before the rendezvous, instead of torch's "Numpy is not available"."""
+    path, python = no_numpy
+    hybrid = plan_file(tmp_path, make_plan(load_cluster(path), [["gpuless"], ["gpuless"]], ps=["gpuless"]))
+    code, out, err = hg.run("-c", str(path), "--plan", str(hybrid), "--json", "--grace", "1", "--",
+                            str(python), "-c", "import hgcli.runtime as hg; hg.init()")
+    assert code == 1, err
+    cause = json.loads(out.splitlines()[-1])["root_cause"]
+    text = "\n".join(cause["last_lines"])
+    assert (f"(node gpuless): torch.distributed.rpc, which the parameter-server ranks use, needs numpy, and in "
+            f"{python} numpy cannot be imported (No module named 'numpy'): run '{python} -m pip install numpy' "
+            "on node gpuless") in text, text
