@@ -6,7 +6,7 @@ one ``probe`` frame and exits 0 whatever the node's state: a broken driver is re
 node's ``ok: false`` and ``error`` so the controller can show every node, healthy or not. Standard
 library only, and torch is never imported in this process (importing it takes a second or more and
 may itself fail on a node with a broken driver): its version comes from the installed package's
-metadata, and what each role of a plan imports is tried in a child process (``check_runtime``).
+metadata, and what each kind of plan imports is tried in a child process (``RuntimeCheck``).
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -351,12 +352,14 @@ class RuntimeCheck:
     """What this Python can run (``RUNTIME_CHECK``). Importing torch takes a second or more, so it is
     never done in the probe's own process (which must stay fast, and alive on a node whose driver
     crashes torch's import): a child process of this Python does it, started at once so that it runs
-    while nvidia-smi does, bounded by ``RUNTIME_TIMEOUT_S`` (then the checks are unknown, which
-    refuses nothing). Its answer is kept on the node per interpreter and torch/numpy install
+    while nvidia-smi does, bounded by ``timeout_s`` from its start (then the checks are unknown, which
+    refuses nothing), so the probe as a whole stays within its own bound. Its answer is kept on the node per interpreter and torch/numpy install
     (``_cache_path``), so a later probe costs a file read. Without torch installed there is nothing to
     import and no child."""
 
-    def __init__(self, metadata: dict[str, str]) -> None:
+    def __init__(self, metadata: dict[str, str], timeout_s: float = RUNTIME_TIMEOUT_S) -> None:
+        self._timeout_s = timeout_s
+        self._deadline = time.monotonic() + timeout_s
         self._child: subprocess.Popen[str] | None = None
         self._answer: PythonRuntime | None = None
         self._cache = None
@@ -376,16 +379,17 @@ class RuntimeCheck:
             self._answer = PythonRuntime(sys.executable, why={"torch": f"cannot start {sys.executable}: "
                                                                         f"{exc.strerror or exc}"})
 
-    def result(self, timeout_s: float = RUNTIME_TIMEOUT_S) -> PythonRuntime:
+    def result(self) -> PythonRuntime:
         if self._child is None:
             assert self._answer is not None
             return self._answer
         try:
-            output, _ = self._child.communicate(timeout=timeout_s)
+            output, _ = self._child.communicate(timeout=max(0.0, self._deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             self._child.kill()
             self._child.communicate()
-            return PythonRuntime(sys.executable, why={"torch": f"import torch did not finish within {timeout_s:g} s"})
+            return PythonRuntime(sys.executable, why={"torch": f"import torch did not finish within "
+                                                               f"{self._timeout_s:g} s"})
         answer = runtime_from_output(sys.executable, output)
         if answer is None:
             return PythonRuntime(sys.executable, why={"torch": f"the check printed {output.strip()[-200:]!r}"})

@@ -44,6 +44,7 @@ _REMEDY = {
     "numpy": "lacks numpy, which torch.distributed.rpc needs for the parameter-server ranks: run "
              "'{py} -m pip install numpy' on {node}",
 }
+_OR_ANOTHER = "; or set the node's python in the cluster file to one that has it"
 
 
 def _quiet(stage: str, message: str) -> None:
@@ -101,8 +102,8 @@ def refuse_unrunnable(plan: Plan, inventory: Inventory) -> None:
     needs = PLAN_NEEDS["hybrid/ps" if plan.ps_shards else "allreduce"]
     problems = runtime_problems(inventory, [r.node for r in plan.ranks], needs)
     if problems:
-        raise NodePythonError(f"the {plan.strategy.value} plan's ranks cannot run: {'; '.join(problems)}; or set "
-                              "the node's python in the cluster file to one that has it. Nothing was started")
+        raise NodePythonError(f"the {plan.strategy.value} plan's ranks cannot run: {'; '.join(problems)}"
+                              f"{_OR_ANOTHER}. Nothing was started")
 
 
 def refuse_unrunnable_plan_file(plan: Plan, cluster: Cluster, on_stage: OnStage | None = None) -> None:
@@ -203,8 +204,7 @@ def ensure_profiles(cluster: Cluster, inventory: Inventory, *, quick: bool = Tru
     def bench(why: str) -> Profiles:
         problems = runtime_problems(inventory, [n.name for n in inventory.succeeded], PLAN_NEEDS["allreduce"])
         if problems:
-            raise NodePythonError(f"cannot bench: {'; '.join(problems)}; or set the node's python in the "
-                                  "cluster file to one that has it")
+            raise NodePythonError(f"cannot bench: {'; '.join(problems)}{_OR_ANOTHER}")
         say("bench", f"benching{' (quick)' if quick else ''}: {why}")
         fresh = bench_cluster(cluster, inventory, quick=quick)
         say("bench", f"measured {len(fresh.devices)} device(s) and {len(fresh.links)} link(s)")

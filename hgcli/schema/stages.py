@@ -137,8 +137,10 @@ class PythonRuntime:
     why: dict[str, str] = field(default_factory=dict)   # check -> why it is False or unknown
 
     def lacking(self, needs: tuple[str, ...]) -> tuple[str, ...]:
-        """Those of ``needs`` this Python is known not to have."""
-        return tuple(n for n in needs if getattr(self, n) is False)
+        """Those of ``needs`` this Python is known not to have; only torch when torch is missing (the
+        others are torch's or need it, so torch is what to install)."""
+        lacking = tuple(n for n in needs if getattr(self, n) is False)
+        return ("torch",) if "torch" in lacking else lacking
 
 
 @dataclass(frozen=True)

@@ -93,3 +93,17 @@ def test_unchecked_node_the_rank_itself_names_module_node_and_install_command(hg
     assert (f"(node gpuless): torch.distributed.rpc, which the parameter-server ranks use, needs numpy, and in "
             f"{python} numpy cannot be imported (No module named 'numpy'): run '{python} -m pip install numpy' "
             "on node gpuless") in text, text
+
+
+def test_a_node_without_torch_is_refused_before_the_bench(hg, tmp_path):
+    python = python_without(tmp_path / "venv", "torch")
+    path = tmp_path / "cluster.toml"
+    path.write_text(f'[[nodes]]\nname = "bare"\nhost = "localhost"\npython = "{python}"\n'
+                    'emulate = { devices = ["A100"], speed = [1.0], memory_mib = [40960] }\n')
+    planned = hgtrain(hg, "plan", "-c", str(path))
+    assert planned.returncode == 2 and planned.stdout == "", planned.stderr
+    line = planned.stderr.strip().splitlines()[-1]
+    assert line == (f"hgtrain: error: cannot bench: node bare: its Python {python} lacks torch: run '{python} -m pip "
+                    "install torch' on bare (torch is not installed); or set the node's python in the cluster file "
+                    "to one that has it"), planned.stderr
+    assert "benching" not in planned.stderr

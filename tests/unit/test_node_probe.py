@@ -233,7 +233,7 @@ def test_a_python_without_torch_can_run_no_plan_and_needs_no_child(tmp_path):
 
 def test_a_check_that_does_not_finish_in_time_leaves_every_answer_unknown(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
-    rt = RuntimeCheck(installed()).result(timeout_s=0.01)     # importing torch takes longer
+    rt = RuntimeCheck(installed(), timeout_s=0.01).result()     # importing torch takes longer
     assert (rt.torch, rt.gloo, rt.rpc, rt.numpy) == (None, None, None, None)
     assert "did not finish within 0.01 s" in rt.why["torch"]
     assert rt.lacking(PLAN_NEEDS["hybrid/ps"]) == ()             # unknown is never "missing"
