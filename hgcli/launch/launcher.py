@@ -351,7 +351,7 @@ def _stop_detached(links: list[AgentLink], job_id: str, jobs_root: str) -> None:
            lambda n: stop(next(link for link in links if link.node == n.name)))
 
 
-def _not_started(failed, interrupt: Interrupt, number: int) -> Outcome:
+def _not_started(failed: list[NodeResult[_Prepared]], interrupt: Interrupt, number: int) -> Outcome:
     if failed:
         first = failed[0]
         others = "".join(f"; {r.node.name}: {r.error}" for r in failed[1:])
