@@ -236,7 +236,7 @@ class TorchBuild:
 def parse_torch_version_py(text: str) -> tuple[str | None, str | None]:
     """(``__version__``, ``cuda``) from the text of torch/version.py (``cuda: Optional[str] = '13.0'``;
     None on a CPU build)."""
-    found = dict(m.groups() for m in _VERSION_PY.finditer(text))
+    found = {m[1]: m[2] for m in _VERSION_PY.finditer(text)}
     return found.get("__version__"), found.get("cuda")
 
 
