@@ -141,6 +141,8 @@ class GroupSync:
                 self._opt_class = optim.class_path(type(optimizer))
                 frozen = [p for p in model.parameters() if not p.requires_grad]
                 self._groups = optim.group_indices(optimizer, self.params, frozen)
+                optim.build_optimizer(self.params, optim.shard_spec(
+                    optimizer, *self._opt_class, self._groups, range(len(self.params))))
             except TrainingError as exc:
                 raise TrainingError(f"rank {rank}: hybrid training: {exc}") from exc
             self._seeded = [optim.group_options(g, optimizer.defaults) for g in optimizer.param_groups]
@@ -220,14 +222,16 @@ class GroupSync:
         self._allreduce(acc)
         t1 = time.perf_counter()
         self._pool_estimates(n)
-        total = max(float(acc[lay.samples]), 1e-12)
-        if float(acc[lay.found_inf]) > 0:
+        samples, found_inf = acc[lay.samples: lay.slots].tolist()     # one device sync for both
+        total = max(samples, 1e-12)
+        if found_inf > 0:
             # Some member's scaler found inf/NaN: nobody steps, nothing is pushed, parameters and
             # buffers stay as they are (a member's statistics may hold the overflow too).
             self._skipped = True
             self.skipped_steps += 1
             self.sync_s += t1 - t0
-            self.metrics.emit(event="skip", group=self.group_id, step=self.local_step, version=self.version)
+            self.metrics.emit(event="skip", group=self.group_id, step=self.local_step, version=self.version,
+                              allreduce_s=t1 - t0)
             acc.zero_()
             return
         grad = acc[:self._numel] / total
@@ -243,13 +247,13 @@ class GroupSync:
             self.sync_s += t1 - t0
         else:
             if self.rank == self.leader:
-                self._load_answers(self._exchange(grad, float(acc[lay.samples]), buffers))
+                self._load_answers(self._exchange(grad, samples, buffers))
             t2 = time.perf_counter()
             self._broadcast_state()
             t3 = time.perf_counter()
             self.sync_s += t3 - t0
             self.metrics.emit(event="sync", group=self.group_id, version=self.version,
-                              samples=float(acc[lay.samples]), allreduce_s=t1 - t0, push_s=t2 - t1,
+                              samples=samples, allreduce_s=t1 - t0, push_s=t2 - t1,
                               broadcast_s=t3 - t2)
         acc.zero_()
 
@@ -365,13 +369,19 @@ class GroupSync:
             self._collective(lambda: dist.all_reduce(buf, group=self.pg), "all-reduce")
 
     def _broadcast_state(self) -> None:
-        """The leader's parameters and synchronised buffers to its group, in one broadcast."""
+        """The leader's parameters, synchronised buffers and PS version to its group, in one broadcast.
+        The version travels as the bytes of an int64 viewed in the vector's dtype: a broadcast copies
+        bytes, and no float type of the parameters (bf16 holds integers exactly only up to 256) could
+        carry it as a number."""
         if len(self.ranks) <= 1:
             return
-        flat = torch.cat([self._flat_params(), self._flat_buffers()])
+        state = torch.cat([self._flat_params(), self._flat_buffers()])
+        version = torch.tensor([self.version], dtype=torch.int64, device=state.device).view(state.dtype)
+        flat = torch.cat([state, version])
         self._collective(lambda: dist.broadcast(flat, self.leader, group=self.pg), "broadcast")
         self._load_flat(flat[:self._numel])
-        self._load_buffers(flat[self._numel:])
+        self._load_buffers(flat[self._numel: state.numel()])
+        self.version = int(flat[state.numel():].clone().view(torch.int64)[0])   # clone: aligned
 
     def _broadcast_other_buffers(self) -> None:
         """At the start only (as DDP does): the buffers that are not averaged, from the leader."""

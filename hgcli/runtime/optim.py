@@ -16,6 +16,7 @@ Pure functions of torch objects: unit-tested in process.
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any, Sequence, TypedDict
 
 import torch
@@ -128,13 +129,27 @@ def normalise_spec(spec: dict[str, Any], n_params: int) -> OptimizerSpec:
             "groups": [{"params": list(range(n_params)), "options": {}}]}
 
 
+def constructor_kwargs(cls: type, defaults: dict[str, Any]) -> dict[str, Any]:
+    """The defaults the constructor accepts. ``defaults`` is what the optimizer stored, which is not
+    always what its constructor takes (AdamW stores ``decoupled_weight_decay`` for Adam's sake but does
+    not accept it); every group carries all its options anyway, so nothing is lost."""
+    try:
+        accepted = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return dict(defaults)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
+        return dict(defaults)
+    return {k: v for k, v in defaults.items() if k in accepted}
+
+
 def build_optimizer(params: Sequence[torch.Tensor], spec: dict[str, Any]) -> torch.optim.Optimizer:
-    """The PS's optimizer over its shard's tensors."""
+    """The PS's optimizer over its shard's tensors (the worker builds one too, at wrap time, to refuse
+    a spec the PS could not build before anything is sent)."""
     full = normalise_spec(spec, len(params))
     cls = resolve_class(full["module"], full["qualname"])
     groups = [{"params": [params[i] for i in g["params"]], **g["options"]} for g in full["groups"]]
     try:
-        return cls(groups, **full["defaults"])
+        return cls(groups, **constructor_kwargs(cls, full["defaults"]))
     except (TypeError, ValueError) as exc:
         raise TrainingError(f"optimizer {full['module']}.{full['qualname']} cannot be built on the "
                             f"parameter server: {exc}") from exc
