@@ -8,17 +8,17 @@ runs, this rank's found-inf flag travels in the group's all-reduce, and when any
 the group skips the update (no local step, no push) and every member's scaler sees found-inf, so
 all back off their scale alike. Other optimizers keep torch's behaviour.
 
-``_maybe_opt_step`` is a private method of torch's GradScaler (the pinned torch versions have it);
-if it is missing the hand-off is not installed and :func:`hook_scaler` raises.
+``_maybe_opt_step`` is a private method of torch's GradScaler (in the torch versions hgtrain supports:
+``torch.amp.GradScaler`` since 2.3, ``torch.cuda.amp.GradScaler`` before). Should a torch lack it,
+nothing is replaced: scripts without a GradScaler must not fail for it.
 """
 from __future__ import annotations
 
+import importlib
 import weakref
 from typing import Any, Callable, Protocol
 
 import torch
-
-from .errors import TrainingError
 
 
 class ScalerAware(Protocol):
@@ -49,16 +49,26 @@ def _maybe_opt_step(self: Any, optimizer: torch.optim.Optimizer, optimizer_state
 
 def hook_scaler(optimizer: torch.optim.Optimizer, sync: ScalerAware) -> None:
     global _ORIGINAL
-    from torch.amp.grad_scaler import GradScaler
-
     if _ORIGINAL is None:
-        original = getattr(GradScaler, "_maybe_opt_step", None)
-        if original is None:
-            raise TrainingError(f"torch {torch.__version__}: GradScaler has no _maybe_opt_step; the "
-                                f"runtime cannot make a group skip a step together")
+        cls = _grad_scaler_class()
+        original = getattr(cls, "_maybe_opt_step", None)
+        if cls is None or original is None:
+            return
         _ORIGINAL = original
-        GradScaler._maybe_opt_step = _maybe_opt_step  # type: ignore[method-assign]
+        setattr(cls, "_maybe_opt_step", _maybe_opt_step)
     _HOOKED[optimizer] = sync
+
+
+def _grad_scaler_class() -> type | None:
+    # torch.amp's since torch 2.3 (torch.cuda.amp's is a subclass there), torch.cuda.amp's before.
+    for module in ("torch.amp.grad_scaler", "torch.cuda.amp.grad_scaler"):
+        try:
+            cls = getattr(importlib.import_module(module), "GradScaler")
+        except (ImportError, AttributeError):
+            continue
+        if isinstance(cls, type):
+            return cls
+    return None
 
 
 def unhook_scaler(optimizer: torch.optim.Optimizer) -> None:

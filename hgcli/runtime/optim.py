@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from typing import Any, Sequence, TypedDict
+from typing import Any, Mapping, Sequence, TypedDict
 
 import torch
 
@@ -121,7 +121,7 @@ def shard_spec(optimizer: torch.optim.Optimizer, module: str, qualname: str,
     return {"module": module, "qualname": qualname, "defaults": defaults, "groups": groups}
 
 
-def normalise_spec(spec: dict[str, Any], n_params: int) -> OptimizerSpec:
+def normalise_spec(spec: Mapping[str, Any], n_params: int) -> OptimizerSpec:
     """Specs of older checkpoints (``{"name": "SGD", "kwargs": {...}}``: a torch.optim class, one group)."""
     if "groups" in spec:
         return spec  # type: ignore[return-value]
@@ -142,7 +142,7 @@ def constructor_kwargs(cls: type, defaults: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in defaults.items() if k in accepted}
 
 
-def build_optimizer(params: Sequence[torch.Tensor], spec: dict[str, Any]) -> torch.optim.Optimizer:
+def build_optimizer(params: Sequence[torch.Tensor], spec: Mapping[str, Any]) -> torch.optim.Optimizer:
     """The PS's optimizer over its shard's tensors (the worker builds one too, at wrap time, to refuse
     a spec the PS could not build before anything is sent)."""
     full = normalise_spec(spec, len(params))
