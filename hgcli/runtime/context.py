@@ -93,9 +93,13 @@ class Context:
         return self._sync.version if self._sync else 0
 
     # --- training -------------------------------------------------------------------------------
-    def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer
-             ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-        """Hook aggregation into ``optimizer.step()``; both objects are returned unchanged otherwise."""
+    def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
+             max_grad_norm: float | None = None) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        """Hook aggregation into ``optimizer.step()``; both objects are returned unchanged otherwise.
+
+        ``max_grad_norm``: clip the group's aggregated gradient (its weighted mean) to this 2-norm
+        before the local step or the push; a script's own ``clip_grad_norm_`` before ``opt.step()``
+        sees only this rank's gradient."""
         if self._sync is not None:
             raise TrainingError("wrap() was already called in this process")
         on = {p.device.type for p in model.parameters()}
@@ -114,7 +118,7 @@ class Context:
             accumulate=self.group_plan.accumulate, ps_ranks=self.plan.ps_shards,
             first_worker=self.plan.workers[0].rank, default_batch=self.env.batch_size or 1,
             emulator=self.emulator, metrics=self.metrics, timeout_s=self.env.timeout_s,
-            share_with=self._same_node(self.group_plan.ranks))
+            share_with=self._same_node(self.group_plan.ranks), max_grad_norm=max_grad_norm)
         self._sync.start()
         return model, optimizer
 
@@ -123,6 +127,20 @@ class Context:
         """This rank's batches of ``data`` (a tuple of tensors); ``batch_size`` unless the plan says."""
         return shard_batches(data, self._batch_sizes(batch_size), self.worker_index,
                              epochs=epochs, seed=seed)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The model's state dict with the current parameters and buffers, copied, for a script's own
+        checkpoints: the PS's under hybrid plans while training, the local model's otherwise."""
+        if self._sync is None:
+            raise TrainingError(f"rank {self.rank}: ctx.state_dict() needs ctx.wrap(model, opt) first")
+        # Fetching and copying the state is not the device's work: emulation must not stretch it.
+        with self.emulator.untimed():
+            return self._sync.state_dict()
+
+    @property
+    def grad_norm(self) -> float | None:
+        """2-norm of the last aggregated gradient before clipping (with ``max_grad_norm``; else None)."""
+        return self._sync.grad_norm if self._sync else None
 
     def log(self, **fields: Any) -> None:
         # Logging is not the device's work: emulation must not stretch it (emulate.py).
@@ -141,7 +159,7 @@ class Context:
             self._sync.finish()
             self.metrics.emit(event="finish", samples=self._sync.samples_seen, steps=self._sync.local_step,
                               compute_s=self.emulator.compute_s, emulated_sleep_s=self.emulator.slept_s,
-                              sync_s=self._sync.sync_s)
+                              sync_s=self._sync.sync_s, skipped_steps=self._sync.skipped_steps)
         if self.env.world_size > 1:
             try:
                 shutdown(self.plan, self.env.timeout_s)
