@@ -72,6 +72,9 @@ class ShardServer:
         self.opt: torch.optim.Optimizer | None = None
         self.opt_spec: dict[str, Any] | None = None
         self.version = 0
+        # Each group's data position after its latest applied push (sent by its leader; see
+        # position.py): checkpointed with the parameters, answered to the group after a resume.
+        self.data_positions: dict[int, dict[str, int]] = {}
         if len(group_ids) > 1 and staleness_bound < len(group_ids) - 1:
             raise TrainingError(f"plan staleness_bound {staleness_bound} is below groups - 1 = "
                                 f"{len(group_ids) - 1}: no schedule of the groups could respect it")
@@ -140,7 +143,8 @@ class ShardServer:
                 self._request(group, fut)
         return fut
 
-    def push(self, group: int, grad: torch.Tensor, samples: float, lr: float) -> Future:
+    def push(self, group: int, grad: torch.Tensor, samples: float, lr: float,
+             data_position: dict[str, int] | None = None) -> Future:
         fut: Future = Future()
         schedule = None
         with self.cv:
@@ -158,6 +162,8 @@ class ShardServer:
             self.opt.step()
             self.version += 1
             self.clock[group] += 1
+            if data_position is not None:
+                self.data_positions[group] = dict(data_position)
             self._trace("push", group=group, clock=self.clock[group], base=self.base[group],
                         version=self.version, staleness=staleness, samples=samples, scale=scale,
                         clocks=dict(self.clock), active=sorted(self.active))
@@ -190,6 +196,10 @@ class ShardServer:
                 self.finishing.append(fut)
                 threading.Timer(wait_s, self._finish_timeout, args=(fut,)).start()
         return fut
+
+    def data_position(self, group: int) -> dict[str, int] | None:
+        with self.cv:
+            return self.data_positions.get(group)
 
     def schedule_checkpoint(self, version: int) -> None:
         with self.cv:
@@ -268,7 +278,8 @@ class ShardServer:
     def _snapshot(self) -> dict[str, Any]:
         assert self.params is not None and self.opt is not None
         return {"params": [p.detach().clone() for p in self.params], "opt_spec": self.opt_spec,
-                "optimizer": copy.deepcopy(self.opt.state_dict())}
+                "optimizer": copy.deepcopy(self.opt.state_dict()),
+                "data_positions": copy.deepcopy(self.data_positions)}
 
     def _write_loop(self) -> None:
         while (item := self.writes.get()) is not None:
@@ -303,7 +314,10 @@ class ShardServer:
         self.opt.load_state_dict(data["optimizer"])
         self.version = version
         self.base = {g: self.version for g in self.base}
-        self._trace("resume", version=self.version)
+        # Checkpoints written before data positions were recorded have none: groups start their epochs.
+        self.data_positions = {int(g): dict(p) for g, p in data.get("data_positions", {}).items()}
+        self._trace("resume", version=self.version,
+                    data_positions={str(g): p for g, p in self.data_positions.items()})
         return self.version
 
     # --- main thread ---------------------------------------------------------------------------
@@ -359,13 +373,18 @@ def _pull(group: int) -> Future:
 
 
 @rpc.functions.async_execution
-def _push(group: int, grad: torch.Tensor, samples: float, lr: float) -> Future:
-    return _server().push(group, grad, samples, lr)
+def _push(group: int, grad: torch.Tensor, samples: float, lr: float,
+          data_position: dict[str, int] | None = None) -> Future:
+    return _server().push(group, grad, samples, lr, data_position)
 
 
 @rpc.functions.async_execution
 def _finish(group: int, wait_s: float) -> Future:
     return _server().finish(group, wait_s)
+
+
+def _data_position(group: int) -> dict[str, int] | None:
+    return _server().data_position(group)
 
 
 def _seed(group: int, flat: torch.Tensor, shapes: list[tuple[int, ...]], spec: dict[str, Any]) -> int:
