@@ -13,8 +13,8 @@ weighted all-reduce gives)::
 ``HGTRAIN_BATCH_SIZE``), the process group the model's DDP uses, or a ``WeightedDDPState`` naming the
 batch explicitly. The sum of the batches comes from one all-reduce at the first bucket and is kept.
 """
-from __future__ import annotations
-
+# No ``from __future__ import annotations`` here: DDP's register_comm_hook compares the hook's
+# annotations with dist.GradBucket and torch.futures.Future[torch.Tensor] as objects, not strings.
 from dataclasses import dataclass
 from typing import Any
 

@@ -219,3 +219,41 @@ def test_the_ps_records_data_positions_in_checkpoints_and_resumes_them(tmp_path)
         assert legacy.resume() == 6 and legacy.data_position(0) is None
     finally:
         legacy.close()
+
+
+def test_the_ddp_hook_state_is_none_a_group_or_explicit_and_needs_a_batch(monkeypatch):
+    from hgcli.runtime.ddp import WeightedDDPState, _state_of, weighted_ddp_hook
+
+    explicit = WeightedDDPState(batch_size=3)
+    assert _state_of(explicit) is explicit
+    assert _state_of(None) is _state_of(None)          # one kept state (and batch sum) per group
+    with pytest.raises(TypeError, match="process group or a WeightedDDPState"):
+        _state_of(3)
+    for name in ("HGTRAIN_PLAN", "HGTRAIN_BATCH_SIZE", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+
+    class Bucket:
+        def buffer(self):
+            return torch.zeros(2)
+
+    with pytest.raises(hg.TrainingError, match="no batch size.*WeightedDDPState"):
+        weighted_ddp_hook(WeightedDDPState(), Bucket())
+
+
+def test_a_restored_position_reaches_the_training_sampler_made_before_or_after():
+    from hgcli.runtime.position import DataPosition
+
+    pos = {"epoch": 1, "step": 2, "steps_per_epoch": 5}
+    for before in (True, False):
+        data = DataPosition()
+        sampler = RankBatchSampler(40, [3, 5], 0)
+        if before:
+            data.track(sampler)
+        data.restore(pos)
+        data.track(sampler)
+        data.track(RankBatchSampler(40, [3, 5], 0))   # a second sampler is not the training data's
+        assert data.sampler is sampler and data.current() == pos == sampler.state_dict()
+    data = DataPosition()
+    data.restore(pos)
+    with pytest.raises(hg.TrainingError, match="does not fit this sampler"):
+        data.track(RankBatchSampler(48, [3, 5], 0))   # 6 steps per epoch; the checkpoint counted 5
