@@ -7,12 +7,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 
 import pytest
 
-from tests.faults.test_restarts import PY, attempt_pids, two_nodes
-from tests.launch.hg import WAIT_S
+from tests.faults.test_restarts import PY, _wait_for_checkpoints, attempt_pids, two_nodes
 from tests.runtime.helpers import SCRIPTS
 
 pytestmark = pytest.mark.slow
@@ -27,11 +25,7 @@ def test_groups_continue_from_the_checkpointed_data_position_after_a_restart(hg,
                    "--checkpoint-every", "5", "--", PY, str(SCRIPTS / "loader_train.py"), "--out", str(out),
                    "--n", str(64 * per_epoch), "--epochs", "1", "--workers", "1")
     pids = run.wait_all_started(3)
-    ckpt = hg.node_dir(run.job_id, "b") / "ps-checkpoint"
-    deadline = time.monotonic() + WAIT_S
-    while not list(ckpt.glob("shard0-v*.pt")):
-        assert time.monotonic() < deadline and run.proc.poll() is None, (run.stderr, run.lines[-5:])
-        time.sleep(0.1)
+    _wait_for_checkpoints(run, [(hg.node_dir(run.job_id, "b") / "ps-checkpoint", 0)])
     os.kill(pids[0], signal.SIGKILL)
     assert run.finish(timeout=300) == 0, run.stderr
     assert sum(e["event"] == "job_restarted" for e in run.events()) == 1

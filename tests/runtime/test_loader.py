@@ -93,7 +93,7 @@ def test_weighted_ddp_hook_gives_the_union_batch_gradient(tmp_path):
     """The one added line, ``register_comm_hook(None, hg.weighted_ddp_hook)``, batches from the plan."""
     plan = emulated_plan([[1.0, 0.5]], [[3, 5]])
     steps_, lr = 2, 0.5
-    run_ok(plan, script("ddp_weighted.py", "--out", tmp_path, "--batches", "3,5", "--state", "none",
+    run_ok(plan, script("ddp_reference.py", "--out", tmp_path, "--batches", "3,5", "--weighted",
                         "--steps", steps_, "--lr", lr), tmp_path)
     (x, y), _ = make_dataset(n_train=4096, n_test=16)
     model = make_model(hidden=16)                     # same seed as the ranks' models

@@ -5,17 +5,15 @@ Writes <out>/start<R>.json (the sampler's position right after ctx.wrap: where i
 dataset indices of the batch (flushed at once: a SIGKILLed rank keeps what it trained). --die-rank
 and --die-step make one rank SIGKILL itself before its step number --die-step (counted from its start).
 """
-import argparse
 import json
 import os
 import signal
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 import hgcli.runtime as hg
+from common import parser
 
 
 class Indexed(Dataset):
@@ -33,10 +31,8 @@ class Indexed(Dataset):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--out", type=Path, required=True)
+    p = parser()                           # --out, --batch (the plan's batch wins), --lr
     p.add_argument("--n", type=int, default=60)
-    p.add_argument("--batch", type=int, default=4)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--seed", type=int, default=5)
@@ -47,7 +43,7 @@ def main() -> None:
     torch.manual_seed(0)
     ctx = hg.init()
     model = torch.nn.Linear(8, 3)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
 
     def make_loader():
         return ctx.loader(Indexed(args.n), batch_size=args.batch, seed=args.seed, num_workers=args.workers,
