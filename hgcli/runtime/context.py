@@ -11,6 +11,7 @@ import sys
 from typing import Any, Iterator, Sequence
 
 import torch
+from torch.utils.data import DataLoader
 
 from ..schema import stages as m
 from .data import shard_batches
@@ -20,6 +21,8 @@ from .errors import TrainingError
 from .groups import group_backend, init_distributed, shutdown
 from .hybrid import GroupSync
 from .metrics import MetricsSink
+from .position import DataPosition, fetch_restored
+from .sampler import RankBatchSampler, dataset_length, make_loader
 
 
 def _implicit_plan(env: RankEnv) -> m.Plan:
@@ -65,6 +68,7 @@ class Context:
                                                   and torch.cuda.is_available()) else torch.device("cpu")
         self._pgs = init_distributed(env, self.plan) if env.world_size > 1 else {}
         self._sync: GroupSync | None = None
+        self._data = DataPosition()
 
     # --- identity -------------------------------------------------------------------------------
     @property
@@ -112,14 +116,18 @@ class Context:
                 raise TrainingError(f"rank {self.rank}: group {self.group} all-reduces with NCCL, but {where}")
             print(f"hgtrain: rank {self.rank} has a GPU but trains on the CPU: {where}", file=sys.stderr,
                   flush=True)
+        self._data.hook(optimizer)      # before the aggregation's hook: a push carries its own batch
         self._sync = GroupSync(
             model=model, optimizer=optimizer, group_ranks=self.group_plan.ranks,
             pg=self._pgs.get(self.group), rank=self.rank, group_id=self.group,
             accumulate=self.group_plan.accumulate, ps_ranks=self.plan.ps_shards,
             first_worker=self.plan.workers[0].rank, default_batch=self.env.batch_size or 1,
             emulator=self.emulator, metrics=self.metrics, timeout_s=self.env.timeout_s,
-            share_with=self._same_node(self.group_plan.ranks), max_grad_norm=max_grad_norm)
+            share_with=self._same_node(self.group_plan.ranks), max_grad_norm=max_grad_norm,
+            data_position=self._data.current)
         self._sync.start()
+        if self.plan.ps_shards:
+            self._restore_data_position()
         return model, optimizer
 
     def shard(self, data: Sequence[torch.Tensor], *, batch_size: int, epochs: int = 1,
@@ -141,6 +149,28 @@ class Context:
     def grad_norm(self) -> float | None:
         """2-norm of the last aggregated gradient before clipping (with ``max_grad_norm``; else None)."""
         return self._sync.grad_norm if self._sync else None
+
+    def sampler(self, dataset: Any, *, batch_size: int, shuffle: bool = True, seed: int = 0,
+                drop_last: bool = True) -> RankBatchSampler:
+        """A batch sampler of this rank's index lists of a map-style ``dataset`` (only its length
+        is read), for ``DataLoader(dataset, batch_sampler=...)``; ``batch_size`` unless the plan says.
+        The first one made is the training data: its position is checkpointed and restored."""
+        sampler = RankBatchSampler(dataset_length(dataset), self._batch_sizes(batch_size), self.worker_index,
+                                   shuffle=shuffle, seed=seed, drop_last=drop_last)
+        self._data.track(sampler)
+        return sampler
+
+    def loader(self, dataset: Any, *, batch_size: int, shuffle: bool = True, seed: int = 0,
+               drop_last: bool = True, **dataloader_kwargs: Any) -> DataLoader:
+        """A DataLoader over ``ctx.sampler(...)``; num_workers, pin_memory, collate_fn,
+        persistent_workers and the other DataLoader arguments pass through."""
+        return make_loader(dataset, self.sampler(dataset, batch_size=batch_size, shuffle=shuffle, seed=seed,
+                                                 drop_last=drop_last), dataloader_kwargs)
+
+    def batch_sizes(self, default: int) -> list[int]:
+        """Every worker's batch in plan order (``default`` where the plan gives none); this rank's is
+        ``[ctx.worker_index]``."""
+        return self._batch_sizes(default)
 
     def log(self, **fields: Any) -> None:
         # Logging is not the device's work: emulation must not stretch it (emulate.py).
@@ -176,6 +206,19 @@ class Context:
 
     def _batch_sizes(self, default: int) -> list[int]:
         return [b or default for b in self._batches]
+
+    def _restore_data_position(self) -> None:
+        """After a PS resume, the group continues from the data position its checkpoint recorded."""
+        assert self._sync is not None
+        with self.emulator.untimed():       # start-up, not the device's work
+            pos = fetch_restored(rank=self.rank, leader=self.group_plan.ranks[0], group_id=self.group,
+                                 n_members=len(self.group_plan.ranks), pg=self._pgs.get(self.group),
+                                 ps_rank=self.plan.ps_shards[0], device=self._sync._acc.device,
+                                 timeout_s=self.env.timeout_s, collective=self._sync._collective)
+        if pos is not None:
+            self._data.restore(pos)
+            print(f"hgtrain: rank {self.rank} (group {self.group}): data continues from epoch "
+                  f"{pos['epoch']} step {pos['step']} (PS checkpoint)", flush=True)
 
 
 def init(*, echo: bool = False) -> Context:

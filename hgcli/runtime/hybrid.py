@@ -92,7 +92,8 @@ class GroupSync:
                  group_ranks: tuple[int, ...], pg: Any, rank: int, group_id: int, accumulate: int,
                  ps_ranks: tuple[int, ...], first_worker: int, default_batch: int,
                  emulator: Emulator, metrics: MetricsSink, timeout_s: float,
-                 share_with: tuple[int, ...] = (), max_grad_norm: float | None = None) -> None:
+                 share_with: tuple[int, ...] = (), max_grad_norm: float | None = None,
+                 data_position: Callable[[], dict[str, int] | None] | None = None) -> None:
         self.model = model
         self.opt = optimizer
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -117,6 +118,8 @@ class GroupSync:
         # Positions in ``group_ranks`` of the members on this rank's node (itself included): their
         # emulated steps share one stable estimate (emulate.py).
         self.share_with = share_with
+        # The group's data position, sent with each push so PS checkpoints record it (position.py).
+        self.data_position = data_position
         self._me = group_ranks.index(rank)
         self.version = 0
         self.local_step = 0
@@ -339,8 +342,9 @@ class GroupSync:
         if grad is not None:
             hyper = optim.push_hyperparameters(self.opt, self._seeded)
             bufs = buffers.cpu() if buffers is not None else None
+            pos = self.data_position() if self.data_position else None
             answers = self._call_shards(ps._push, "push", lambda s: (
-                self.group_id, self._shard_flat(grad, s), samples, hyper, bufs if s == 0 else None))
+                self.group_id, self._shard_flat(grad, s), samples, hyper, bufs if s == 0 else None, pos))
         else:
             answers = self._call_shards(ps._pull, "pull", lambda s: (self.group_id,), shards=[0])
         if len(self.ps_ranks) > 1:

@@ -81,6 +81,9 @@ class ShardServer:
         # last pushed buffers with the samples of that push (the weights of the average).
         self.buffers: torch.Tensor | None = None
         self.group_buffers: dict[int, tuple[torch.Tensor, float]] = {}
+        # Each group's data position after its latest applied push (sent by its leader; see
+        # position.py): checkpointed with the parameters, answered to the group after a resume.
+        self.data_positions: dict[int, dict[str, int]] = {}
         if len(group_ids) > 1 and staleness_bound < len(group_ids) - 1:
             raise TrainingError(f"plan staleness_bound {staleness_bound} is below groups - 1 = "
                                 f"{len(group_ids) - 1}: no schedule of the groups could respect it")
@@ -169,9 +172,10 @@ class ShardServer:
         return fut
 
     def push(self, group: int, grad: torch.Tensor, samples: float, hyper: optim.Hyperparameters,
-             buffers: torch.Tensor | None = None) -> Future:
+             buffers: torch.Tensor | None = None, data_position: dict[str, int] | None = None) -> Future:
         """``hyper``: per parameter group, the values the worker's optimizer has now (its LR schedule);
-        ``buffers`` (shard 0, models with buffers): the group's, averaged over its members."""
+        ``buffers`` (shard 0, models with buffers): the group's, averaged over its members;
+        ``data_position``: the group's position in its data after this push."""
         fut: Future = Future()
         schedule = None
         with self.cv:
@@ -191,6 +195,8 @@ class ShardServer:
                 self._average_buffers(group, buffers, samples)
             self.version += 1
             self.clock[group] += 1
+            if data_position is not None:
+                self.data_positions[group] = dict(data_position)
             self._trace("push", group=group, clock=self.clock[group], base=self.base[group],
                         version=self.version, staleness=staleness, samples=samples, scale=scale,
                         clocks=dict(self.clock), active=sorted(self.active),
@@ -231,6 +237,10 @@ class ShardServer:
             if self.params is None:
                 raise TrainingError(f"PS shard {self.shard}: asked for its state before the seed")
             return self.version, self._flat(), self._buffers_copy()
+
+    def data_position(self, group: int) -> dict[str, int] | None:
+        with self.cv:
+            return self.data_positions.get(group)
 
     def schedule_checkpoint(self, version: int) -> None:
         with self.cv:
@@ -324,7 +334,8 @@ class ShardServer:
     def _snapshot(self) -> dict[str, Any]:
         assert self.params is not None and self.opt is not None
         state: dict[str, Any] = {"params": [p.detach().clone() for p in self.params], "opt_spec": self.opt_spec,
-                                 "optimizer": copy.deepcopy(self.opt.state_dict())}
+                                 "optimizer": copy.deepcopy(self.opt.state_dict()),
+                                 "data_positions": copy.deepcopy(self.data_positions)}
         if self.buffers is not None:
             state["buffers"] = self.buffers.clone()
             state["group_buffers"] = {g: (b.clone(), w) for g, (b, w) in self.group_buffers.items()}
@@ -366,7 +377,10 @@ class ShardServer:
                               if int(g) in self.clock}
         self.version = version
         self.base = {g: self.version for g in self.base}
-        self._trace("resume", version=self.version)
+        # Checkpoints written before data positions were recorded have none: groups start their epochs.
+        self.data_positions = {int(g): dict(p) for g, p in data.get("data_positions", {}).items()}
+        self._trace("resume", version=self.version,
+                    data_positions={str(g): p for g, p in self.data_positions.items()})
         return self.version
 
     # --- main thread ---------------------------------------------------------------------------
@@ -416,8 +430,8 @@ def _pull(group: int) -> Future:
 
 @rpc.functions.async_execution
 def _push(group: int, grad: torch.Tensor, samples: float, hyper: optim.Hyperparameters,
-          buffers: torch.Tensor | None) -> Future:
-    return _server().push(group, grad, samples, hyper, buffers)
+          buffers: torch.Tensor | None, data_position: dict[str, int] | None = None) -> Future:
+    return _server().push(group, grad, samples, hyper, buffers, data_position)
 
 
 @rpc.functions.async_execution
@@ -432,6 +446,10 @@ def _seed(group: int, flat: torch.Tensor, shapes: list[tuple[int, ...]], spec: d
 
 def _state() -> tuple[int, torch.Tensor, torch.Tensor | None]:
     return _server().state()
+
+
+def _data_position(group: int) -> dict[str, int] | None:
+    return _server().data_position(group)
 
 
 def _schedule_checkpoint(version: int) -> None:
