@@ -10,12 +10,18 @@ import os
 import sys
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import click
 
 from . import __version__
 from .errors import EXIT_ERROR, EXIT_INTERRUPTED, HgError, NodesFailedError, UsageError
 from .schema.stages import Strategy
+
+if TYPE_CHECKING:
+    from .schema.stages import Cluster
+
+F = TypeVar("F", bound=Callable[..., Any])   # a command function, decorated with options
 
 CLUSTER_HELP = ("Cluster file (TOML). Default: --hostfile, else $SLURM_JOB_NODELIST, else the embedded "
                 "local cluster of this machine.")
@@ -26,7 +32,7 @@ def _remember_hostfile(ctx: click.Context, _param: click.Parameter, value: Path 
     ctx.meta["hgtrain.hostfile"] = value
 
 
-def cluster_option(f):
+def cluster_option(f: F) -> F:
     f = click.option(
         "--hostfile", type=click.Path(dir_okay=False, path_type=Path), expose_value=False,
         callback=_remember_hostfile, help="DeepSpeed/MPI hostfile (host slots=N) as the node list.",
@@ -37,16 +43,16 @@ def cluster_option(f):
     )(f)
 
 
-def json_option(f):
+def json_option(f: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print only JSON on stdout.")(f)
 
 
-def ranks_option(help: str):
+def ranks_option(help: str) -> Callable[[F], F]:
     """``--ranks 0,2-3`` (parsed by config.ranklist): one declaration for launch, logs and metrics."""
     return click.option("--ranks", "ranks", default=None, metavar="LIST", help=help)
 
 
-def load_cluster_arg(cluster_file: Path | None):
+def load_cluster_arg(cluster_file: Path | None) -> Cluster:
     """Nodes from -c, else --hostfile, else SLURM_JOB_NODELIST, else the embedded local cluster."""
     from .config.cluster import load_node_source
 
@@ -270,12 +276,12 @@ def logs(job: str, follow: bool, ranks: str | None, as_json: bool) -> None:
     import json
 
     from .jobs import records as jobs
-    from .jobs.logs import NodeLogs, has_local_logs, local_lines, parse_ranks
+    from .jobs.logs import LogLine, NodeLogs, has_local_logs, local_lines, parse_ranks
 
     record = jobs.load(job)
     chosen = parse_ranks(ranks, record)
     if as_json:
-        def show(item) -> None:
+        def show(item: LogLine) -> None:
             click.echo(json.dumps({"event": "log", "job_id": record.id, "node": item.node, "rank": item.rank,
                                    "stream": item.stream, "line": item.line, "partial": item.partial}))
     else:

@@ -239,16 +239,16 @@ class TorchBuild:
 def parse_torch_version_py(text: str) -> tuple[str | None, str | None]:
     """(``__version__``, ``cuda``) from the text of torch/version.py (``cuda: Optional[str] = '13.0'``;
     None on a CPU build)."""
-    found = dict(m.groups() for m in _VERSION_PY.finditer(text))
+    found = {m[1]: m[2] for m in _VERSION_PY.finditer(text)}
     return found.get("__version__"), found.get("cuda")
 
 
-def installed() -> dict[str, str]:
-    """{"torch" | "numpy": path of its install metadata (``torch-<version>.dist-info``, or an egg's
-    ``.egg-info``)}, the first on sys.path. Found by listing sys.path rather than through
-    importlib.metadata, whose import alone costs ~27 ms per node: most of a probe's own time on a
-    16-node probe (benchmarks/probe_fanout.py)."""
-    found: dict[str, str] = {}
+def installed() -> dict[str, tuple[str, str]]:
+    """{"torch" | "numpy": (path of its install metadata, ``torch-<version>.dist-info`` or an egg's
+    ``.egg-info``; the version in that name)}, the first on sys.path. Found by listing sys.path rather
+    than through importlib.metadata, whose import alone costs ~27 ms per node: most of a probe's own
+    time on a 16-node probe (benchmarks/probe_fanout.py)."""
+    found: dict[str, tuple[str, str]] = {}
     for entry in sys.path:
         try:
             names = os.listdir(entry or ".")
@@ -257,19 +257,20 @@ def installed() -> dict[str, str]:
         for name in names:
             m = _DIST.fullmatch(name)
             if m and m.group(1) not in found:
-                found[m.group(1)] = os.path.join(entry or ".", name)
+                found[m.group(1)] = (os.path.join(entry or ".", name), m.group(2))
     return found
 
 
-def torch_build(metadata: str | None) -> TorchBuild | None:
+def torch_build(metadata: tuple[str, str] | None) -> TorchBuild | None:
     """The version and CUDA that ``torch.__version__`` and ``torch.version.cuda`` will report, read from
     the package's version.py beside its metadata, because a build's metadata need not carry its local
     label: an H200 image's torch said 2.11.0 in its dist-info and 2.11.0+cu130 in torch.__version__,
     which is what bench records."""
     if metadata is None:
         return None
-    version, cuda = parse_torch_version_py(_read(os.path.join(os.path.dirname(metadata), "torch", "version.py")))
-    version = version or _DIST.fullmatch(os.path.basename(metadata)).group(2)
+    path, named = metadata
+    version, cuda = parse_torch_version_py(_read(os.path.join(os.path.dirname(path), "torch", "version.py")))
+    version = version or named
     return TorchBuild(version, cuda or torch_cuda_from_version(version))
 
 
@@ -331,7 +332,7 @@ def without_torch(executable: str, why: str) -> PythonRuntime:
                          why={"torch": why, "gloo": "needs torch", "rpc": "needs torch", "numpy": "needs torch"})
 
 
-def _cache_path(metadata: dict[str, str]) -> str | None:
+def _cache_path(metadata: dict[str, tuple[str, str]]) -> str | None:
     """Where the answer for this Python with these torch and numpy installs is kept on the node:
     ``~/.cache/hgtrain/pycheck/<hash of the interpreter, the check and each install's metadata path
     and mtime>.json``. Installing, upgrading or removing either changes the name."""
@@ -339,7 +340,7 @@ def _cache_path(metadata: dict[str, str]) -> str | None:
 
     parts = [sys.executable, RUNTIME_CHECK]
     for name in ("torch", "numpy"):
-        path = metadata.get(name, "")
+        path = metadata[name][0] if name in metadata else ""
         try:
             parts += [path, str(os.stat(path).st_mtime_ns) if path else ""]
         except OSError:
@@ -357,7 +358,7 @@ class RuntimeCheck:
     (``_cache_path``), so a later probe costs a file read. Without torch installed there is nothing to
     import and no child."""
 
-    def __init__(self, metadata: dict[str, str], timeout_s: float = RUNTIME_TIMEOUT_S) -> None:
+    def __init__(self, metadata: dict[str, tuple[str, str]], timeout_s: float = RUNTIME_TIMEOUT_S) -> None:
         self._timeout_s = timeout_s
         self._deadline = time.monotonic() + timeout_s
         self._child: subprocess.Popen[str] | None = None

@@ -135,7 +135,8 @@ def tail(job_dir: Path, *, follow: bool, offsets: dict[tuple[int, str], int], wr
     record = read_record(job_dir) or {}
     hang_up = threading.Event()
     if follow:
-        threading.Thread(target=lambda: (sys.stdin.buffer.read(), hang_up.set()), daemon=True).start()
+        threading.Thread(target=lambda: (sys.stdin.buffer.read(), hang_up.set()),  # type: ignore[func-returns-value]
+                         daemon=True).start()   # (the tuple only sequences the two calls)
 
     def job_over() -> bool:
         current = read_record(job_dir) or record

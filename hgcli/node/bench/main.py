@@ -170,7 +170,7 @@ def measure(torch: Any, args: argparse.Namespace, target: Target, results: Resul
     on_gpu = target.device.type == "cuda"
     sizes = SIZES[(target.device.type, args.quick)]
     sync = (lambda: torch.cuda.synchronize(target.device)) if on_gpu else (lambda: None)
-    reps = {"warmup": sizes.warmup, "repeats": sizes.repeats, "sync": sync, "clock": WALL}
+    reps: dict[str, Any] = {"warmup": sizes.warmup, "repeats": sizes.repeats, "sync": sync, "clock": WALL}
     if target.emulated:
         # Measure what the runtime's emulation stretches (hgcli/runtime/emulate.py): an emulated rank
         # runs torch on one thread and sleeps each step to (its thread's CPU time) / speed. Wall time
