@@ -29,6 +29,7 @@ from ..errors import UsageError
 from .nodes import AgentTail, JobNodes, job_nodes
 from ..schema.stages import JobRecord
 from ..node.agent.logs import frame_lines
+from ..node.protocol import FrameType, frame_type
 from ..config.ranklist import parse_rank_list
 
 POLL_S = 0.5     # how often the main thread wakes while waiting for lines (keeps Ctrl-C prompt)
@@ -171,16 +172,16 @@ class NodeLogs:
             self._tails.append(tail)
         try:
             for frame in tail.frames():
-                kind = frame.get("type")
-                if kind == "logs":
-                    self._logs(node.name, frame, offsets)
-                elif kind == "tail_end":
-                    if frame.get("job_id") is None:   # the attempt's agent has not written its record yet
-                        error = "its agent has not started there yet"
-                        break
-                    return True, None
-                elif kind == "error":
-                    error = str(frame.get("message"))
+                match frame_type(frame):
+                    case FrameType.LOGS:
+                        self._logs(node.name, frame, offsets)
+                    case FrameType.TAIL_END:
+                        if frame.get("job_id") is None:   # the attempt's agent has not written its record yet
+                            error = "its agent has not started there yet"
+                            break
+                        return True, None
+                    case FrameType.ERROR:
+                        error = str(frame.get("message"))
         except Exception as exc:   # the stream dropped under us
             error = str(exc) or error
         finally:
