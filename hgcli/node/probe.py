@@ -21,6 +21,7 @@ from typing import Sequence
 
 from ..schema.stages import EmulateSpec, GpuInfo, NodeInfo, from_dict, to_dict
 from . import frames
+from .protocol import FrameType
 
 QUERY_FIELDS = ("index", "name", "uuid", "memory.total", "memory.used", "compute_cap", "driver_version")
 # Drivers before ~510 do not know compute_cap; they are queried again without it.
@@ -236,7 +237,7 @@ class TorchBuild:
 def parse_torch_version_py(text: str) -> tuple[str | None, str | None]:
     """(``__version__``, ``cuda``) from the text of torch/version.py (``cuda: Optional[str] = '13.0'``;
     None on a CPU build)."""
-    found = dict(m.groups() for m in _VERSION_PY.finditer(text))
+    found = {m[1]: m[2] for m in _VERSION_PY.finditer(text)}
     return found.get("__version__"), found.get("cuda")
 
 
@@ -319,7 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--gpus", type=_gpu_list, default=None, help="visible subset, e.g. 0,2")
     parser.add_argument("--emulate", type=_emulate_spec, default=None, help="EmulateSpec as JSON")
     args = parser.parse_args(argv)
-    frames.emit({"type": "probe", "node": to_dict(probe(args.name, args.host, args.gpus, args.emulate))})
+    frames.emit({"type": FrameType.PROBE, "node": to_dict(probe(args.name, args.host, args.gpus, args.emulate))})
     return 0
 
 
