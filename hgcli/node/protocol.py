@@ -23,7 +23,7 @@ Never format a member directly (``f"{state}"`` gives ``RankState.FAILED`` on Pyt
 from __future__ import annotations
 
 import enum
-from typing import Any, Iterable, Literal, Mapping, TypedDict
+from typing import Any, Iterable, Literal, Mapping, TypedDict, TypeVar
 
 
 class FrameType(str, enum.Enum):
@@ -77,7 +77,22 @@ def first(frames: Iterable[dict[str, Any] | None], kind: FrameType) -> dict[str,
     return next((f for f in frames if f is not None and frame_type(f) is kind), None)
 
 
-class RankState(str, enum.Enum):
+_S = TypeVar("_S", bound="_States")
+
+
+class _States(str, enum.Enum):
+    """The state enums' base: ``parse`` reads the plain string of a decoded frame or a record."""
+
+    @classmethod
+    def parse(cls: type[_S], value: object) -> _S:
+        """The member ``value`` names; ``unknown`` for anything else."""
+        try:
+            return cls(value)
+        except ValueError:
+            return cls("unknown")
+
+
+class RankState(_States):
     """One rank's state: in the agent's record and frames, and in the controller's job record."""
 
     PENDING = "pending"
@@ -93,16 +108,8 @@ class RankState(str, enum.Enum):
     def is_final(self) -> bool:
         return self in (RankState.SUCCEEDED, RankState.FAILED, RankState.STOPPED)
 
-    @classmethod
-    def parse(cls, value: object) -> RankState:
-        """The state a frame or record names; UNKNOWN for anything else."""
-        try:
-            return cls(value)
-        except ValueError:
-            return cls.UNKNOWN
 
-
-class NodeJobState(str, enum.Enum):
+class NodeJobState(_States):
     """A job's state on one node: the agent's record (agent.json) and its ``end`` and ``status`` frames."""
 
     STARTING = "starting"
@@ -118,14 +125,6 @@ class NodeJobState(str, enum.Enum):
     def is_final(self) -> bool:
         """The agent finished the job (its record will not change again)."""
         return self in (NodeJobState.SUCCEEDED, NodeJobState.FAILED, NodeJobState.STOPPED)
-
-    @classmethod
-    def parse(cls, value: object) -> NodeJobState:
-        """The state a frame or record names; UNKNOWN for anything else."""
-        try:
-            return cls(value)
-        except ValueError:
-            return cls.UNKNOWN
 
 
 # ---- the agent's frames, field by field (docs/agent.md) -------------------------------------------
