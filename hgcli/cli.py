@@ -10,11 +10,18 @@ import os
 import sys
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import click
 
 from . import __version__
-from .errors import EXIT_ERROR, EXIT_INTERRUPTED, HgError, UsageError
+from .errors import EXIT_ERROR, EXIT_INTERRUPTED, HgError, NodesFailedError, UsageError
+from .schema.stages import Strategy
+
+if TYPE_CHECKING:
+    from .schema.stages import Cluster
+
+F = TypeVar("F", bound=Callable[..., Any])   # a command function, decorated with options
 
 CLUSTER_HELP = ("Cluster file (TOML). Default: --hostfile, else $SLURM_JOB_NODELIST, else the embedded "
                 "local cluster of this machine.")
@@ -25,7 +32,7 @@ def _remember_hostfile(ctx: click.Context, _param: click.Parameter, value: Path 
     ctx.meta["hgtrain.hostfile"] = value
 
 
-def cluster_option(f):
+def cluster_option(f: F) -> F:
     f = click.option(
         "--hostfile", type=click.Path(dir_okay=False, path_type=Path), expose_value=False,
         callback=_remember_hostfile, help="DeepSpeed/MPI hostfile (host slots=N) as the node list.",
@@ -36,21 +43,21 @@ def cluster_option(f):
     )(f)
 
 
-def json_option(f):
+def json_option(f: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print only JSON on stdout.")(f)
 
 
-def load_cluster_arg(cluster_file: Path | None):
+def ranks_option(help: str) -> Callable[[F], F]:
+    """``--ranks 0,2-3`` (parsed by config.ranklist): one declaration for launch, logs and metrics."""
+    return click.option("--ranks", "ranks", default=None, metavar="LIST", help=help)
+
+
+def load_cluster_arg(cluster_file: Path | None) -> Cluster:
     """Nodes from -c, else --hostfile, else SLURM_JOB_NODELIST, else the embedded local cluster."""
     from .config.cluster import load_node_source
 
     hostfile = click.get_current_context().meta.get("hgtrain.hostfile")
     return load_node_source(cluster_file, hostfile=hostfile)
-
-
-def not_yet(name: str) -> None:
-    """Commands whose issue is still open say so instead of pretending to work."""
-    raise UsageError(f"'hgtrain {name}' is not implemented yet in this version")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -74,7 +81,6 @@ def probe(cluster_file: Path | None, as_json: bool) -> None:
 
     Exit code 0 when every node answered, 4 when any failed (the others are still reported).
     """
-    from .errors import EXIT_NODES_FAILED
     from .schema.stages import to_json
     from .probe.inventory import probe_cluster
     from .render.probe import probe_progress, render_inventory
@@ -88,8 +94,7 @@ def probe(cluster_file: Path | None, as_json: bool) -> None:
         render_inventory(inventory)
     if inventory.failed:
         names = ", ".join(n.name for n in inventory.failed)
-        raise HgError(f"{len(inventory.failed)} of {len(inventory.nodes)} node(s) failed: {names}",
-                      exit_code=EXIT_NODES_FAILED)
+        raise NodesFailedError(f"{len(inventory.failed)} of {len(inventory.nodes)} node(s) failed: {names}")
 
 
 @cli.command()
@@ -102,7 +107,6 @@ def probe(cluster_file: Path | None, as_json: bool) -> None:
 def bench(cluster_file: Path | None, as_json: bool, quick: bool, model_spec: str | None) -> None:
     """Measure each device and the links between nodes; store the profiles."""
     from .bench.cluster import bench_cluster, failure_summary
-    from .errors import EXIT_NODES_FAILED
     from .schema.stages import to_json
     from .plan.pipeline import ensure_inventory
 
@@ -122,12 +126,12 @@ def bench(cluster_file: Path | None, as_json: bool, quick: bool, model_spec: str
         render_profiles(profiles, Console())
     failed = failure_summary(profiles)
     if failed:
-        raise HgError(failed, exit_code=EXIT_NODES_FAILED)
+        raise NodesFailedError(failed)
 
 
 @cli.command()
 @cluster_option
-@click.option("--strategy", type=click.Choice(["auto", "allreduce", "hybrid", "ps"]), default="auto",
+@click.option("--strategy", type=click.Choice([s.value for s in Strategy]), default="auto",
               show_default=True, help="auto predicts every strategy and picks the fastest.")
 @click.option("--global-batch", type=click.IntRange(min=1), default=None,
               help="Samples per step over all workers. Default: 32 per device.")
@@ -178,7 +182,7 @@ def plan(cluster_file: Path | None, strategy: str, global_batch: int | None, ps_
 @cluster_option
 @click.option("--plan", "plan_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="A plan file from 'hgtrain plan -o'. Default: probe, bench and plan as needed.")
-@click.option("--strategy", type=click.Choice(["auto", "allreduce", "hybrid", "ps"]), default="auto",
+@click.option("--strategy", type=click.Choice([s.value for s in Strategy]), default="auto",
               show_default=True, help="Strategy to plan for (without --plan).")
 @click.option("--global-batch", type=click.IntRange(min=1), default=None,
               help="Samples per step over all workers (without --plan).")
@@ -186,8 +190,7 @@ def plan(cluster_file: Path | None, strategy: str, global_batch: int | None, ps_
               help="Set a variable on every rank (repeatable; beats --env-file).")
 @click.option("--env-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="NAME=VALUE lines to set on every rank.")
-@click.option("--ranks", "ranks", default=None, metavar="LIST",
-              help="Show only these ranks' lines and metrics, e.g. 0,2-3 (all are saved).")
+@ranks_option("Show only these ranks' lines and metrics, e.g. 0,2-3 (all are saved).")
 @click.option("--detach", is_flag=True, help="Start the job and return its id at once.")
 @click.option("--grace", "grace_s", type=click.FloatRange(min=0), default=10.0, show_default=True,
               help="Seconds between SIGTERM and SIGKILL when the job is stopped.")
@@ -263,7 +266,7 @@ def status(job: str | None, as_json: bool) -> None:
 @cli.command()
 @click.argument("job")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends (Ctrl-C: stop watching).")
-@click.option("--ranks", metavar="LIST", help="Only these ranks, e.g. 0,2-3.")
+@ranks_option("Only these ranks, e.g. 0,2-3.")
 @json_option
 def logs(job: str, follow: bool, ranks: str | None, as_json: bool) -> None:
     """Print or follow a job's logs (also of a detached job), tagged node:rank.
@@ -273,13 +276,12 @@ def logs(job: str, follow: bool, ranks: str | None, as_json: bool) -> None:
     import json
 
     from .jobs import records as jobs
-    from .errors import EXIT_NODES_FAILED
-    from .jobs.logs import NodeLogs, has_local_logs, local_lines, parse_ranks
+    from .jobs.logs import LogLine, NodeLogs, has_local_logs, local_lines, parse_ranks
 
     record = jobs.load(job)
     chosen = parse_ranks(ranks, record)
     if as_json:
-        def show(item) -> None:
+        def show(item: LogLine) -> None:
             click.echo(json.dumps({"event": "log", "job_id": record.id, "node": item.node, "rank": item.rank,
                                    "stream": item.stream, "line": item.line, "partial": item.partial}))
     else:
@@ -299,15 +301,14 @@ def logs(job: str, follow: bool, ranks: str | None, as_json: bool) -> None:
 
             log_failures(node_logs.failed)
         names = ", ".join(node_logs.failed)
-        raise HgError(f"logs of job {record.id} are incomplete: node(s) {names} could not be read",
-                      exit_code=EXIT_NODES_FAILED)
+        raise NodesFailedError(f"logs of job {record.id} are incomplete: node(s) {names} could not be read")
 
 
 @cli.command()
 @click.argument("job")
 @click.option("--format", "fmt", type=click.Choice(["csv", "jsonl"]), default="csv", show_default=True,
               help="CSV (one column per metric) or JSON lines as the ranks logged them.")
-@click.option("--ranks", metavar="LIST", help="Only these ranks, e.g. 0,2-3.")
+@ranks_option("Only these ranks, e.g. 0,2-3.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write to this file (replaced whole) instead of stdout.")
 def metrics(job: str, fmt: str, ranks: str | None, output: Path | None) -> None:

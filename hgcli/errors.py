@@ -52,6 +52,13 @@ class RemoteError(HgError):
         self.reason = message
 
 
+class NodesFailedError(HgError):
+    """Some nodes (or their devices) failed a stage; the message names them. The healthy ones were still
+    reported."""
+
+    exit_code = EXIT_NODES_FAILED
+
+
 class StateError(HgError):
     """The state directory (job records, cached inventory and profiles) is unusable."""
 

@@ -1,0 +1,3 @@
+"""The bench stage: Inventory -> Profiles. Devices (``cluster``), links between nodes (``links``), stored
+profiles and their staleness (``profiles``), Metis profile files (``metis``). The node side is hgcli.node.bench.
+"""

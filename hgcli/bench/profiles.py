@@ -57,7 +57,7 @@ def profile_is_stale(profiles: Profiles, inventory: Inventory) -> str | None:
     measured = {(d.node, d.device): d for d in profiles.devices}
     for node in inventory.succeeded:
         gpus = node.gpus or ()
-        devices = [(f"gpu{g.index}", g.name, g.driver_version) for g in gpus] or [("cpu", None, None)]
+        devices: list[tuple[str, str | None, str | None]] = [(f"gpu{g.index}", g.name, g.driver_version) for g in gpus] or [("cpu", None, None)]
         for device, name, driver in devices:
             profile = measured.get((node.name, device))
             where = f"{node.name}/{device}"

@@ -80,6 +80,7 @@ def expand_nodelist(nodelist: str, source: str = "SLURM_JOB_NODELIST") -> list[s
 
 
 def _split_top_level(nodelist: str, source: str) -> list[str]:
+    current: list[str]
     items, depth, current = [], 0, []
     for ch in nodelist.strip():
         if ch == "[":

@@ -1,0 +1,2 @@
+"""Training scripts bundled with hgtrain (synthetic data, no download).
+"""

@@ -41,7 +41,7 @@ def main() -> int:
     # set is small enough to live there whole, so a step gathers its batch without a host copy.
     (x, y), (xt, yt) = (tuple(t.to(ctx.device) for t in pair) for pair in make_dataset())
     model = make_model(hidden=args.hidden).to(ctx.device)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    opt: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     model, opt = ctx.wrap(model, opt)
     start = time.time()
     samples = 0

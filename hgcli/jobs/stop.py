@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 
 from . import records as jobs
-from ..errors import EXIT_NODES_FAILED, HgError
+from ..errors import NodesFailedError
 from .nodes import agent_control, error_message, job_nodes
 from ..schema.stages import Cluster, JobRecord, JobState, NodeSpec, RankState
 from ..node.protocol import FrameType, first
@@ -99,10 +99,10 @@ def _record_stop(record: JobRecord, nodes: tuple[NodeStop, ...]) -> JobRecord:
     return updated
 
 
-def unconfirmed_error(result: StopResult) -> HgError | None:
+def unconfirmed_error(result: StopResult) -> NodesFailedError | None:
     """Exit 4 naming every node that did not confirm, or None when all did."""
     if not result.failed:
         return None
     names = "; ".join(f"{n.node} ({n.error})" for n in result.failed)
-    return HgError(f"job {result.record.id} not confirmed stopped on {len(result.failed)} node(s): {names}; "
-                   "run 'hgtrain stop' again when they are reachable", exit_code=EXIT_NODES_FAILED)
+    return NodesFailedError(f"job {result.record.id} not confirmed stopped on {len(result.failed)} node(s): "
+                            f"{names}; run 'hgtrain stop' again when they are reachable")

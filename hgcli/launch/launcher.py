@@ -261,6 +261,7 @@ class _Attempt:
                 self.checkpoint_dirs.setdefault(name, ready.launch.checkpoint_dir)
                 launches[name] = dataclasses.replace(ready.launch, checkpoint_dir=self.checkpoint_dirs[name])
             port = prepared[plan.rank(0).node].port
+            assert port is not None   # rank 0's node was asked for one (_prepare)
             policy = CheckpointPolicy(every=request.checkpoint_every, seconds=request.checkpoint_seconds,
                                       resume=number > 0, resume_version=_resume_version(plan, prepared))
             specs = {n: agent_spec(plan=plan, job_id=agent_id, node=launches[n], command=request.command,
@@ -283,8 +284,8 @@ class _Attempt:
                                        grace_s=request.grace_s, heartbeat_timeout_s=request.heartbeat_timeout_s,
                                        detach=request.detach, jobs_root=request.jobs_root,
                                        agent_job_id=agent_id)
-            for failed in start_links.failed:   # the agent could not even be started there
-                controller.fail_to_start(failed.node.name, failed.error or "unknown error")
+            for broken in start_links.failed:   # the agent could not even be started there
+                controller.fail_to_start(broken.node.name, broken.error or "unknown error")
             try:
                 outcome = controller.run()
             finally:
@@ -351,7 +352,7 @@ def _stop_detached(links: list[AgentLink], job_id: str, jobs_root: str) -> None:
            lambda n: stop(next(link for link in links if link.node == n.name)))
 
 
-def _not_started(failed, interrupt: Interrupt, number: int) -> Outcome:
+def _not_started(failed: list[NodeResult[_Prepared]], interrupt: Interrupt, number: int) -> Outcome:
     if failed:
         first = failed[0]
         others = "".join(f"; {r.node.name}: {r.error}" for r in failed[1:])

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from typing import Callable, TypeVar
 
-from ..errors import EXIT_NODES_FAILED, HgError, StateError
+from ..errors import NodesFailedError, StateError
 from ..schema.stages import Cluster, Inventory, JobSpec, Plan, Profiles
 
 # Inventories older than this are probed again (seconds).
@@ -27,12 +27,6 @@ INVENTORY_MAX_AGE_S = 3600.0
 
 OnStage = Callable[[str, str], None]
 T = TypeVar("T")
-
-
-class NodesFailedError(HgError):
-    """Probe or bench failed on some nodes/devices; the message names them."""
-
-    exit_code = EXIT_NODES_FAILED
 
 
 def _quiet(stage: str, message: str) -> None:

@@ -239,8 +239,8 @@ def _fit_time(p: DeviceProfile, model_bytes: float) -> tuple[float, float, float
             noise = step_noise([s.seconds.median / (a + c * s.batch_size) - 1.0 for s in steps])
             grow = 1.0 + noise
             return a * grow, c * grow, noise
-    c = _flop_slope(p, model_bytes)
-    return None if c is None else (0.0, c, 0.0)
+    slope = _flop_slope(p, model_bytes)
+    return None if slope is None else (0.0, slope, 0.0)
 
 
 def _flop_slope(p: DeviceProfile, model_bytes: float) -> float | None:
@@ -341,6 +341,7 @@ def _equal_time(devices: list[Device], total: int) -> float:
             s += 1.0 / d.c
             k -= d.a / d.c + 1.0
         else:
+            assert d.cap is not None   # kind 1 (stops growing) is only made for a capped device
             s -= 1.0 / d.c
             k += d.a / d.c + d.cap
     if s > 0:

@@ -11,6 +11,7 @@ from typing import Callable, Generic, Sequence, TypeVar
 
 from ..errors import HgError
 from ..schema.stages import NodeSpec, SshSettings
+from .transport import Transport
 
 T = TypeVar("T")
 
@@ -71,7 +72,7 @@ def fanout(nodes: Sequence[NodeSpec], fn: Callable[[NodeSpec], T], *,
         return FanoutResult(tuple(pool.map(one, nodes)))
 
 
-def open_transport(node: NodeSpec, ssh_settings: SshSettings):
+def open_transport(node: NodeSpec, ssh_settings: SshSettings) -> Transport:
     """The transport for a node: local subprocesses for localhost, SSH otherwise (lazy import)."""
     if node.is_local:
         from .local import LocalTransport

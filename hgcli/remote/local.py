@@ -5,7 +5,7 @@ import os
 import subprocess
 import threading
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import BinaryIO, Mapping, Sequence, cast
 
 from ..errors import RemoteError
 from ..schema.stages import NodeSpec
@@ -15,9 +15,10 @@ from .transport import Completed
 class LocalProcess:
     def __init__(self, popen: subprocess.Popen[bytes]) -> None:
         self._popen = popen
-        self.stdin = popen.stdin
-        self.stdout = popen.stdout
-        self.stderr = popen.stderr
+        # Started with all three as pipes (LocalTransport.start): buffered binary files, never None.
+        self.stdin = cast(BinaryIO, popen.stdin)
+        self.stdout = cast(BinaryIO, popen.stdout)
+        self.stderr = cast(BinaryIO, popen.stderr)
 
     @property
     def pid(self) -> int:

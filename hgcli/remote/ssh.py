@@ -25,7 +25,7 @@ import threading
 import time
 import types
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, BinaryIO, Callable, Iterator, Mapping, Sequence, cast
 
 
 class _Deferred(types.ModuleType):
@@ -126,7 +126,7 @@ def _drop(channel: paramiko.Channel) -> None:
 AEAD_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
 
 
-def _prefer_aead(ciphers: tuple[str, ...]) -> tuple[str, ...]:
+def _prefer_aead(ciphers: Sequence[str]) -> tuple[str, ...]:
     first = tuple(c for c in AEAD_CIPHERS if c in ciphers)
     return first + tuple(c for c in ciphers if c not in first)
 
@@ -136,14 +136,14 @@ class _ChannelStream(io.RawIOBase):
     (in C). paramiko's own file object splits in Python and re-copies a long line for every 8 KiB
     it reads: a flood of log lines, or one frame of a batch of them, crawled through it."""
 
-    def __init__(self, recv) -> None:
+    def __init__(self, recv: Callable[[int], bytes]) -> None:
         super().__init__()
         self._recv = recv
 
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buffer) -> int:
+    def readinto(self, buffer: Any) -> int:   # a writable buffer (memoryview) of BufferedReader's
         data = self._recv(len(buffer))   # what has arrived (at least one byte); b"" at EOF
         buffer[:len(data)] = data
         return len(data)
@@ -157,9 +157,11 @@ class SshProcess:
 
     def __init__(self, channel: paramiko.Channel) -> None:
         self._channel = channel
-        self.stdin = channel.makefile_stdin("wb")
-        self.stdout = io.BufferedReader(_ChannelStream(channel.recv), STREAM_BUFFER)
-        self.stderr = io.BufferedReader(_ChannelStream(channel.recv_stderr), STREAM_BUFFER)
+        # paramiko's file is not a BinaryIO, but does what RemoteProcess.stdin is used for (write,
+        # flush, close).
+        self.stdin: BinaryIO = cast(BinaryIO, channel.makefile_stdin("wb"))
+        self.stdout: BinaryIO = io.BufferedReader(_ChannelStream(channel.recv), STREAM_BUFFER)
+        self.stderr: BinaryIO = io.BufferedReader(_ChannelStream(channel.recv_stderr), STREAM_BUFFER)
 
     def wait(self, timeout: float | None = None) -> int:
         if not self._channel.status_event.wait(timeout):
@@ -216,7 +218,7 @@ class SshTransport:
         if node.jump is not None:
             # Resolved by the ssh-config merge: each hop has its own address, port, user and key.
             chain: list[NodeSpec] = []
-            hop = node.jump
+            hop: NodeSpec | None = node.jump
             while hop is not None:
                 chain.insert(0, hop)
                 hop = hop.jump
@@ -350,7 +352,7 @@ class SshTransport:
             f"right fingerprint, trust it with `{scan} >> {path}`, or set "
             f"strict_host_key_checking = \"accept-new\" in the [ssh] section of the cluster file")
 
-    def _candidate_keys(self, tried: list[str], identity: str | None):
+    def _candidate_keys(self, tried: list[str], identity: str | None) -> Iterator[tuple[str, paramiko.PKey]]:
         """(label, key) in OpenSSH's order: the identity file, agent keys, default key files.
         Keys that cannot be used without a prompt are listed in ``tried`` and skipped."""
         paths = [identity] if identity else []
@@ -368,7 +370,7 @@ class SshTransport:
                 yield from self._key_file(path, tried, explicit=False)
 
     @staticmethod
-    def _key_file(path: str, tried: list[str], *, explicit: bool):
+    def _key_file(path: str, tried: list[str], *, explicit: bool) -> Iterator[tuple[str, paramiko.PKey]]:
         full = Path(path).expanduser()
         if not full.exists():
             if explicit:

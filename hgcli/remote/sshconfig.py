@@ -12,6 +12,7 @@ import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import paramiko
 
@@ -118,7 +119,7 @@ def _parse_hop(text: str, spec: str, where: str) -> Hop:
 def resolve_node(node: NodeSpec, config: SshConfig | None, explicit: frozenset[str]) -> NodeSpec:
     """``node`` with its alias resolved; fields named in ``explicit`` (set in the cluster file) win."""
     found = config.lookup(node.host) if config is not None else HostConfig()
-    changes: dict[str, object] = {"hostname": node.hostname or found.hostname}
+    changes: dict[str, Any] = {"hostname": node.hostname or found.hostname}
     if "port" not in explicit and found.port is not None:
         changes["port"] = found.port
     if "user" not in explicit and found.user is not None:

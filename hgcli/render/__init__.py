@@ -1,0 +1,2 @@
+"""The only code that prints for humans (rich), one module per command.
+"""

@@ -6,8 +6,9 @@ tables mark emulated devices EMULATED (their figures are the CPU's, scaled) and 
 from __future__ import annotations
 
 import threading
+from typing import cast
 
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -54,7 +55,7 @@ def render_profiles(profiles: Profiles, console: Console) -> None:
     for col, justify in (("node", "left"), ("device", "left"), ("name", "left"), ("fp32 TFLOP/s", "right"),
                          ("bf16/fp16 TFLOP/s", "right"), ("mem GB/s", "right"), ("h2d GB/s", "right"),
                          ("step ms (batch)", "right"), ("peak MiB (max batch)", "right"), ("status", "left")):
-        devices.add_column(col, justify=justify)
+        devices.add_column(col, justify=cast(JustifyMethod, justify))
     for d in profiles.devices:
         name = f"{escape(d.name)} [yellow]EMULATED x{d.speed:g}[/]" if d.emulated else escape(d.name)
         half = "/".join(_fmt(d.matmul_tflops.get(k)) for k in ("bf16", "fp16") if k in d.matmul_tflops)
@@ -68,7 +69,7 @@ def render_profiles(profiles: Profiles, console: Console) -> None:
         links = Table(title="Links", title_justify="left")
         for col, justify in (("a", "left"), ("b", "left"), ("backend", "left"), ("GB/s", "right"),
                              ("latency µs", "right"), ("status", "left")):
-            links.add_column(col, justify=justify)
+            links.add_column(col, justify=cast(JustifyMethod, justify))
         for link in profiles.links:
             latency = _fmt(link.latency_s, scale=1e6)
             links.add_row(escape(link.a), escape(link.b), link.backend, _fmt(link.bandwidth_gbs), latency, _status(link.error))

@@ -3,7 +3,7 @@ metrics table (per group step, loss, samples/s; the cluster total against the pl
 Apart from ``render/launch.py`` so that only a terminal imports rich."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -21,7 +21,8 @@ class RichSink:
         self.ranks = ranks
         self.console = console or Console(highlight=False)
         self.live: Live | None = None
-        self.handlers: dict[type, Callable[[Event], None]] = {
+        # Each handler takes the event type it is keyed by.
+        self.handlers: dict[type, Callable[[Any], None]] = {
             LogLines: self._lines, Progress: self._progress, JobEnded: self._ended,
         }
 
@@ -37,7 +38,7 @@ class RichSink:
             style = "bold red" if isinstance(event, (RankExited, Stopping, JobRestarted)) else "dim"
             self.console.print(Text(f"hgtrain: {line}", style=style), soft_wrap=True)
 
-    def _lines(self, event: LogLines) -> None:   # type: ignore[override]
+    def _lines(self, event: LogLines) -> None:
         colour = COLOURS[event.rank % len(COLOURS)]
         prefix = f"{tag(event.node, event.rank, event.role)} │ "
         style = "red" if event.stream == "err" else None
@@ -46,14 +47,14 @@ class RichSink:
             text.append(line, style=style)
             self.console.print(text, soft_wrap=True)
 
-    def _progress(self, event: Progress) -> None:   # type: ignore[override]
+    def _progress(self, event: Progress) -> None:
         if self.live is None:
             self.live = Live(board_table(event.view), console=self.console, auto_refresh=False,
                              transient=True)
             self.live.start()
         self.live.update(board_table(event.view), refresh=True)
 
-    def _ended(self, event: JobEnded) -> None:   # type: ignore[override]
+    def _ended(self, event: JobEnded) -> None:
         if self.live is not None:
             self.live.stop()
             self.live = None

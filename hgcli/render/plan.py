@@ -5,9 +5,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.tree import Tree
 
-from ..schema.stages import Plan, RankPlan, Role
+from ..schema.stages import Plan, RankPlan, Role, Strategy
 
-STRATEGIES = ("allreduce", "hybrid", "ps")
+STRATEGIES = tuple(s.value for s in Strategy if s is not Strategy.AUTO)
 
 
 def render_plan(plan: Plan, console: Console | None = None) -> None:

@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .context import Context, init
+    from .ddp import WeightedDDPState, weighted_ddp_hook
     from .errors import TrainingError
 
-__all__ = ["Context", "TrainingError", "init"]
+__all__ = ["Context", "TrainingError", "WeightedDDPState", "init", "weighted_ddp_hook"]
 
 
 def __getattr__(name: str) -> Any:
@@ -22,6 +23,10 @@ def __getattr__(name: str) -> Any:
         from . import context
 
         return getattr(context, name)
+    if name in ("weighted_ddp_hook", "WeightedDDPState"):
+        from . import ddp
+
+        return getattr(ddp, name)
     if name == "TrainingError":
         from .errors import TrainingError
 

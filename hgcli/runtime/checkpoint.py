@@ -57,9 +57,10 @@ def versions_by_shard(directory: Path) -> dict[int, list[int]]:
     return {shard: sorted(versions) for shard, versions in seen.items()}
 
 
-def complete_versions_of(listings: Iterable[Mapping[int, Iterable[int]]], n_shards: int) -> list[int]:
+def complete_versions_of(listings: Iterable[Mapping[Any, Iterable[int]]], n_shards: int) -> list[int]:
     """Versions that every shard 0..n_shards-1 has, newest first, from the listings of several
-    directories (one per node when the shards sit on different nodes)."""
+    directories (one per node when the shards sit on different nodes). A shard is an int, or its
+    string when the listing came as JSON from a node."""
     shards_of: dict[int, set[int]] = {}
     for listing in listings:
         for shard, versions in listing.items():

@@ -11,6 +11,7 @@ import sys
 from typing import Any, Iterator, Sequence
 
 import torch
+from torch.utils.data import DataLoader
 
 from ..schema import stages as m
 from .data import shard_batches
@@ -20,6 +21,8 @@ from .errors import TrainingError
 from .groups import group_backend, init_distributed, shutdown
 from .hybrid import GroupSync
 from .metrics import MetricsSink
+from .position import DataPosition, fetch_restored
+from .sampler import RankBatchSampler, dataset_length, make_loader
 
 
 def _implicit_plan(env: RankEnv) -> m.Plan:
@@ -65,6 +68,7 @@ class Context:
                                                   and torch.cuda.is_available()) else torch.device("cpu")
         self._pgs = init_distributed(env, self.plan) if env.world_size > 1 else {}
         self._sync: GroupSync | None = None
+        self._data = DataPosition()
 
     # --- identity -------------------------------------------------------------------------------
     @property
@@ -93,9 +97,13 @@ class Context:
         return self._sync.version if self._sync else 0
 
     # --- training -------------------------------------------------------------------------------
-    def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer
-             ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-        """Hook aggregation into ``optimizer.step()``; both objects are returned unchanged otherwise."""
+    def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
+             max_grad_norm: float | None = None) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        """Hook aggregation into ``optimizer.step()``; both objects are returned unchanged otherwise.
+
+        ``max_grad_norm``: clip the group's aggregated gradient (its weighted mean) to this 2-norm
+        before the local step or the push; a script's own ``clip_grad_norm_`` before ``opt.step()``
+        sees only this rank's gradient."""
         if self._sync is not None:
             raise TrainingError("wrap() was already called in this process")
         on = {p.device.type for p in model.parameters()}
@@ -108,14 +116,18 @@ class Context:
                 raise TrainingError(f"rank {self.rank}: group {self.group} all-reduces with NCCL, but {where}")
             print(f"hgtrain: rank {self.rank} has a GPU but trains on the CPU: {where}", file=sys.stderr,
                   flush=True)
+        self._data.hook(optimizer)      # before the aggregation's hook: a push carries its own batch
         self._sync = GroupSync(
             model=model, optimizer=optimizer, group_ranks=self.group_plan.ranks,
             pg=self._pgs.get(self.group), rank=self.rank, group_id=self.group,
             accumulate=self.group_plan.accumulate, ps_ranks=self.plan.ps_shards,
             first_worker=self.plan.workers[0].rank, default_batch=self.env.batch_size or 1,
             emulator=self.emulator, metrics=self.metrics, timeout_s=self.env.timeout_s,
-            share_with=self._same_node(self.group_plan.ranks))
+            share_with=self._same_node(self.group_plan.ranks), max_grad_norm=max_grad_norm,
+            data_position=self._data.current)
         self._sync.start()
+        if self.plan.ps_shards:
+            self._restore_data_position()
         return model, optimizer
 
     def shard(self, data: Sequence[torch.Tensor], *, batch_size: int, epochs: int = 1,
@@ -123,6 +135,42 @@ class Context:
         """This rank's batches of ``data`` (a tuple of tensors); ``batch_size`` unless the plan says."""
         return shard_batches(data, self._batch_sizes(batch_size), self.worker_index,
                              epochs=epochs, seed=seed)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The model's state dict with the current parameters and buffers, copied, for a script's own
+        checkpoints: the PS's under hybrid plans while training, the local model's otherwise."""
+        if self._sync is None:
+            raise TrainingError(f"rank {self.rank}: ctx.state_dict() needs ctx.wrap(model, opt) first")
+        # Fetching and copying the state is not the device's work: emulation must not stretch it.
+        with self.emulator.untimed():
+            return self._sync.state_dict()
+
+    @property
+    def grad_norm(self) -> float | None:
+        """2-norm of the last aggregated gradient before clipping (with ``max_grad_norm``; else None)."""
+        return self._sync.grad_norm if self._sync else None
+
+    def sampler(self, dataset: Any, *, batch_size: int, shuffle: bool = True, seed: int = 0,
+                drop_last: bool = True) -> RankBatchSampler:
+        """A batch sampler of this rank's index lists of a map-style ``dataset`` (only its length
+        is read), for ``DataLoader(dataset, batch_sampler=...)``; ``batch_size`` unless the plan says.
+        The first one made is the training data: its position is checkpointed and restored."""
+        sampler = RankBatchSampler(dataset_length(dataset), self._batch_sizes(batch_size), self.worker_index,
+                                   shuffle=shuffle, seed=seed, drop_last=drop_last)
+        self._data.track(sampler)
+        return sampler
+
+    def loader(self, dataset: Any, *, batch_size: int, shuffle: bool = True, seed: int = 0,
+               drop_last: bool = True, **dataloader_kwargs: Any) -> DataLoader:
+        """A DataLoader over ``ctx.sampler(...)``; num_workers, pin_memory, collate_fn,
+        persistent_workers and the other DataLoader arguments pass through."""
+        return make_loader(dataset, self.sampler(dataset, batch_size=batch_size, shuffle=shuffle, seed=seed,
+                                                 drop_last=drop_last), dataloader_kwargs)
+
+    def batch_sizes(self, default: int) -> list[int]:
+        """Every worker's batch in plan order (``default`` where the plan gives none); this rank's is
+        ``[ctx.worker_index]``."""
+        return self._batch_sizes(default)
 
     def log(self, **fields: Any) -> None:
         # Logging is not the device's work: emulation must not stretch it (emulate.py).
@@ -141,7 +189,7 @@ class Context:
             self._sync.finish()
             self.metrics.emit(event="finish", samples=self._sync.samples_seen, steps=self._sync.local_step,
                               compute_s=self.emulator.compute_s, emulated_sleep_s=self.emulator.slept_s,
-                              sync_s=self._sync.sync_s)
+                              sync_s=self._sync.sync_s, skipped_steps=self._sync.skipped_steps)
         if self.env.world_size > 1:
             try:
                 shutdown(self.plan, self.env.timeout_s)
@@ -158,6 +206,19 @@ class Context:
 
     def _batch_sizes(self, default: int) -> list[int]:
         return [b or default for b in self._batches]
+
+    def _restore_data_position(self) -> None:
+        """After a PS resume, the group continues from the data position its checkpoint recorded."""
+        assert self._sync is not None
+        with self.emulator.untimed():       # start-up, not the device's work
+            pos = fetch_restored(rank=self.rank, leader=self.group_plan.ranks[0], group_id=self.group,
+                                 n_members=len(self.group_plan.ranks), pg=self._pgs.get(self.group),
+                                 ps_rank=self.plan.ps_shards[0], device=self._sync._acc.device,
+                                 timeout_s=self.env.timeout_s, collective=self._sync._collective)
+        if pos is not None:
+            self._data.restore(pos)
+            print(f"hgtrain: rank {self.rank} (group {self.group}): data continues from epoch "
+                  f"{pos['epoch']} step {pos['step']} (PS checkpoint)", flush=True)
 
 
 def init(*, echo: bool = False) -> Context:

@@ -3,6 +3,10 @@ block of a seeded permutation (the global batch), and each worker takes a slice 
 
 So ranks with unequal batches run the same number of steps per epoch (collectives stay matched), and
 a synchronous run sees exactly the batches a single process would see with the global batch.
+
+The index arithmetic here (``epoch_order``, ``steps_per_epoch``, ``step_slice``) is shared by
+``shard_batches`` (tensors in memory, ``ctx.shard``) and ``sampler.RankBatchSampler`` (any map-style
+dataset through a DataLoader, ``ctx.sampler``/``ctx.loader``), so both give the same batches.
 """
 from __future__ import annotations
 
@@ -11,19 +15,63 @@ from typing import Iterator, Sequence
 import torch
 
 
+def epoch_order(n: int, epoch: int, seed: int, shuffle: bool = True) -> torch.Tensor:
+    """The order of the ``n`` sample indices in ``epoch``: the same on every rank (same seed)."""
+    if not shuffle:
+        return torch.arange(n)
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(n, generator=gen)
+
+
+def steps_per_epoch(n: int, batch_sizes: Sequence[int], drop_last: bool = True) -> int:
+    """Steps every worker makes per epoch; with ``drop_last=False`` a last partial step when the rest
+    of the dataset still gives every worker at least one sample (see ``tail_shares``)."""
+    global_batch = sum(batch_sizes)
+    if not batch_sizes or min(batch_sizes) < 1:
+        raise ValueError(f"every worker needs a batch of at least one sample, got {list(batch_sizes)}")
+    full, rest = divmod(n, global_batch)
+    steps = full + (1 if not drop_last and rest >= len(batch_sizes) else 0)
+    if steps == 0:
+        raise ValueError(f"global batch {global_batch} is larger than the dataset ({n} samples)")
+    return steps
+
+
+def tail_shares(rest: int, batch_sizes: Sequence[int]) -> list[int]:
+    """How the ``rest`` samples of a last partial step are split: in proportion to the batches
+    (largest remainder, ties to the lower worker), at least one each so that every worker still
+    steps (collectives stay matched). Needs ``len(batch_sizes) <= rest < sum(batch_sizes)``."""
+    k = len(batch_sizes)
+    total = sum(batch_sizes)
+    # One sample each first, the remaining rest - k in proportion (integer arithmetic: every rank
+    # must compute the same split): no worker gets an empty batch.
+    parts = [divmod((rest - k) * b, total) for b in batch_sizes]
+    shares = [1 + whole for whole, _ in parts]
+    by_remainder = sorted(range(k), key=lambda i: (-parts[i][1], i))
+    for i in by_remainder[:rest - sum(shares)]:
+        shares[i] += 1
+    return shares
+
+
+def step_slice(n: int, batch_sizes: Sequence[int], index: int, step: int) -> tuple[int, int]:
+    """Positions ``[start, stop)`` in the epoch's order of worker ``index``'s batch at ``step``: the
+    workers' slices of one step are adjacent, in worker order, and together one contiguous block."""
+    global_batch = sum(batch_sizes)
+    base = step * global_batch
+    rest = n - base
+    sizes = list(batch_sizes) if rest >= global_batch else tail_shares(rest, batch_sizes)
+    start = base + sum(sizes[:index])
+    return start, start + sizes[index]
+
+
 def shard_batches(tensors: Sequence[torch.Tensor], batch_sizes: Sequence[int], index: int, *,
                   epochs: int, seed: int) -> Iterator[tuple[torch.Tensor, ...]]:
     n = len(tensors[0])
     if any(len(t) != n for t in tensors):
         raise ValueError("all tensors of a dataset need the same first dimension")
-    global_batch = sum(batch_sizes)
-    if global_batch > n:
-        raise ValueError(f"global batch {global_batch} is larger than the dataset ({n} samples)")
-    offset = sum(batch_sizes[:index])
-    mine = batch_sizes[index]
+    steps = steps_per_epoch(n, batch_sizes)
     for epoch in range(epochs):
-        gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-        perm = torch.randperm(n, generator=gen)
-        for step in range(n // global_batch):
-            idx = perm[step * global_batch + offset: step * global_batch + offset + mine]
+        perm = epoch_order(n, epoch, seed)
+        for step in range(steps):
+            start, stop = step_slice(n, batch_sizes, index, step)
+            idx = perm[start:stop]
             yield tuple(t[idx] for t in tensors)

@@ -4,33 +4,87 @@ then either the local optimizer (allreduce plans: no PS) or a push to the PS sha
 It hooks the user's optimizer instead of replacing it, so LR schedulers and ``zero_grad`` keep
 working. Before each step it takes the gradients (weighted by the samples the model saw in training
 forwards since the last step) into its own accumulator and clears ``p.grad``; on the step that
-completes the group's accumulation it all-reduces ``[sum n_r*g_r, sum n_r]`` once (plus two slots per
-member: its last step's batch and its emulator's stable estimate, which the members on one node pool,
-emulate.py) and either puts
-the weighted mean back into ``p.grad`` (the local optimizer then steps, like DDP) or, for hybrid,
-the group leader pushes it to the PS and broadcasts the fresh parameters to its group.
+completes the group's accumulation it all-reduces one buffer (:class:`SyncLayout`): the weighted
+gradients, the samples, a found-inf count (GradScaler, amp.py), two slots per member (its last
+step's batch and its emulator's stable estimate, which the members on one node pool, emulate.py)
+and the members' floating-point buffers (BatchNorm statistics) weighted by their samples. A step
+where any member found inf/NaN is skipped by the whole group. Otherwise the weighted mean gradient
+is clipped (``max_grad_norm``) and either put back into ``p.grad`` (the local optimizer then steps,
+like DDP) or, for hybrid, the group leader pushes it with the group's buffers and hyperparameters to
+the PS and broadcasts the fresh parameters and buffers to its group.
 """
 from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 import torch.distributed as dist
 
+from . import amp, optim
 from .emulate import Emulator
 from .errors import TrainingError
 from .metrics import MetricsSink
 
 FINISH_POLL_S = 5.0     # how long a leader's "finished?" call waits on the PS before asking again
 
+# What a PS shard answers: (version, its parameters or None for an acknowledgement, the buffers
+# (shard 0, when the model has synchronised buffers) or None).
+ShardAnswer = tuple[int, "torch.Tensor | None", "torch.Tensor | None"]
 
-def sync_buffer_numel(parameters: int, members: int) -> int:
-    """Elements of a group's synchronising all-reduce: [weighted gradients | total samples | (batch,
-    estimate) per member]. The members' slots ride on the all-reduce the step makes anyway, so
-    pooling estimates costs no extra round trip; a group of one has none (it does no all-reduce)."""
-    return parameters + 1 + (2 * members if members > 1 else 0)
+
+@dataclass(frozen=True)
+class SyncLayout:
+    """Offsets in a group's synchronising all-reduce buffer: [weighted gradients | total samples |
+    found-inf count | (batch, estimate) per member | sample-weighted buffers]. Everything a step
+    needs to agree on rides on the one all-reduce the step makes anyway (no extra round trip); a
+    group of one has no member slots (it does no all-reduce), a model without buffers no buffer part."""
+    params: int
+    members: int
+    buffers: int = 0
+
+    @property
+    def samples(self) -> int:
+        return self.params
+
+    @property
+    def found_inf(self) -> int:
+        return self.params + 1
+
+    @property
+    def slots(self) -> int:
+        return self.params + 2
+
+    @property
+    def buffers_at(self) -> int:
+        return self.slots + (2 * self.members if self.members > 1 else 0)
+
+    @property
+    def numel(self) -> int:
+        return self.buffers_at + self.buffers
+
+
+def sync_buffer_numel(parameters: int, members: int, buffers: int = 0) -> int:
+    """Elements of a group's synchronising all-reduce (the bench sizes its measurement by it)."""
+    return SyncLayout(parameters, members, buffers).numel
+
+
+def synced_buffers(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The buffers averaged across ranks: floating-point and persistent (in the state dict), such as
+    BatchNorm's running mean and variance. Counters (``num_batches_tracked``) stay each rank's own,
+    and non-persistent buffers are caches or constants the model rebuilds: averaging them would
+    only cost bandwidth."""
+    out: list[torch.Tensor] = []
+    seen: set[int] = set()
+    for module in model.modules():
+        for name, b in module.named_buffers(recurse=False):
+            if (b is not None and b.is_floating_point() and name not in module._non_persistent_buffers_set
+                    and id(b) not in seen):
+                seen.add(id(b))
+                out.append(b)
+    return out
 
 
 class GroupSync:
@@ -38,10 +92,12 @@ class GroupSync:
                  group_ranks: tuple[int, ...], pg: Any, rank: int, group_id: int, accumulate: int,
                  ps_ranks: tuple[int, ...], first_worker: int, default_batch: int,
                  emulator: Emulator, metrics: MetricsSink, timeout_s: float,
-                 share_with: tuple[int, ...] = ()) -> None:
+                 share_with: tuple[int, ...] = (), max_grad_norm: float | None = None,
+                 data_position: Callable[[], dict[str, int] | None] | None = None) -> None:
         self.model = model
         self.opt = optimizer
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self.buffers = synced_buffers(model)
         self.ranks = group_ranks
         self.pg = pg
         self.rank = rank
@@ -54,44 +110,69 @@ class GroupSync:
         self.emulator = emulator
         self.metrics = metrics
         self.timeout_s = timeout_s
+        if max_grad_norm is not None and not max_grad_norm > 0:
+            raise TrainingError(f"max_grad_norm must be positive, not {max_grad_norm!r}")
+        self.max_grad_norm = max_grad_norm
+        # Norm of the last aggregated gradient before clipping (only computed when clipping).
+        self.grad_norm: float | None = None
         # Positions in ``group_ranks`` of the members on this rank's node (itself included): their
         # emulated steps share one stable estimate (emulate.py).
         self.share_with = share_with
+        # The group's data position, sent with each push so PS checkpoints record it (position.py).
+        self.data_position = data_position
         self._me = group_ranks.index(rank)
         self.version = 0
         self.local_step = 0
         self.samples_seen = 0
+        self.skipped_steps = 0
         # Wall seconds this rank spent synchronising in the loop (all-reduce, PS exchange, the
         # broadcast of fresh parameters): with compute and emulated sleep, where its steps went.
         self.sync_s = 0.0
         self._samples = 0
+        self._found_inf = False          # GradScaler found inf/NaN in this rank's step (amp.py)
+        self._skipped = False            # the group skipped the update of the current step
+        self._finished = False
         device = self.params[0].device if self.params else torch.device("cpu")
         self._numel = sum(p.numel() for p in self.params)
-        self._acc = torch.zeros(sync_buffer_numel(self._numel, len(group_ranks)), device=device)
+        self.layout = SyncLayout(self._numel, len(group_ranks), sum(b.numel() for b in self.buffers))
+        self._acc = torch.zeros(self.layout.numel, device=device)
         if ps_ranks:
             from .ps import assign_shards
+            # Checked on every worker at wrap time, before anything reaches the PS: each rank fails
+            # with the reason, not only the first worker whose seed the PS would refuse.
+            try:
+                self._opt_class = optim.class_path(type(optimizer))
+                frozen = [p for p in model.parameters() if not p.requires_grad]
+                self._groups = optim.group_indices(optimizer, self.params, frozen)
+                optim.build_optimizer(self.params, optim.shard_spec(
+                    optimizer, *self._opt_class, self._groups, range(len(self.params))))
+            except TrainingError as exc:
+                raise TrainingError(f"rank {rank}: hybrid training: {exc}") from exc
+            self._seeded = [optim.group_options(g, optimizer.defaults) for g in optimizer.param_groups]
             self._owner = assign_shards([p.numel() for p in self.params], len(ps_ranks))
         self._hooks = [
             model.register_forward_pre_hook(self._count_samples),
             optimizer.register_step_pre_hook(self._before_step),
             optimizer.register_step_post_hook(self._after_step),
         ]
+        amp.hook_scaler(optimizer, self)
 
     # --- start --------------------------------------------------------------------------------
     def start(self) -> None:
-        """Make every worker start from the same parameters: rank 0's (DDP) or the PS's (hybrid)."""
-        if not self.ps_ranks:
-            self._broadcast_params()
-        else:
+        """Make every worker start from the same parameters and buffers: rank 0's (DDP) or the PS's
+        (hybrid)."""
+        if self.ps_ranks:
             if self.rank == self.first_worker:
                 from . import ps
 
-                flat, spec = self._flat_params(), self._optimizer_spec()
-                self._call_shards(ps._seed, "seed", lambda s: (self.group_id, self._shard_flat(flat, s),
-                                                              self._shard_shapes(s), spec))
+                flat, bufs = self._flat_params(), self._flat_buffers()
+                self._call_shards(ps._seed, "seed", lambda s: (
+                    self.group_id, self._shard_flat(flat, s), self._shard_shapes(s), self._spec(s),
+                    bufs if s == 0 else None))
             if self.rank == self.leader:
-                self._set_params_from_shards(self._exchange(None, 0.0))
-            self._broadcast_params()
+                self._load_answers(self._exchange(None, 0.0, None))
+        self._broadcast_state()
+        self._broadcast_other_buffers()
         self.emulator.begin_compute()
 
     # --- hooks ----------------------------------------------------------------------------------
@@ -99,47 +180,93 @@ class GroupSync:
         if module.training and torch.is_grad_enabled() and args and isinstance(args[0], torch.Tensor):
             self._samples += args[0].shape[0] if args[0].dim() else 1
 
+    def scaler_step(self, found_inf: bool, step: Callable[[], Any]) -> tuple[Any, bool]:
+        """GradScaler's step for a wrapped optimizer (amp.py): always step, so this rank takes part
+        in its group's all-reduce; the flag goes with it."""
+        self._found_inf = found_inf
+        return step(), self._skipped
+
     def _before_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if amp.scaled_by_optimizer(opt):
+            raise TrainingError(f"rank {self.rank}: GradScaler hands this optimizer still-scaled "
+                                f"gradients (it unscales inside its own step, e.g. fused=True); "
+                                f"use it without fused=True under hgtrain")
         n = self._samples or self.default_batch
         self.emulator.end_compute(self.local_step, n)
         self._samples = 0
         self.samples_seen += n
+        self._skipped = False
         offset = 0
         for p in self.params:
             if p.grad is not None:
                 self._acc[offset: offset + p.numel()].add_(p.grad.reshape(-1), alpha=float(n))
             offset += p.numel()
             p.grad = None
-        self._acc[self._numel] += n
+        self._acc[self.layout.samples] += n
+        if self._found_inf:
+            # Counted even on accumulating steps: the group drops the whole accumulated update.
+            self._acc[self.layout.found_inf] += 1
+            self._found_inf = False
         self.local_step += 1
         if self.local_step % self.accumulate:
             return                              # still accumulating: the optimizer sees no grads
+        self._synchronise(n)
+
+    def _synchronise(self, n: int) -> None:
+        lay, acc = self.layout, self._acc
         if len(self.ranks) > 1:
-            mine = self._numel + 1 + 2 * self._me
-            self._acc[mine] = n
-            self._acc[mine + 1] = self.emulator.estimate(n)
+            mine = lay.slots + 2 * self._me
+            acc[mine] = n
+            acc[mine + 1] = self.emulator.estimate(n)
+        if self.buffers:
+            # This member's buffers weighted by the samples it trained on since the last update.
+            acc[lay.buffers_at:].copy_(self._flat_buffers()).mul_(acc[lay.samples])
         t0 = time.perf_counter()
-        self._allreduce(self._acc)
+        self._allreduce(acc)
         t1 = time.perf_counter()
         self._pool_estimates(n)
-        total = float(self._acc[self._numel])
-        grad = self._acc[:self._numel] / max(total, 1e-12)
+        samples, found_inf = acc[lay.samples: lay.slots].tolist()     # one device sync for both
+        total = max(samples, 1e-12)
+        if found_inf > 0:
+            # Some member's scaler found inf/NaN: nobody steps, nothing is pushed, parameters and
+            # buffers stay as they are (a member's statistics may hold the overflow too).
+            self._skipped = True
+            self.skipped_steps += 1
+            self.sync_s += t1 - t0
+            self.metrics.emit(event="skip", group=self.group_id, step=self.local_step, version=self.version,
+                              allreduce_s=t1 - t0)
+            acc.zero_()
+            return
+        grad = acc[:self._numel] / total
+        self._clip(grad)
+        buffers = acc[lay.buffers_at:] / total if self.buffers else None
         if not self.ps_ranks:
             offset = 0
             for p in self.params:
                 p.grad = grad[offset: offset + p.numel()].view_as(p).clone()
                 offset += p.numel()
+            if buffers is not None:
+                self._load_buffers(buffers)
             self.sync_s += t1 - t0
         else:
             if self.rank == self.leader:
-                self._set_params_from_shards(self._exchange(grad, total))
+                self._load_answers(self._exchange(grad, samples, buffers))
             t2 = time.perf_counter()
-            self._broadcast_params()
+            self._broadcast_state()
             t3 = time.perf_counter()
             self.sync_s += t3 - t0
-            self.metrics.emit(event="sync", group=self.group_id, version=self.version, samples=total,
-                              allreduce_s=t1 - t0, push_s=t2 - t1, broadcast_s=t3 - t2)
-        self._acc.zero_()
+            self.metrics.emit(event="sync", group=self.group_id, version=self.version,
+                              samples=samples, allreduce_s=t1 - t0, push_s=t2 - t1,
+                              broadcast_s=t3 - t2)
+        acc.zero_()
+
+    def _clip(self, grad: torch.Tensor) -> None:
+        """``clip_grad_norm_`` on the aggregated gradient, with torch's formula."""
+        if self.max_grad_norm is None:
+            return
+        norm = torch.linalg.vector_norm(grad)
+        self.grad_norm = float(norm)
+        grad.mul_(torch.clamp(self.max_grad_norm / (norm + 1e-6), max=1.0))
 
     def _after_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self.emulator.begin_compute()
@@ -149,17 +276,35 @@ class GroupSync:
         with when it is the only one there: its own estimate stays current)."""
         if len(self.ranks) < 2 or len(self.share_with) < 2:
             return
-        slots = self._acc[self._numel + 1:].tolist()
+        slots = self._acc[self.layout.slots: self.layout.buffers_at].tolist()
         pool = [slots[2 * i + 1] for i in self.share_with if slots[2 * i] == batch and slots[2 * i + 1] > 0]
         if pool:
             self.emulator.share(batch, statistics.median(pool))
+
+    # --- state ----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The model's state dict (copies) with the current parameters and synchronised buffers: the
+        PS's under hybrid while training (each shard's newest; shards may differ by the pushes in
+        flight), the local model's otherwise and after ``finish()``."""
+        state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        if not self.ps_ranks or self._finished:
+            return state
+        from . import ps
+
+        _, flat, buffers = self._assemble(self._call_shards(ps._state, "state", lambda s: ()))
+        _fill(state, self.model.named_parameters(remove_duplicate=False), self.params, flat)
+        if buffers is not None:
+            _fill(state, self.model.named_buffers(remove_duplicate=False), self.buffers, buffers)
+        return state
 
     # --- end ------------------------------------------------------------------------------------
     def finish(self) -> None:
         """Wait until every group is done, then hold the PS's final parameters (hybrid)."""
         for h in self._hooks:
             h.remove()
+        amp.unhook_scaler(self.opt)
         if not self.ps_ranks:
+            self._finished = True
             return
         from . import ps
         from .groups import rpc_name
@@ -172,25 +317,34 @@ class GroupSync:
                 answers = [self._wait(fut, "finish") for fut in [
                     _rpc_async(rpc_name(r), ps._finish, (self.group_id, FINISH_POLL_S), self.timeout_s)
                     for r in self.ps_ranks]]
-                if all(done for done, _, _ in answers):
+                if all(done for done, *_ in answers):
                     flag[0] = 1
-                    self._set_params_from_shards([(v, flat) for _, v, flat in answers])
+                    self._load_answers([(v, flat, bufs) for _, v, flat, bufs in answers])
             if len(self.ranks) > 1:
                 self._collective(lambda: dist.broadcast(flag, self.leader, group=self.pg), "broadcast")
             if flag[0]:
-                self._broadcast_params()
+                self._broadcast_state()
+                self._finished = True
                 return
 
     # --- helpers --------------------------------------------------------------------------------
-    def _exchange(self, grad: torch.Tensor | None, samples: float) -> list[tuple[int, torch.Tensor]]:
-        """Push ``grad`` (None: just start) to every shard; shard 0's answer may be held back by
-        the staleness rule and carries its parameters; then the other shards' parameters are pulled."""
+    def _spec(self, shard: int) -> optim.OptimizerSpec:
+        module, qualname = self._opt_class
+        return optim.shard_spec(self.opt, module, qualname, self._groups, self._shard_index(shard))
+
+    def _exchange(self, grad: torch.Tensor | None, samples: float,
+                  buffers: torch.Tensor | None) -> list[ShardAnswer]:
+        """Push ``grad`` (None: just start) to every shard, with the group's hyperparameters and (to
+        shard 0) its buffers; shard 0's answer may be held back by the staleness rule and carries its
+        parameters and the PS's buffers; then the other shards' parameters are pulled."""
         from . import ps
 
         if grad is not None:
-            lr = float(self.opt.param_groups[0]["lr"])
-            answers = self._call_shards(ps._push, "push", lambda s: (self.group_id, self._shard_flat(grad, s),
-                                                                    samples, lr))
+            hyper = optim.push_hyperparameters(self.opt, self._seeded)
+            bufs = buffers.cpu() if buffers is not None else None
+            pos = self.data_position() if self.data_position else None
+            answers = self._call_shards(ps._push, "push", lambda s: (
+                self.group_id, self._shard_flat(grad, s), samples, hyper, bufs if s == 0 else None, pos))
         else:
             answers = self._call_shards(ps._pull, "pull", lambda s: (self.group_id,), shards=[0])
         if len(self.ps_ranks) > 1:
@@ -200,7 +354,7 @@ class GroupSync:
         return answers
 
     def _call_shards(self, fn: Any, what: str, args: Callable[[int], tuple[Any, ...]],
-                     shards: Any = None) -> list[Any]:
+                     shards: Iterable[int] | None = None) -> list[Any]:
         from .groups import rpc_name
 
         shards = range(len(self.ps_ranks)) if shards is None else shards
@@ -218,14 +372,29 @@ class GroupSync:
         if len(self.ranks) > 1:
             self._collective(lambda: dist.all_reduce(buf, group=self.pg), "all-reduce")
 
-    def _broadcast_params(self) -> None:
+    def _broadcast_state(self) -> None:
+        """The leader's parameters, synchronised buffers and PS version to its group, in one broadcast.
+        The version travels as the bytes of an int64 viewed in the vector's dtype: a broadcast copies
+        bytes, and no float type of the parameters (bf16 holds integers exactly only up to 256) could
+        carry it as a number."""
         if len(self.ranks) <= 1:
             return
-        flat = self._flat_params()
+        state = torch.cat([self._flat_params(), self._flat_buffers()])
+        version = torch.tensor([self.version], dtype=torch.int64, device=state.device).view(state.dtype)
+        flat = torch.cat([state, version])
         self._collective(lambda: dist.broadcast(flat, self.leader, group=self.pg), "broadcast")
-        self._load_flat(flat)
+        self._load_flat(flat[:self._numel])
+        self._load_buffers(flat[self._numel: state.numel()])
+        self.version = int(flat[state.numel():].clone().view(torch.int64)[0])   # clone: aligned
+
+    def _broadcast_other_buffers(self) -> None:
+        """At the start only (as DDP does): the buffers that are not averaged, from the leader."""
+        if len(self.ranks) <= 1:
+            return
+        synced = {id(b) for b in self.buffers}
         for b in self.model.buffers():
-            self._collective(lambda: dist.broadcast(b, self.leader, group=self.pg), "broadcast")
+            if id(b) not in synced:
+                self._collective(lambda: dist.broadcast(b, self.leader, group=self.pg), "broadcast")
 
     def _collective(self, op: Callable[[], Any], what: str) -> None:
         try:
@@ -237,14 +406,16 @@ class GroupSync:
                                 f"after {self.timeout_s:g} s): {first}") from exc
 
     def _flat_params(self) -> torch.Tensor:
-        return torch.cat([p.detach().reshape(-1) for p in self.params])
+        return _flat(self.params, self._acc.device)
+
+    def _flat_buffers(self) -> torch.Tensor:
+        return _flat(self.buffers, self._acc.device)
 
     def _load_flat(self, flat: torch.Tensor) -> None:
-        offset = 0
-        with torch.no_grad():
-            for p in self.params:
-                p.copy_(flat[offset: offset + p.numel()].view_as(p))
-                offset += p.numel()
+        _load(self.params, flat)
+
+    def _load_buffers(self, flat: torch.Tensor) -> None:
+        _load(self.buffers, flat)
 
     def _shard_index(self, shard: int) -> list[int]:
         return [i for i, s in enumerate(self._owner) if s == shard]
@@ -258,28 +429,54 @@ class GroupSync:
     def _shard_shapes(self, shard: int) -> list[tuple[int, ...]]:
         return [tuple(self.params[i].shape) for i in self._shard_index(shard)]
 
-    def _set_params_from_shards(self, answers: list[tuple[int, torch.Tensor]]) -> None:
+    def _assemble(self, answers: Sequence[ShardAnswer]) -> tuple[int, torch.Tensor, torch.Tensor | None]:
+        """The shards' answers as (newest version, the full parameter vector, the PS's buffers)."""
         flat = torch.empty(self._numel)
         offsets = [0]
         for p in self.params:
             offsets.append(offsets[-1] + p.numel())
-        for shard, (version, shard_flat) in enumerate(answers):
+        for shard, (_, shard_flat, _) in enumerate(answers):
+            assert shard_flat is not None
             pos = 0
             for i in self._shard_index(shard):
                 n = offsets[i + 1] - offsets[i]
                 flat[offsets[i]: offsets[i + 1]] = shard_flat[pos: pos + n]
                 pos += n
-        self.version = max(v for v, _ in answers)
-        self._load_flat(flat.to(self._acc.device))
+        return max(v for v, _, _ in answers), flat, answers[0][2]
 
-    def _optimizer_spec(self) -> dict[str, Any]:
-        if len(self.opt.param_groups) != 1:
-            raise TrainingError("hybrid training needs an optimizer with one parameter group "
-                                "(the PS runs one optimizer over all parameters)")
-        # Constructor arguments only (schedulers add keys such as initial_lr to param groups).
-        group = self.opt.param_groups[0]
-        kwargs = {k: group.get(k, v) for k, v in self.opt.defaults.items() if k != "params"}
-        return {"name": type(self.opt).__name__, "kwargs": kwargs}
+    def _load_answers(self, answers: Sequence[ShardAnswer]) -> None:
+        self.version, flat, buffers = self._assemble(answers)
+        self._load_flat(flat.to(self._acc.device))
+        if buffers is not None and self.buffers:
+            self._load_buffers(buffers.to(self._acc.device))
+
+
+def _flat(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
+    if not tensors:
+        return torch.zeros(0, device=device)
+    return torch.cat([t.detach().reshape(-1) for t in tensors])
+
+
+def _load(tensors: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
+    offset = 0
+    with torch.no_grad():
+        for t in tensors:
+            t.copy_(flat[offset: offset + t.numel()].view_as(t))
+            offset += t.numel()
+
+
+def _fill(state: dict[str, torch.Tensor], named: Iterable[tuple[str, torch.Tensor]],
+          tensors: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
+    """Copy ``flat`` (``tensors`` concatenated) into ``state`` under every name those tensors have."""
+    names: dict[int, list[str]] = {}
+    for name, t in named:
+        names.setdefault(id(t), []).append(name)
+    offset = 0
+    for t in tensors:
+        for name in names.get(id(t), []):
+            if name in state:
+                state[name].copy_(flat[offset: offset + t.numel()].view_as(t))
+        offset += t.numel()
 
 
 def _rpc_async(to: str, fn: Any, args: tuple[Any, ...], timeout_s: float) -> Any:

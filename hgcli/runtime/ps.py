@@ -18,6 +18,11 @@ answers with fresh parameters when the staleness rule allows (see docs/runtime.m
   up to S - groups + 2 times per push of the slowest one before it waits.
 Other shards apply pushes and answer at once (an acknowledgement; the leader pulls their parameters
 after shard 0 answers), so one shard alone decides who waits and shards cannot deadlock each other.
+
+The optimizer is the worker's class with its parameter groups (optim.py); each push carries the
+groups' current hyperparameters, so the worker's LR schedule drives the PS's steps. Shard 0 also
+keeps the model's floating-point buffers (BatchNorm statistics): the sample-weighted average of the
+buffers each group pushed last, which its answers return (docs/runtime.md).
 """
 from __future__ import annotations
 
@@ -36,7 +41,7 @@ import torch
 from torch.distributed import rpc
 from torch.futures import Future
 
-from . import checkpoint
+from . import checkpoint, optim
 from .env import RankEnv
 from .errors import TrainingError
 from .groups import init_distributed, rpc_name, shutdown
@@ -72,6 +77,13 @@ class ShardServer:
         self.opt: torch.optim.Optimizer | None = None
         self.opt_spec: dict[str, Any] | None = None
         self.version = 0
+        # Shard 0 only, for models with buffers: their average (what answers carry) and each group's
+        # last pushed buffers with the samples of that push (the weights of the average).
+        self.buffers: torch.Tensor | None = None
+        self.group_buffers: dict[int, tuple[torch.Tensor, float]] = {}
+        # Each group's data position after its latest applied push (sent by its leader; see
+        # position.py): checkpointed with the parameters, answered to the group after a resume.
+        self.data_positions: dict[int, dict[str, int]] = {}
         if len(group_ids) > 1 and staleness_bound < len(group_ids) - 1:
             raise TrainingError(f"plan staleness_bound {staleness_bound} is below groups - 1 = "
                                 f"{len(group_ids) - 1}: no schedule of the groups could respect it")
@@ -109,23 +121,42 @@ class ShardServer:
 
     # --- RPC handlers (called on RPC threads) -----------------------------------------------
     def seed(self, group: int, flat: torch.Tensor, shapes: list[tuple[int, ...]],
-             opt_spec: dict[str, Any]) -> int:
+             opt_spec: dict[str, Any], buffers: torch.Tensor | None = None) -> int:
         with self.cv:
             self.last_seen[group] = time.monotonic()
             if self.ckpt_last is None:
                 self.ckpt_last = time.monotonic()
             if self.params is None:
-                self.params = _split(flat, shapes)
-                self.opt_spec = opt_spec
-                self.opt = _make_optimizer(self.params, opt_spec)
+                params = _split(flat, shapes)
+                self.opt = optim.build_optimizer(params, opt_spec)   # refused before anything is held
+                self.params, self.opt_spec = params, opt_spec
+                self.buffers = buffers
                 self._trace("seed", version=self.version)
-            elif [tuple(p.shape) for p in self.params] != [tuple(s) for s in shapes]:
-                raise TrainingError(f"PS shard {self.shard}: the model does not match the "
-                                    f"checkpointed parameters")
+            else:
+                self._check_resumed(shapes, opt_spec, buffers)
             for g, fut in self.unseeded:
                 self._request(g, fut)
             self.unseeded.clear()
             return self.version
+
+    def _check_resumed(self, shapes: list[tuple[int, ...]], opt_spec: dict[str, Any],
+                       buffers: torch.Tensor | None) -> None:
+        """A seed after a resume: the checkpoint's values win, but the job must be the same model and
+        optimizer. Its hyperparameters become the baseline pushes are relative to (optim.py)."""
+        assert self.params is not None and self.opt_spec is not None
+        if [tuple(p.shape) for p in self.params] != [tuple(s) for s in shapes]:
+            raise TrainingError(f"PS shard {self.shard}: the model does not match the "
+                                f"checkpointed parameters")
+        old = optim.normalise_spec(self.opt_spec, len(self.params))
+        new = optim.normalise_spec(opt_spec, len(self.params))
+        if not optim.same_structure(old, new):
+            raise TrainingError(f"PS shard {self.shard}: the optimizer ({new['module']}.{new['qualname']}, "
+                                f"{len(new['groups'])} parameter groups) does not match the checkpointed "
+                                f"one ({old['module']}.{old['qualname']}, {len(old['groups'])} groups)")
+        self.opt_spec = opt_spec
+        if buffers is not None and (self.buffers is None or self.buffers.numel() != buffers.numel()):
+            self.buffers = buffers        # a checkpoint without (these) buffers: start from the seed's
+            self.group_buffers = {}
 
     def pull(self, group: int) -> Future:
         """Parameters for a group (at its start; after shard 0 answered its push, on other shards)."""
@@ -140,11 +171,15 @@ class ShardServer:
                 self._request(group, fut)
         return fut
 
-    def push(self, group: int, grad: torch.Tensor, samples: float, lr: float) -> Future:
+    def push(self, group: int, grad: torch.Tensor, samples: float, hyper: optim.Hyperparameters,
+             buffers: torch.Tensor | None = None, data_position: dict[str, int] | None = None) -> Future:
+        """``hyper``: per parameter group, the values the worker's optimizer has now (its LR schedule);
+        ``buffers`` (shard 0, models with buffers): the group's, averaged over its members;
+        ``data_position``: the group's position in its data after this push."""
         fut: Future = Future()
         schedule = None
         with self.cv:
-            if self.params is None or self.opt is None:
+            if self.params is None or self.opt is None or self.opt_spec is None:
                 raise TrainingError(f"PS shard {self.shard}: push from group {group} before the seed")
             self.last_seen[group] = time.monotonic()
             staleness = self.version - self.base[group]
@@ -153,28 +188,33 @@ class ShardServer:
             for p in self.params:
                 p.grad = grad[offset: offset + p.numel()].view_as(p) * scale
                 offset += p.numel()
-            for pg in self.opt.param_groups:
-                pg["lr"] = lr                  # follows the worker's LR scheduler
+            optim.apply_hyperparameters(self.opt, optim.normalise_spec(self.opt_spec, len(self.params))["groups"],
+                                        hyper)
             self.opt.step()
+            if buffers is not None:
+                self._average_buffers(group, buffers, samples)
             self.version += 1
             self.clock[group] += 1
+            if data_position is not None:
+                self.data_positions[group] = dict(data_position)
             self._trace("push", group=group, clock=self.clock[group], base=self.base[group],
                         version=self.version, staleness=staleness, samples=samples, scale=scale,
-                        clocks=dict(self.clock), active=sorted(self.active))
+                        clocks=dict(self.clock), active=sorted(self.active),
+                        lr=[h.get("lr") for h in hyper])
             self.metrics.emit(event="ps_push", shard=self.shard, group=group, version=self.version,
                               staleness=staleness)
             self.computing.discard(group)
             if self.coordinator:
                 self._request(group, fut)
             else:
-                fut.set_result((self.version, None))
+                fut.set_result((self.version, None, None))
             schedule = self._checkpoint_due()
         if schedule is not None:
             self._schedule_everywhere(schedule)
         return fut
 
     def finish(self, group: int, wait_s: float) -> Future:
-        """A group is done; answers (done?, version, params) once all are, or after ``wait_s``."""
+        """A group is done; answers (done?, version, params, buffers) once all are, or after ``wait_s``."""
         fut: Future = Future()
         with self.cv:
             self.last_seen[group] = time.monotonic()
@@ -185,11 +225,22 @@ class ShardServer:
                 self._release()
             if not self.active:
                 self.all_done.set()
-                fut.set_result((True, self.version, self._flat()))
+                fut.set_result((True, self.version, self._flat(), self._buffers_copy()))
             else:
                 self.finishing.append(fut)
                 threading.Timer(wait_s, self._finish_timeout, args=(fut,)).start()
         return fut
+
+    def state(self) -> tuple[int, torch.Tensor, torch.Tensor | None]:
+        """The current parameters and buffers, at once (``ctx.state_dict()``; no effect on scheduling)."""
+        with self.cv:
+            if self.params is None:
+                raise TrainingError(f"PS shard {self.shard}: asked for its state before the seed")
+            return self.version, self._flat(), self._buffers_copy()
+
+    def data_position(self, group: int) -> dict[str, int] | None:
+        with self.cv:
+            return self.data_positions.get(group)
 
     def schedule_checkpoint(self, version: int) -> None:
         with self.cv:
@@ -201,7 +252,7 @@ class ShardServer:
         with self.cv:
             if fut in self.finishing:
                 self.finishing.remove(fut)
-                fut.set_result((False, self.version, None))
+                fut.set_result((False, self.version, None, None))
 
     def _request(self, group: int, fut: Future) -> None:
         if self.coordinator:
@@ -231,18 +282,33 @@ class ShardServer:
         if not self.active:
             self.all_done.set()
             for fut in self.finishing:
-                fut.set_result((True, self.version, self._flat()))
+                fut.set_result((True, self.version, self._flat(), self._buffers_copy()))
             self.finishing.clear()
 
     def _answer(self, group: int, fut: Future) -> None:
         self.base[group] = self.version
         if group in self.active:
             self.computing.add(group)
-        fut.set_result((self.version, self._flat()))
+        fut.set_result((self.version, self._flat(), self._buffers_copy()))
 
     def _flat(self) -> torch.Tensor:
         assert self.params is not None
         return torch.cat([p.detach().reshape(-1) for p in self.params])  # a copy: safe to send
+
+    def _buffers_copy(self) -> torch.Tensor | None:
+        # A copy: the answer is serialised later, on an RPC thread, while pushes may replace the average.
+        return None if self.buffers is None else self.buffers.clone()
+
+    def _average_buffers(self, group: int, buffers: torch.Tensor, samples: float) -> None:
+        """The sample-weighted average of every group's last pushed buffers: each group's running
+        statistics count as much as the samples of one of its pushes, whichever group pushed last."""
+        self.group_buffers[group] = (buffers, float(samples))
+        weights = sum(w for _, w in self.group_buffers.values())
+        if weights > 0:
+            average = torch.zeros_like(buffers)
+            for b, w in self.group_buffers.values():
+                average.add_(b, alpha=w / weights)
+            self.buffers = average
 
     def _checkpoint_due(self) -> int | None:
         """Snapshot if this version is due; returns a version to schedule on every shard, if any."""
@@ -267,8 +333,13 @@ class ShardServer:
 
     def _snapshot(self) -> dict[str, Any]:
         assert self.params is not None and self.opt is not None
-        return {"params": [p.detach().clone() for p in self.params], "opt_spec": self.opt_spec,
-                "optimizer": copy.deepcopy(self.opt.state_dict())}
+        state: dict[str, Any] = {"params": [p.detach().clone() for p in self.params], "opt_spec": self.opt_spec,
+                                 "optimizer": copy.deepcopy(self.opt.state_dict()),
+                                 "data_positions": copy.deepcopy(self.data_positions)}
+        if self.buffers is not None:
+            state["buffers"] = self.buffers.clone()
+            state["group_buffers"] = {g: (b.clone(), w) for g, (b, w) in self.group_buffers.items()}
+        return state
 
     def _write_loop(self) -> None:
         while (item := self.writes.get()) is not None:
@@ -299,11 +370,17 @@ class ShardServer:
                                 f"from {self.ckpt_dir}: {exc}") from exc
         self.params = [p.clone() for p in data["params"]]
         self.opt_spec = data["opt_spec"]
-        self.opt = _make_optimizer(self.params, self.opt_spec)
+        self.opt = optim.build_optimizer(self.params, data["opt_spec"])
         self.opt.load_state_dict(data["optimizer"])
+        self.buffers = data.get("buffers")
+        self.group_buffers = {int(g): (b, float(w)) for g, (b, w) in data.get("group_buffers", {}).items()
+                              if int(g) in self.clock}
         self.version = version
         self.base = {g: self.version for g in self.base}
-        self._trace("resume", version=self.version)
+        # Checkpoints written before data positions were recorded have none: groups start their epochs.
+        self.data_positions = {int(g): dict(p) for g, p in data.get("data_positions", {}).items()}
+        self._trace("resume", version=self.version,
+                    data_positions={str(g): p for g, p in self.data_positions.items()})
         return self.version
 
     # --- main thread ---------------------------------------------------------------------------
@@ -345,13 +422,6 @@ def _split(flat: torch.Tensor, shapes: Sequence[Sequence[int]]) -> list[torch.Te
     return out
 
 
-def _make_optimizer(params: list[torch.Tensor], spec: dict[str, Any]) -> torch.optim.Optimizer:
-    cls = getattr(torch.optim, spec["name"], None)
-    if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
-        raise TrainingError(f"optimizer {spec['name']!r} is not in torch.optim; the PS cannot run it")
-    return cls(params, **spec["kwargs"])
-
-
 # RPC entry points: module-level so workers can name them; they run on the PS's RPC threads.
 @rpc.functions.async_execution
 def _pull(group: int) -> Future:
@@ -359,8 +429,9 @@ def _pull(group: int) -> Future:
 
 
 @rpc.functions.async_execution
-def _push(group: int, grad: torch.Tensor, samples: float, lr: float) -> Future:
-    return _server().push(group, grad, samples, lr)
+def _push(group: int, grad: torch.Tensor, samples: float, hyper: optim.Hyperparameters,
+          buffers: torch.Tensor | None, data_position: dict[str, int] | None = None) -> Future:
+    return _server().push(group, grad, samples, hyper, buffers, data_position)
 
 
 @rpc.functions.async_execution
@@ -368,8 +439,17 @@ def _finish(group: int, wait_s: float) -> Future:
     return _server().finish(group, wait_s)
 
 
-def _seed(group: int, flat: torch.Tensor, shapes: list[tuple[int, ...]], spec: dict[str, Any]) -> int:
-    return _server().seed(group, flat, shapes, spec)
+def _seed(group: int, flat: torch.Tensor, shapes: list[tuple[int, ...]], spec: dict[str, Any],
+          buffers: torch.Tensor | None) -> int:
+    return _server().seed(group, flat, shapes, spec, buffers)
+
+
+def _state() -> tuple[int, torch.Tensor, torch.Tensor | None]:
+    return _server().state()
+
+
+def _data_position(group: int) -> dict[str, int] | None:
+    return _server().data_position(group)
 
 
 def _schedule_checkpoint(version: int) -> None:

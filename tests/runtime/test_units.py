@@ -172,7 +172,7 @@ def test_admission_rule_bounds_staleness_and_never_deadlocks(tmp_path_factory, g
             assert computing, "every group is waiting: deadlock"
             g = rng.choice(computing)
             assert server.version - server.base[g] <= bound    # staleness of the push about to land
-            answered[g] = server.push(g, torch.ones(3), 1.0, 0.1)
+            answered[g] = server.push(g, torch.ones(3), 1.0, [{"lr": 0.1}])
             pushes += 1
     finally:
         server.close()
@@ -202,7 +202,7 @@ def test_time_triggered_checkpoint_lands_on_a_scheduled_version(tmp_path):
         server.pull(0), server.pull(1)
         time.sleep(0.05)
         for i in range(4):                       # version 1 schedules version 1 + groups + 1 = 4
-            server.push(i % 2, torch.ones(3), 1.0, 0.1)
+            server.push(i % 2, torch.ones(3), 1.0, [{"lr": 0.1}])
     finally:
         server.close()                           # waits for the writer
     assert checkpoint.complete_versions(tmp_path, 1) == [4]

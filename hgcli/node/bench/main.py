@@ -15,7 +15,6 @@ import argparse
 import os
 import platform
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 

@@ -1,0 +1,82 @@
+"""``torch.amp.GradScaler`` with the runtime's step hook: a step is skipped by the whole group or by none.
+
+``scaler.step(opt)`` unscales the gradients, and calls ``opt.step()`` only when this rank found no
+inf/NaN. The runtime aggregates inside ``opt.step()`` (a step pre-hook), so a member that skipped
+would miss its group's all-reduce while the others wait in it. Hence, for optimizers the runtime
+wrapped, the scaler's decision (``GradScaler._maybe_opt_step``) is replaced: ``opt.step()`` always
+runs, this rank's found-inf flag travels in the group's all-reduce, and when any member found one,
+the group skips the update (no local step, no push) and every member's scaler sees found-inf, so
+all back off their scale alike. Other optimizers keep torch's behaviour.
+
+``_maybe_opt_step`` is a private method of torch's GradScaler (in the torch versions hgtrain supports:
+``torch.amp.GradScaler`` since 2.3, ``torch.cuda.amp.GradScaler`` before). Should a torch lack it,
+nothing is replaced: scripts without a GradScaler must not fail for it.
+"""
+from __future__ import annotations
+
+import importlib
+import weakref
+from typing import Any, Callable, Protocol
+
+import torch
+
+
+class ScalerAware(Protocol):
+    def scaler_step(self, found_inf: bool, step: Callable[[], Any]) -> tuple[Any, bool]:
+        """Run ``step`` (the optimizer's step) knowing this rank's found-inf flag; returns its result
+        and whether the group skipped this update."""
+        ...
+
+
+_HOOKED: "weakref.WeakKeyDictionary[torch.optim.Optimizer, ScalerAware]" = weakref.WeakKeyDictionary()
+_ORIGINAL: Callable[..., Any] | None = None
+
+
+def _maybe_opt_step(self: Any, optimizer: torch.optim.Optimizer, optimizer_state: dict[str, Any],
+                    *args: Any, **kwargs: Any) -> Any:
+    sync = _HOOKED.get(optimizer)
+    assert _ORIGINAL is not None
+    if sync is None:
+        return _ORIGINAL(self, optimizer, optimizer_state, *args, **kwargs)
+    found = optimizer_state["found_inf_per_device"]
+    retval, skipped = sync.scaler_step(bool(sum(v.item() for v in found.values())),
+                                       lambda: optimizer.step(*args, **kwargs))
+    if skipped:
+        for v in found.values():
+            v.fill_(1.0)        # update() then backs off on every member, not only where it was found
+    return retval
+
+
+def hook_scaler(optimizer: torch.optim.Optimizer, sync: ScalerAware) -> None:
+    global _ORIGINAL
+    if _ORIGINAL is None:
+        cls = _grad_scaler_class()
+        original = getattr(cls, "_maybe_opt_step", None)
+        if cls is None or original is None:
+            return
+        _ORIGINAL = original
+        setattr(cls, "_maybe_opt_step", _maybe_opt_step)
+    _HOOKED[optimizer] = sync
+
+
+def _grad_scaler_class() -> type | None:
+    # torch.amp's since torch 2.3 (torch.cuda.amp's is a subclass there), torch.cuda.amp's before.
+    for module in ("torch.amp.grad_scaler", "torch.cuda.amp.grad_scaler"):
+        try:
+            cls = getattr(importlib.import_module(module), "GradScaler")
+        except (ImportError, AttributeError):
+            continue
+        if isinstance(cls, type):
+            return cls
+    return None
+
+
+def unhook_scaler(optimizer: torch.optim.Optimizer) -> None:
+    _HOOKED.pop(optimizer, None)
+
+
+def scaled_by_optimizer(optimizer: torch.optim.Optimizer) -> bool:
+    """GradScaler's path for optimizers that unscale inside their own step (``fused=True``): it sets
+    ``grad_scale``/``found_inf`` on the optimizer and calls ``step()`` directly with still-scaled
+    gradients, which the runtime would aggregate as they are."""
+    return getattr(optimizer, "grad_scale", None) is not None or getattr(optimizer, "found_inf", None) is not None

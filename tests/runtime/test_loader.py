@@ -1,0 +1,118 @@
+"""ctx.loader with DataLoader worker processes in hybrid plans, the data position across a killed and
+resumed job, and the weighted DDP hook: real processes, real process groups and RPC."""
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hgcli.examples.data import make_dataset, make_model
+from hgcli.local.plans import emulated_plan
+from hgcli.local.run import run_plan
+from hgcli.runtime import checkpoint
+from hgcli.runtime.data import epoch_order, shard_batches
+from hgcli.runtime.env import ps_argv
+from hgcli.runtime.sampler import RankBatchSampler
+
+from .helpers import load, run_ok, script
+
+pytestmark = pytest.mark.slow
+
+
+def steps(out, rank):
+    path = out / f"steps{rank}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_dataloader_workers_in_a_two_group_hybrid_plan(tmp_path):
+    sizes, n, seed, epochs = [5, 3, 2], 60, 5, 2
+    plan = emulated_plan([[1.0, 1.0], [1.0]], [sizes[:2], sizes[2:]], n_ps=1, staleness_bound=1)
+    result = run_ok(plan, script("loader_train.py", "--out", tmp_path, "--n", n, "--seed", seed,
+                                 "--epochs", epochs, "--workers", 2), tmp_path)
+    per_epoch = n // sum(sizes)
+    trained = [steps(tmp_path, r) for r in range(3)]
+    for rank, log in enumerate(trained):               # equal step counts, each at its position
+        assert [(s["epoch"], s["step"]) for s in log] == [(e, k) for e in range(epochs) for k in range(per_epoch)]
+        assert [len(s["indices"]) for s in log] == [sizes[rank]] * len(log)
+    for epoch in range(epochs):
+        perm = epoch_order(n, epoch, seed).tolist()
+        seen = []
+        for k in range(per_epoch):
+            union = [i for log in trained for i in log[epoch * per_epoch + k]["indices"]]
+            assert union == perm[k * 10: (k + 1) * 10]   # one block of the permutation, worker order
+            seen += union
+        assert len(seen) == len(set(seen)) == per_epoch * 10
+    assert [s["indices"] for s in trained[0][:per_epoch]] != [s["indices"] for s in trained[0][per_epoch:]]
+    finishes = [m for m in result.metrics if m.get("event") == "finish"]
+    assert sorted(m["steps"] for m in finishes) == [per_epoch * epochs] * 3      # it trained, via the PS
+
+
+def test_a_resumed_job_continues_from_the_recorded_data_position(tmp_path):
+    """Run 1 is killed (a worker SIGKILLs itself); run 2 resumes the PS from the last complete
+    checkpoint, and every group's samplers start at the position of the group's last push in it,
+    counted from what the group *trained* (the DataLoader's workers prefetch further), then go on."""
+    sizes, n, seed, epochs = [3, 3, 2], 64, 1, 3
+    per_epoch = n // sum(sizes)                        # 8
+    plan = emulated_plan([[1.0, 1.0], [1.0]], [sizes[:2], sizes[2:]], n_ps=1, staleness_bound=1)
+    ckpt, run1, run2 = tmp_path / "ckpt", tmp_path / "run1", tmp_path / "run2"
+    run1.mkdir()
+    run2.mkdir()
+    common = ("--n", n, "--seed", seed, "--epochs", epochs, "--workers", 2)
+    first = run_plan(plan, script("loader_train.py", "--out", run1, *common, "--die-rank", 0, "--die-step", 14),
+                     workdir=run1, timeout_s=180, rank_timeout_s=30,
+                     ps_argv=ps_argv(checkpoint_dir=str(ckpt), checkpoint_every=5, trace=str(run1 / "trace.jsonl")))
+    assert not first.ok and first.ranks[0].exit_code == -9, [r.exit_code for r in first.ranks]
+    last = checkpoint.complete_versions(ckpt, 1)[0]
+    assert last >= 5
+    # The group's position in the checkpoint: its pushes up to that version, one step each.
+    events = [json.loads(line) for line in (run1 / "trace.jsonl").read_text().splitlines()]
+    pushed = {g: sum(e["event"] == "push" and e["group"] == g and e["version"] <= last for e in events)
+              for g in (0, 1)}
+    expected = {g: {"epoch": c // per_epoch, "step": c % per_epoch, "steps_per_epoch": per_epoch}
+                for g, c in pushed.items()}
+    assert checkpoint.load(ckpt, 0, last)["data_positions"] == expected
+    # It is what the group trained, not what its loader had fetched: rank 0 logged every step.
+    assert len(steps(run1, 0)) == 14 and pushed[0] <= 14
+
+    # Run 2 makes its loaders after wrap(): the position is waiting for them.
+    run_ok(plan, script("loader_train.py", "--out", run2, *common, "--loader-after-wrap"), run2,
+           ps_argv=ps_argv(checkpoint_dir=str(ckpt), checkpoint_every=5, resume=True,
+                           trace=str(run2 / "trace.jsonl")))
+    for rank, group in ((0, 0), (1, 0), (2, 1)):
+        pos = expected[group]
+        assert json.loads((run2 / f"start{rank}.json").read_text()) == pos
+        sampler = RankBatchSampler(n, sizes, rank, seed=seed)
+        rest = [(e, k) for e in range(epochs) for k in range(per_epoch)][pushed[group]:]
+        log = steps(run2, rank)
+        assert [(s["epoch"], s["step"]) for s in log] == rest
+        assert [s["indices"] for s in log] == [sampler.indices(e, k) for e, k in rest]
+        assert f"data continues from epoch {pos['epoch']} step {pos['step']}" in (run2 / f"rank{rank}.log").read_text()
+
+
+def test_weighted_ddp_hook_gives_the_union_batch_gradient(tmp_path):
+    """The one added line, ``register_comm_hook(None, hg.weighted_ddp_hook)``, batches from the plan."""
+    plan = emulated_plan([[1.0, 0.5]], [[3, 5]])
+    steps_, lr = 2, 0.5
+    run_ok(plan, script("ddp_reference.py", "--out", tmp_path, "--batches", "3,5", "--weighted",
+                        "--steps", steps_, "--lr", lr), tmp_path)
+    (x, y), _ = make_dataset(n_train=4096, n_test=16)
+    model = make_model(hidden=16)                     # same seed as the ranks' models
+    start = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    for (xb, yb), _ in zip(shard_batches((x, y), [8], 0, epochs=1, seed=0), range(steps_)):
+        opt.zero_grad()
+        F.cross_entropy(model(xb), yb).backward()     # the union batch, in one process
+        opt.step()
+    expected = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    for rank in (0, 1):
+        torch.testing.assert_close(load(tmp_path / f"rank{rank}.pt"), expected, rtol=1e-5, atol=1e-6)
+    # DDP's plain mean of the two means would give another first step: the weighting is what is tested.
+    model = make_model(hidden=16)
+    (xb, yb), = [b for b, _ in zip(shard_batches((x, y), [8], 0, epochs=1, seed=0), range(1))]
+    grads = []
+    for lo, hi in ((0, 3), (3, 8)):
+        model.zero_grad()
+        F.cross_entropy(model(xb[lo:hi]), yb[lo:hi]).backward()
+        grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
+    weighted = (3 * grads[0] + 5 * grads[1]) / 8
+    assert not torch.allclose((grads[0] + grads[1]) / 2, weighted, atol=1e-6)
