@@ -9,7 +9,7 @@ new connection each. The agents keep their job directories under their default j
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from ..errors import ConfigError, RemoteError
 from ..schema.stages import Cluster, JobRecord, NodeSpec
@@ -97,7 +97,7 @@ class AgentTail:
             self._transport.close()
             raise
 
-    def frames(self):
+    def frames(self) -> Iterator[dict[str, Any]]:
         """Frames until the node closes the stream (tail_end is the last one when all went well)."""
         for raw in iter(self._proc.stdout.readline, b""):
             frame = frames.decode(raw.decode("utf-8", "replace"))

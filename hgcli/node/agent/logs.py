@@ -30,7 +30,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, BinaryIO, Callable, Iterator, Mapping, Sequence
 
 from ..protocol import FrameType, LogsFrame, MetricFrame, WarningFrame
 
@@ -267,7 +267,7 @@ class Follower:
         finally:
             self.done.set()
 
-    def _open(self):
+    def _open(self) -> BinaryIO:
         try:
             return open(self.path, "rb")
         except FileNotFoundError:
