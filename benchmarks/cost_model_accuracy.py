@@ -85,7 +85,7 @@ def measure_profiles(name: str, speeds: list[float], args: argparse.Namespace, w
     emulate = EmulateSpec(devices=tuple(f"emu-x{s:g}" for s in speeds),
                           speed=tuple(s * args.time_scale for s in speeds),
                           memory_mib=(16384,) * len(speeds))
-    cluster = Cluster(nodes=(NodeSpec(name="local", host="localhost", emulate=emulate),))
+    cluster = Cluster(nodes=(NodeSpec(name="local", host="localhost", python=sys.executable, emulate=emulate),))
     inventory = probe_cluster(cluster)
     if not all(n.ok for n in inventory.nodes):
         raise SystemExit(f"{name}: probe failed: {[n.error for n in inventory.nodes]}")

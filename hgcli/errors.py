@@ -7,7 +7,8 @@ from __future__ import annotations
 # The exit-code table (docs/cli.md repeats it; scripts depend on it, so never renumber).
 EXIT_OK = 0
 EXIT_ERROR = 1          # unexpected internal failure
-EXIT_USAGE = 2          # bad flags or a bad input file (cluster, plan, hostfile); nothing contacted
+EXIT_USAGE = 2          # bad flags or a bad input file (cluster, plan, hostfile); nothing contacted;
+                        # or a plan whose ranks a node's Python cannot run (a module missing); nothing started
 EXIT_NODES_FAILED = 4   # some nodes could not be reached or failed; healthy ones still reported
 EXIT_STATE = 5          # the state directory cannot be read or written
 EXIT_JOB = 6            # a job could not start (rendezvous, agent start) or a job id is unknown
@@ -57,6 +58,13 @@ class NodesFailedError(HgError):
     reported."""
 
     exit_code = EXIT_NODES_FAILED
+
+
+class NodePythonError(HgError):
+    """A node's Python lacks a module that the plan's ranks (or the bench) import; the message names
+    node and module and says how to install it. Nothing was started."""
+
+    exit_code = EXIT_USAGE
 
 
 class StateError(HgError):

@@ -15,6 +15,8 @@ bash sources it for commands run by sshd), which is how a host gets login-shell 
 
 The sessions' environment does not inherit this process's ``PYTHONPATH`` (sshd builds a fresh one),
 and ``/usr/bin/python3`` has neither hgcli nor torch, so node code runs only from what hgtrain ships.
+Tests whose nodes run torch give them this test run's interpreter (``python=sys.executable``): the
+``.venv`` of ``scripts/setup`` in CI, which has exactly what pyproject.toml declares.
 
 Ports are free ports picked by a bind test on each address; other test runs may start sshds at the
 same time, so a port lost to a race is retried with another one.

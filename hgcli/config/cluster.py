@@ -8,6 +8,7 @@ exists, because it brings in paramiko).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -51,9 +52,12 @@ KeyPath = tuple[str | int, ...]
 
 
 def default_cluster() -> Cluster:
-    """This machine alone: its GPUs, or on a machine without nvidia-smi an emulated set."""
+    """This machine alone: its GPUs, or on a machine without nvidia-smi an emulated set. Its Python is
+    the controller's own (where hgtrain and its dependencies are installed, a virtual environment
+    say), not whichever ``python3`` comes first on PATH."""
     emulate = None if shutil.which("nvidia-smi") else DEFAULT_EMULATION
-    return Cluster(nodes=(NodeSpec(name="local", host="localhost", emulate=emulate),), source=None)
+    return Cluster(nodes=(NodeSpec(name="local", host="localhost", python=sys.executable, emulate=emulate),),
+                   source=None)
 
 
 def load_cluster(path: str | Path) -> Cluster:
@@ -282,7 +286,11 @@ def _finish(decls: list[_Decl], ssh: SshSettings, *, source: str) -> Cluster:
             raise ConfigError(f"duplicate node name {name!r} (first declared at {first_seen[name]}); "
                               "give one of them another name = \"...\"", source=decl.source)
         first_seen[name] = decl.source
-        nodes.append(NodeSpec(**{**decl.fields, "name": name}, source=decl.source))
+        node = NodeSpec(**{**decl.fields, "name": name}, source=decl.source)
+        if node.is_local and "python" not in decl.fields:
+            # This machine: the Python hgtrain runs in has its dependencies; PATH's python3 may not.
+            node = dataclasses.replace(node, python=sys.executable)
+        nodes.append(node)
     return Cluster(nodes=tuple(_resolve_ssh_aliases(nodes, decls, ssh)), ssh=ssh, source=source)
 
 

@@ -115,15 +115,18 @@ def master_address(plan: Plan, cluster: Cluster) -> str:
 
 def _plan(request: LaunchRequest, emit: Callable[[Event], None], job_id: str) -> Plan:
     cluster = request.cluster
+
+    def on_stage(stage: str, message: str) -> None:
+        emit(Stage(job_id, stage, message))
+
     if request.plan_file is not None:
         from ..plan.files import load_plan
 
         plan = load_plan(request.plan_file, cluster)
     else:
-        from ..plan.pipeline import prepare_plan
+        from ..plan.pipeline import prepare_plan   # refuses ranks whose node's Python cannot run them
 
-        plan = prepare_plan(cluster, request.job, quick=True,
-                            on_stage=lambda stage, message: emit(Stage(job_id, stage, message)))
+        plan = prepare_plan(cluster, request.job, quick=True, on_stage=on_stage)
         if plan.cluster != cluster.fingerprint():
             raise HgError(f"internal error: the plan is of cluster {plan.cluster}, not {cluster.fingerprint()}")
     known = {n.name for n in cluster.nodes}
@@ -131,6 +134,10 @@ def _plan(request: LaunchRequest, emit: Callable[[Event], None], job_id: str) ->
     if unknown:
         where = request.plan_file or "the plan"
         raise ConfigError(f"plan places ranks on unknown node(s) {', '.join(unknown)}", source=str(where))
+    if request.plan_file is not None:
+        from ..plan.pipeline import refuse_unrunnable_plan_file
+
+        refuse_unrunnable_plan_file(plan, cluster, on_stage)
     return plan
 
 

@@ -13,20 +13,38 @@ needs one command, and a second run costs no re-bench. What counts as reusable:
 Failed nodes or devices stop the pipeline with exit 4 naming them, unless ``skip_failed``: then the
 plan uses the healthy ones only and its ``reason`` names what it left out. Planning silently on
 fewer devices than the user declared would hide a broken node until the job is slow.
+
+A node whose Python lacks what its ranks import (``PLAN_NEEDS``: torch and gloo for every plan, also
+torch.distributed.rpc and numpy with PS ranks), as its probe found, stops the pipeline with exit 2
+naming node and module, before a bench that needs torch there and before anything starts. A stored
+inventory with a node that lacked one is probed again, so what the user installed since counts; a
+check that is not known (an inventory of an older hgtrain, a check that did not finish) never refuses.
 """
 from __future__ import annotations
 
 import time
 from typing import Callable, TypeVar
 
-from ..errors import NodesFailedError, StateError
-from ..schema.stages import Cluster, Inventory, JobSpec, Plan, Profiles
+from ..errors import NodePythonError, NodesFailedError, StateError
+from ..schema.stages import PLAN_NEEDS, Cluster, Inventory, JobSpec, Plan, Profiles
 
 # Inventories older than this are probed again (seconds).
 INVENTORY_MAX_AGE_S = 3600.0
 
 OnStage = Callable[[str, str], None]
 T = TypeVar("T")
+
+
+# What to do about a missing module ({py}: the node's Python, {node}: its name).
+_REMEDY = {
+    "torch": "lacks torch: run '{py} -m pip install torch' on {node}",
+    "gloo": "has a torch without torch.distributed's gloo backend: install a torch build with it",
+    "rpc": "has a torch without torch.distributed.rpc (TensorPipe), which parameter-server ranks use: "
+           "install a torch build with it",
+    "numpy": "lacks numpy, which torch.distributed.rpc needs for the parameter-server ranks: run "
+             "'{py} -m pip install numpy' on {node}",
+}
+_OR_ANOTHER = "; or set the node's python in the cluster file to one that has it"
 
 
 def _quiet(stage: str, message: str) -> None:
@@ -56,7 +74,55 @@ def inventory_unusable(inventory: Inventory | None, cluster: Cluster, *, skip_fa
         return f"stored inventory is {age / 3600:.1f} h old (limit {INVENTORY_MAX_AGE_S / 3600:g} h)"
     if inventory.failed and not skip_failed:
         return "stored inventory has failed nodes: " + ", ".join(n.name for n in inventory.failed)
+    lacking = [n.name for n in inventory.succeeded if n.runtime and n.runtime.lacking(PLAN_NEEDS["hybrid/ps"])]
+    if lacking:
+        return "the Python of " + ", ".join(lacking) + " lacked modules (installed since?)"
     return None
+
+
+def runtime_problems(inventory: Inventory, nodes: list[str], needs: tuple[str, ...]) -> list[str]:
+    """One phrase per node of ``nodes`` whose probed Python lacks one of ``needs``, saying what to do.
+    Nodes without the checks (or not in the inventory) are not refused: unknown is not missing."""
+    info = {n.name: n for n in inventory.nodes}
+    problems = []
+    for name in dict.fromkeys(nodes):
+        runtime = info[name].runtime if name in info else None
+        if runtime is None:
+            continue
+        for module in runtime.lacking(needs):
+            why = runtime.why.get(module)
+            problems.append(f"node {name}: its Python {runtime.executable} "
+                            + _REMEDY[module].format(py=runtime.executable, node=name)
+                            + (f" ({why})" if why else ""))
+    return problems
+
+
+def refuse_unrunnable(plan: Plan, inventory: Inventory) -> None:
+    """Raise NodePythonError when a rank's node lacks what the plan's ranks import."""
+    needs = PLAN_NEEDS["hybrid/ps" if plan.ps_shards else "allreduce"]
+    problems = runtime_problems(inventory, [r.node for r in plan.ranks], needs)
+    if problems:
+        raise NodePythonError(f"the {plan.strategy.value} plan's ranks cannot run: {'; '.join(problems)}"
+                              f"{_OR_ANOTHER}. Nothing was started")
+
+
+def refuse_unrunnable_plan_file(plan: Plan, cluster: Cluster, on_stage: OnStage | None = None) -> None:
+    """``launch --plan``: the stored inventory, when there is one, decides whether the plan's ranks can
+    run; a refusal is checked by probing again first (the module may have been installed since)."""
+    from ..probe.inventory import load_inventory, probe_cluster
+
+    try:
+        stored = load_inventory(cluster)
+    except StateError:
+        return
+    if stored is None:
+        return
+    try:
+        refuse_unrunnable(plan, stored)
+    except NodePythonError:
+        (on_stage or _quiet)("probe", f"probing {len(cluster.nodes)} node(s): the stored inventory says a "
+                                      "node's Python lacks a module the plan needs")
+        refuse_unrunnable(plan, probe_cluster(cluster))
 
 
 def _stored_or_fresh(stage: str, what: str, load: Callable[[], T | None],
@@ -136,6 +202,9 @@ def ensure_profiles(cluster: Cluster, inventory: Inventory, *, quick: bool = Tru
     say = on_stage or _quiet
 
     def bench(why: str) -> Profiles:
+        problems = runtime_problems(inventory, [n.name for n in inventory.succeeded], PLAN_NEEDS["allreduce"])
+        if problems:
+            raise NodePythonError(f"cannot bench: {'; '.join(problems)}{_OR_ANOTHER}")
         say("bench", f"benching{' (quick)' if quick else ''}: {why}")
         fresh = bench_cluster(cluster, inventory, quick=quick)
         say("bench", f"measured {len(fresh.devices)} device(s) and {len(fresh.links)} link(s)")
@@ -159,5 +228,6 @@ def prepare_plan(cluster: Cluster, job: JobSpec, *, quick: bool = True, skip_fai
     profiles = ensure_profiles(cluster, inventory, quick=quick, skip_failed=skip_failed, on_stage=say)
     say("plan", f"planning ({job.strategy.value})")
     plan = make_plan(inventory, profiles, job)
+    refuse_unrunnable(plan, inventory)
     say("plan", f"{plan.strategy.value}: {plan.world_size} rank(s), {len(plan.groups)} group(s)")
     return plan

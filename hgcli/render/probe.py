@@ -10,7 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 from rich.text import Text
 
-from ..schema.stages import GpuInfo, Inventory, NodeInfo
+from ..schema.stages import PLAN_NEEDS, GpuInfo, Inventory, NodeInfo, PythonRuntime
 
 EMULATED = "EMULATED"
 
@@ -83,7 +83,25 @@ def _system_cell(node: NodeInfo) -> str:
     if node.torch_version and node.torch_cuda:
         torch += f" (CUDA {node.torch_cuda})"
     return "\n".join([f"CPU {cpu or '?'}", f"RAM {_mib(node.memory_total_mib)}", f"OS {node.os or '?'}",
-                      f"Python {node.python_version or '?'}, torch {torch}"])
+                      f"Python {node.python_version or '?'}, torch {torch}", _plans_line(node.runtime)])
+
+
+def _plans_line(runtime: PythonRuntime | None) -> str:
+    """Which plans the node's Python can run: "plans: allreduce yes, hybrid/ps NO (numpy: ...)"."""
+    if runtime is None:
+        return "plans: not checked"
+    parts = []
+    for plans, needs in PLAN_NEEDS.items():
+        lacking = runtime.lacking(needs)
+        unknown = [n for n in needs if getattr(runtime, n) is None]
+        if lacking:
+            reasons = ", ".join(f"{n}: {runtime.why[n]}" if n in runtime.why else n for n in lacking)
+            parts.append(f"{plans} NO ({reasons})")
+        elif unknown:
+            parts.append(f"{plans} ? ({', '.join(unknown)} not known)")
+        else:
+            parts.append(f"{plans} yes")
+    return "plans: " + ", ".join(parts)
 
 
 def _node_cell(node: NodeInfo) -> Text:

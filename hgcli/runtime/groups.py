@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
+import sys
 import time
 import warnings
 
@@ -40,44 +42,86 @@ def _who(env: RankEnv, ranks: list[int]) -> str:
     return ", ".join(f"rank {r} (node {env.plan.rank(r).node})" if env.plan else f"rank {r}" for r in ranks)
 
 
+def _node(env: RankEnv) -> str:
+    """This rank's node: the plan's name for it, else the host name (a plain torchrun environment)."""
+    return env.plan.rank(env.rank).node if env.plan else socket.gethostname()
+
+
+def _after(start: float, env: RankEnv) -> str:
+    """How long a step really waited, beside its limit: a step that failed at once must not read as
+    a timeout ("after 0.2 s (limit 120 s, HGTRAIN_TIMEOUT)")."""
+    return f"after {time.monotonic() - start:.1f} s (limit {env.timeout_s:g} s, HGTRAIN_TIMEOUT)"
+
+
+def check_rpc_needs(env: RankEnv) -> None:
+    """RPC's TensorPipe set-up gathers objects with ``dist.all_gather_object``, which converts tensors
+    with ``tensor.numpy()``; the torch wheel does not depend on numpy, so without it ``init_rpc``
+    failed with torch's bare "Numpy is not available". Checked before the rendezvous, so the rank
+    says what is missing, where, and how to install it, and fails at once."""
+    import torch
+
+    try:
+        import numpy
+    except ImportError as exc:
+        why = f"numpy cannot be imported ({exc})"
+    else:
+        try:
+            torch.zeros(1).numpy()
+            return
+        except RuntimeError as exc:
+            why = f"torch {torch.__version__} cannot use numpy {numpy.__version__} ({exc})"
+    node = _node(env)
+    raise TrainingError(f"rank {env.rank} (node {node}): torch.distributed.rpc, which the parameter-server "
+                        f"ranks use, needs numpy, and in {sys.executable} {why}: run "
+                        f"'{sys.executable} -m pip install numpy' on node {node}")
+
+
 def join(env: RankEnv, timeout: datetime.timedelta) -> dist.TCPStore:
     """The rendezvous, done so that a rank that never joins is *named* after the timeout (torch's own
     only counts clients: "1/2 clients joined"). Rank 0 hosts the store on MASTER_ADDR:MASTER_PORT
     (multi-tenant, so RPC's env:// rendezvous shares it); every rank checks in under its own key and
     waits for all the others' keys."""
     addr, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500"))
+    start = time.monotonic()
     try:
         store = dist.TCPStore(addr, port, env.world_size, is_master=env.rank == 0, timeout=timeout,
                               wait_for_workers=False, multi_tenant=True)
     except (RuntimeError, ValueError) as exc:
-        raise TrainingError(f"rank {env.rank}: cannot join the job: {_who(env, [0])} did not open the "
-                            f"rendezvous at {addr}:{port} within {env.timeout_s:g} s ({exc})") from exc
+        what = (f"cannot open the rendezvous at {addr}:{port}" if env.rank == 0 else
+                f"{_who(env, [0])} did not open the rendezvous at {addr}:{port}")
+        raise TrainingError(f"rank {env.rank}: cannot join the job: {what}: failed {_after(start, env)}: "
+                            f"{exc}") from exc
     store.set(f"{JOINED}{env.rank}", "1")
-    deadline = time.monotonic() + env.timeout_s
+    waiting = time.monotonic()
     while True:
         missing = [r for r in range(env.world_size) if not store.check([f"{JOINED}{r}"])]
         if not missing:
             return store
-        if time.monotonic() > deadline:
+        if time.monotonic() > waiting + env.timeout_s:
             raise TrainingError(f"rank {env.rank}: {len(missing)} of {env.world_size} ranks never joined "
-                                f"the job within {env.timeout_s:g} s (HGTRAIN_TIMEOUT): {_who(env, missing)}")
+                                f"the job: gave up {_after(waiting, env)}: {_who(env, missing)}")
         time.sleep(0.05)
 
 
 def init_distributed(env: RankEnv, plan: model.Plan) -> dict[int, dist.ProcessGroup]:
     """Join the job; returns {group id: process group} for the group(s) this rank belongs to."""
     timeout = datetime.timedelta(seconds=env.timeout_s)
+    if plan.ps_shards:
+        check_rpc_needs(env)
     store = join(env, timeout)
+    step, start = "the default process group (gloo)", time.monotonic()
     try:
         dist.init_process_group("gloo", store=store, rank=env.rank, world_size=env.world_size, timeout=timeout)
         mine = {}
         for g in plan.groups:
+            step, start = f"all-reduce group {g.id} ({group_backend(plan, g)})", time.monotonic()
             pg = dist.new_group(list(g.ranks), timeout=timeout, backend=group_backend(plan, g))
             if env.rank in g.ranks:
                 mine[g.id] = pg
         if plan.ps_shards:
             from torch.distributed import rpc
 
+            step, start = "RPC (TensorPipe) for the parameter servers", time.monotonic()
             with warnings.catch_warnings():
                 # torch's own rpc init trips its "Backend used as a ProcessGroup" deprecation warning.
                 warnings.simplefilter("ignore", UserWarning)
@@ -86,8 +130,8 @@ def init_distributed(env: RankEnv, plan: model.Plan) -> dict[int, dist.ProcessGr
                                  init_method="env://", rpc_timeout=env.timeout_s,
                                  num_worker_threads=8, _transports=["uv"], _channels=["basic"]))
     except (RuntimeError, ValueError) as exc:
-        raise TrainingError(f"rank {env.rank}: cannot join the job at "
-                            f"MASTER_ADDR/MASTER_PORT within {env.timeout_s:g} s: {exc}") from exc
+        raise TrainingError(f"rank {env.rank}: cannot set up {step} of the job (rendezvous at MASTER_ADDR/"
+                            f"MASTER_PORT): failed {_after(start, env)}: {exc}") from exc
     return mine
 
 

@@ -119,6 +119,32 @@ class GpuInfo:
     speed: float | None = None     # declared relative speed of an emulated device
 
 
+# The modules every rank of a kind of plan needs on its node (checked by the node probe, enforced by
+# ``plan`` and ``launch``). With parameter-server ranks every rank starts torch.distributed.rpc, whose
+# TensorPipe set-up converts tensors with numpy (``dist.all_gather_object``).
+PLAN_NEEDS = {"allreduce": ("torch", "gloo"), "hybrid/ps": ("torch", "gloo", "rpc", "numpy")}
+
+
+@dataclass(frozen=True)
+class PythonRuntime:
+    """What the node's Python can run, found by importing in a child process (hgcli/node/probe.py).
+    A check is None when it is not known (the child timed out): unknown never refuses a plan."""
+
+    executable: str                # the node's Python (``sys.executable`` there)
+    torch: bool | None = None      # ``import torch`` works
+    gloo: bool | None = None       # torch.distributed with the gloo backend (every plan)
+    rpc: bool | None = None        # torch.distributed.rpc (TensorPipe): plans with PS ranks
+    numpy: bool | None = None      # numpy imports and torch converts tensors with it: plans with PS ranks
+    numpy_version: str | None = None
+    why: dict[str, str] = field(default_factory=dict)   # check -> why it is False or unknown
+
+    def lacking(self, needs: tuple[str, ...]) -> tuple[str, ...]:
+        """Those of ``needs`` this Python is known not to have; only torch when torch is missing (the
+        others are torch's or need it, so torch is what to install)."""
+        lacking = tuple(n for n in needs if getattr(self, n) is False)
+        return ("torch",) if "torch" in lacking else lacking
+
+
 @dataclass(frozen=True)
 class NodeInfo:
     name: str
@@ -135,6 +161,7 @@ class NodeInfo:
     torch_version: str | None = None   # None when torch is not installed on the node
     torch_cuda: str | None = None
     elapsed_s: float | None = None
+    runtime: PythonRuntime | None = None   # None: a failed node, or an inventory of an older hgtrain
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,9 @@ def test_node_runs_its_own_python_not_the_controllers(inventory):
                               capture_output=True, text=True, check=True).stdout.strip()
     assert node.python_version == expected
     assert node.torch_version is None
+    # ... and that its Python can run no plan, saying why
+    assert node.runtime.executable == "/usr/bin/python3"
+    assert (node.runtime.torch, node.runtime.numpy, node.runtime.why["torch"]) == (False, False, "torch is not installed")
 
 
 def test_cpu_only_node_is_not_an_error(inventory):

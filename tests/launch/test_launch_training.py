@@ -61,7 +61,7 @@ def test_unmodified_torchrun_style_script_under_allreduce(hg, tmp_path):
 def test_main_job_probes_benches_plans_and_trains_on_the_embedded_cluster(hg, tmp_path):
     """The README's main command, with no cluster file: probe -> bench -> plan -> launch -> summary."""
     pytest.importorskip("hgcli.plan.pipeline")
-    code, out, err = hg.run("--json", "--", "python3", "-m", "hgcli.examples.train", "--epochs", "1",
+    code, out, err = hg.run("--json", "--", PY, "-m", "hgcli.examples.train", "--epochs", "1",
                             "--max-steps", "30", timeout=900)
     events = [json.loads(line) for line in out.splitlines()]
     assert code == 0, err + out[-3000:]

@@ -14,8 +14,10 @@ import pytest
 from hgcli import state
 from hgcli.cli import main
 from hgcli.config.cluster import default_cluster
-from hgcli.schema.stages import Inventory, JobSpec, NodeInfo, Plan, Profiles, from_dict, to_dict
-from hgcli.plan.pipeline import INVENTORY_MAX_AGE_S, inventory_unusable, prepare_plan, profiles_unusable
+from hgcli.schema.stages import PLAN_NEEDS, Inventory, JobSpec, NodeInfo, Plan, Profiles, PythonRuntime, from_dict, to_dict
+from hgcli.errors import NodePythonError
+from hgcli.plan.pipeline import (INVENTORY_MAX_AGE_S, inventory_unusable, prepare_plan, profiles_unusable,
+                                 refuse_unrunnable, runtime_problems)
 from hgcli.bench.profiles import load_profiles, store_profiles
 
 pytestmark = pytest.mark.slow
@@ -97,8 +99,14 @@ def test_failed_node_is_refused_with_exit_4_unless_skipped(tmp_path, capsys):
     assert {r.node for r in plan.ranks} == {"a"} and "c" in plan.reason
 
 
-def _inventory(cluster, *, age: float = 0.0, failed: bool = False) -> Inventory:
-    nodes = (NodeInfo(name="local", host="localhost", ok=not failed, error="down" if failed else None),)
+EVERYTHING = PythonRuntime("/venv/bin/python", torch=True, gloo=True, rpc=True, numpy=True)
+NO_NUMPY = dataclasses.replace(EVERYTHING, numpy=False, why={"numpy": "ModuleNotFoundError: No module named 'numpy'"})
+
+
+def _inventory(cluster, *, age: float = 0.0, failed: bool = False,
+               runtime: PythonRuntime | None = EVERYTHING) -> Inventory:
+    nodes = (NodeInfo(name="local", host="localhost", ok=not failed, error="down" if failed else None,
+                      runtime=None if failed else runtime),)
     return Inventory(cluster=cluster.fingerprint(), nodes=nodes, probed_at=time.time() - age)
 
 
@@ -111,6 +119,41 @@ def test_inventory_reuse_rules():
     assert "of cluster another" in inventory_unusable(other, cluster, skip_failed=False)
     assert "failed nodes: local" in inventory_unusable(_inventory(cluster, failed=True), cluster, skip_failed=False)
     assert inventory_unusable(_inventory(cluster, failed=True), cluster, skip_failed=True) is None
+    # Stored by an older hgtrain (no Python checks): reused, unknown refuses nothing. A node lacked a
+    # module: probed again, as it may have been installed since; a refusal is always of fresh checks.
+    assert inventory_unusable(_inventory(cluster, runtime=None), cluster, skip_failed=False) is None
+    lacked = inventory_unusable(_inventory(cluster, runtime=NO_NUMPY), cluster, skip_failed=False)
+    assert lacked == "the Python of local lacked modules (installed since?)"
+
+
+def _plan_on(*nodes: str, ps: bool) -> Plan:
+    from hgcli.local.plans import emulated_plan
+
+    if ps:
+        return emulated_plan([[1.0], [0.5]], [[8], [4]], n_ps=1, staleness_bound=1, nodes=[[nodes[0]], [nodes[1]]],
+                             ps_node=nodes[-1])
+    return emulated_plan([[1.0, 0.5]], [[8, 4]], nodes=[list(nodes[:2])])
+
+
+def _nodes(**runtimes: PythonRuntime | None) -> Inventory:
+    return Inventory(cluster="fp", nodes=tuple(NodeInfo(name=n, host=n, ok=True, runtime=r) for n, r in runtimes.items()))
+
+
+def test_a_plan_is_refused_when_a_ranks_node_lacks_what_the_plan_imports():
+    inventory = _nodes(a=EVERYTHING, b=NO_NUMPY, c=None)
+    refuse_unrunnable(_plan_on("a", "b", ps=False), inventory)     # all-reduce ranks need no numpy
+    refuse_unrunnable(_plan_on("a", "c", "c", ps=True), inventory)   # c: not checked, not refused
+    with pytest.raises(NodePythonError) as caught:
+        refuse_unrunnable(_plan_on("a", "b", "a", ps=True), inventory)   # b hosts a worker of a PS plan
+    message = str(caught.value)
+    assert caught.value.exit_code == 2 and "\n" not in message
+    assert message.startswith("the hybrid plan's ranks cannot run: node b: its Python /venv/bin/python lacks "
+                              "numpy, which torch.distributed.rpc needs"), message
+    assert "'/venv/bin/python -m pip install numpy' on b" in message and "No module named 'numpy'" in message
+    no_torch = PythonRuntime("/usr/bin/python3", torch=False, gloo=False, rpc=False, numpy=False)
+    with pytest.raises(NodePythonError, match="node b: its Python /usr/bin/python3 lacks torch"):
+        refuse_unrunnable(_plan_on("a", "b", ps=False), _nodes(a=EVERYTHING, b=no_torch))
+    assert runtime_problems(_nodes(a=EVERYTHING, b=no_torch), ["a"], PLAN_NEEDS["hybrid/ps"]) == []
 
 
 def test_profiles_with_a_failed_device_are_benched_again_unless_skipped(tmp_path):

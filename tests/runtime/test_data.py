@@ -187,6 +187,8 @@ def test_the_first_sampler_follows_opt_step_with_a_prefetching_loader(alone):
 
 
 def test_the_ps_records_data_positions_in_checkpoints_and_resumes_them(tmp_path):
+    LR = [{"lr": 0.1}]      # one parameter group
+
     def server():
         return ShardServer(shard=0, ps_ranks=[5], group_ids=[0, 1], staleness_bound=1, global_batch=0,
                            timeout_s=60, metrics=MetricsSink(None, {}), checkpoint_dir=tmp_path,
@@ -196,10 +198,10 @@ def test_the_ps_records_data_positions_in_checkpoints_and_resumes_them(tmp_path)
     try:
         first.seed(0, torch.zeros(3), [(3,)], {"name": "SGD", "kwargs": {"lr": 0.1}})
         first.pull(0), first.pull(1)
-        first.push(0, torch.ones(3), 1.0, 0.1, {"epoch": 0, "step": 1, "steps_per_epoch": 5})
-        first.push(1, torch.ones(3), 1.0, 0.1, {"epoch": 0, "step": 1, "steps_per_epoch": 5})
-        first.push(0, torch.ones(3), 1.0, 0.1, {"epoch": 0, "step": 2, "steps_per_epoch": 5})
-        first.push(1, torch.ones(3), 1.0, 0.1)       # a push without a position keeps the last one
+        first.push(0, torch.ones(3), 1.0, LR, None, {"epoch": 0, "step": 1, "steps_per_epoch": 5})
+        first.push(1, torch.ones(3), 1.0, LR, None, {"epoch": 0, "step": 1, "steps_per_epoch": 5})
+        first.push(0, torch.ones(3), 1.0, LR, None, {"epoch": 0, "step": 2, "steps_per_epoch": 5})
+        first.push(1, torch.ones(3), 1.0, LR)        # a push without a position keeps the last one
     finally:
         first.close()
     assert checkpoint.load(tmp_path, 0, 4)["data_positions"] == {

@@ -1,5 +1,5 @@
 """The runtime on real NVIDIA GPUs with NCCL groups. Skipped on machines without CUDA (CI here has
-none); run on a GPU machine with `python3 -m pytest -q tests/runtime/test_gpu.py`."""
+none); run on a GPU machine with `.venv/bin/python -m pytest -q tests/runtime/test_gpu.py`."""
 import dataclasses
 import sys
 

@@ -1,5 +1,6 @@
 """Pure parts of the runtime, in process: sharding, batches, checkpoint sets, the env contract,
 emulation, and the PS admission rule under random schedules (hypothesis)."""
+import datetime
 import json
 import random
 import time
@@ -208,3 +209,54 @@ def test_time_triggered_checkpoint_lands_on_a_scheduled_version(tmp_path):
     assert checkpoint.complete_versions(tmp_path, 1) == [4]
     saved = checkpoint.load(tmp_path, 0, 4)
     torch.testing.assert_close(saved["params"][0], torch.full((3,), -0.4))
+
+
+def _rank_env(tmp_path, rank: int, **extra) -> RankEnv:
+    plan = emulated_plan([[1.0], [0.5]], [[8], [4]], n_ps=1, staleness_bound=1, nodes=[["a"], ["b"]],
+                         ps_node="c")
+    path = tmp_path / "plan.json"
+    path.write_text(m.to_json(plan))
+    return RankEnv.from_environ(rank_env(plan, rank, master_addr="127.0.0.1", master_port=1, plan_path=str(path),
+                                         job_id="j", **extra))
+
+
+def test_rank0_that_cannot_open_the_rendezvous_says_how_long_it_really_waited(tmp_path, monkeypatch):
+    """A rendezvous that fails at once (its port is taken) says so: not "within 120 s"."""
+    import socket
+
+    from hgcli.runtime.groups import join
+
+    env = _rank_env(tmp_path, 0, timeout_s=120.0)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+        monkeypatch.setenv("MASTER_PORT", str(port))
+        start = time.monotonic()
+        with pytest.raises(TrainingError) as caught:
+            join(env, datetime.timedelta(seconds=120))
+    took = time.monotonic() - start
+    message = str(caught.value)
+    assert f"rank 0: cannot join the job: cannot open the rendezvous at 127.0.0.1:{port}" \
+        in message, message
+    waited = float(message.split("failed after ")[1].split(" s")[0])
+    assert waited <= took + 0.1 and took < 60, (waited, took)
+    assert "(limit 120 s, HGTRAIN_TIMEOUT)" in message and "within" not in message, message
+
+
+def test_a_rank_without_numpy_names_module_node_and_the_install_command_before_joining(tmp_path, monkeypatch):
+    """RPC's set-up needs numpy (tensor.numpy() in all_gather_object); torch's own error said only
+    "Numpy is not available", after the rendezvous. The check runs first, so no store is needed."""
+    import sys
+
+    from hgcli.runtime.groups import init_distributed
+
+    env = _rank_env(tmp_path, 2)            # the PS rank, on node c
+    monkeypatch.setitem(sys.modules, "numpy", None)     # import numpy -> ImportError
+    monkeypatch.setenv("MASTER_PORT", "1")  # a rendezvous would fail differently
+    with pytest.raises(TrainingError) as caught:
+        init_distributed(env, env.plan)
+    message = str(caught.value)
+    assert message.startswith("rank 2 (node c): torch.distributed.rpc"), message
+    assert "needs numpy" in message and f"'{sys.executable} -m pip install numpy' on node c" in message, message

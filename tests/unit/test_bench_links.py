@@ -79,7 +79,8 @@ def test_rank1_without_a_listener_fails_within_its_timeout():
 
 
 def test_bench_link_through_the_local_transport():
-    cluster = Cluster(nodes=(NodeSpec(name="a", host="localhost"), NodeSpec(name="b", host="localhost")))
+    cluster = Cluster(nodes=(NodeSpec(name="a", host="localhost", python=sys.executable),
+                             NodeSpec(name="b", host="localhost", python=sys.executable)))
     link = bench_link(cluster, cluster.node("a"), cluster.node("b"), "gloo", quick=True)
     assert (link.a, link.b, link.backend, link.error) == ("a", "b", "gloo", None)
     assert link.bandwidth_gbs.median > 0 and link.latency_s.median > 0
@@ -88,7 +89,7 @@ def test_bench_link_through_the_local_transport():
 
 def test_bench_link_names_a_node_that_cannot_run_it():
     broken = NodeSpec(name="b", host="localhost", python="/nonexistent/python3")
-    cluster = Cluster(nodes=(NodeSpec(name="a", host="localhost"), broken))
+    cluster = Cluster(nodes=(NodeSpec(name="a", host="localhost", python=sys.executable), broken))
     link = bench_link(cluster, cluster.node("b"), cluster.node("a"), "gloo", quick=True)
     assert link.bandwidth_gbs is None and link.error.startswith("b: ")
     assert "/nonexistent/python3" in link.error

@@ -10,12 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from hgcli.schema.stages import GpuInfo, NodeInfo, from_dict
+from hgcli.schema.stages import PLAN_NEEDS, GpuInfo, NodeInfo, from_dict
 from hgcli.node import frames
 from hgcli.node.probe import (
-    NvidiaSmiError, describe_failure, parse_cpuinfo, parse_gpu_csv, parse_meminfo, parse_os_release,
-    select_gpus, torch_cuda_from_version, parse_torch_version_py, QUERY_FIELDS, OLD_DRIVER_FIELDS,
+    NvidiaSmiError, RuntimeCheck, describe_failure, installed, parse_cpuinfo, parse_gpu_csv, parse_meminfo,
+    parse_os_release, runtime_from_output, select_gpus, torch_cuda_from_version, parse_torch_version_py,
+    QUERY_FIELDS, OLD_DRIVER_FIELDS,
 )
+from tests.venvs import add_package, python_without
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE = ROOT / "tests" / "fakes" / "nvidia-smi"
@@ -34,11 +36,14 @@ def node_bin(tmp_path: Path, scenario_file: str | None = None, with_fake: bool =
     return bindir
 
 
-def run_probe(bindir: Path, *args: str, scenario: str | None = None) -> tuple[NodeInfo, subprocess.CompletedProcess]:
+def run_probe(bindir: Path, *args: str, scenario: str | None = None, python: Path | str = sys.executable,
+              home: Path | None = None) -> tuple[NodeInfo, subprocess.CompletedProcess]:
     env = {"PATH": str(bindir), "PYTHONPATH": str(ROOT), "LANG": "C.UTF-8"}
     if scenario is not None:
         env["FAKE_NVIDIA_SMI_SCENARIO"] = scenario
-    done = subprocess.run([sys.executable, "-m", "hgcli.node.probe", "--name", "n1", "--host", "gpu-host", *args],
+    if home is not None:
+        env["HOME"] = str(home)
+    done = subprocess.run([str(python), "-m", "hgcli.node.probe", "--name", "n1", "--host", "gpu-host", *args],
                           capture_output=True, text=True, env=env, timeout=TIMEOUT_S)
     assert done.returncode == 0, done.stderr
     # split("\n"), not splitlines(): the frame marker \x1e is a line boundary for splitlines().
@@ -182,6 +187,65 @@ def test_probe_never_imports_torch(fake_bin):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT_S,
                           env={"PATH": str(fake_bin), "PYTHONPATH": str(ROOT), "FAKE_NVIDIA_SMI_SCENARIO": "a100x2"})
     assert done.returncode == 0 and done.stderr.strip() == "False"
+
+
+# ---------------------------------------------------------------------------------------------
+# What the node's Python can run (a child process imports what each plan's ranks import)
+# ---------------------------------------------------------------------------------------------
+
+def test_this_python_can_run_every_plan_and_the_answer_is_kept_on_the_node(tmp_path):
+    import numpy
+
+    node, _ = run_probe(node_bin(tmp_path, with_fake=False), home=tmp_path / "home")
+    rt = node.runtime
+    assert (rt.executable, rt.torch, rt.gloo, rt.rpc, rt.numpy) == (sys.executable, True, True, True, True)
+    assert rt.numpy_version == numpy.__version__ and rt.why == {}
+    assert all(not rt.lacking(needs) for needs in PLAN_NEEDS.values())
+    # The next probe reads the kept answer instead of importing torch again.
+    kept, = (tmp_path / "home" / ".cache" / "hgtrain" / "pycheck").iterdir()
+    kept.write_text(kept.read_text().replace(numpy.__version__, "kept"))
+    again, _ = run_probe(tmp_path / "bin", home=tmp_path / "home")
+    assert again.runtime.numpy_version == "kept"
+
+
+@pytest.mark.slow
+def test_a_python_without_numpy_is_reported_and_checked_again_once_numpy_is_installed(tmp_path):
+    python = python_without(tmp_path / "venv", "numpy")
+    bindir = node_bin(tmp_path, with_fake=False)
+    node, _ = run_probe(bindir, python=python, home=tmp_path / "home")
+    rt = node.runtime
+    assert (rt.executable, rt.torch, rt.gloo, rt.rpc, rt.numpy) == (str(python), True, True, True, False)
+    assert "No module named 'numpy'" in rt.why["numpy"], rt.why
+    assert rt.lacking(PLAN_NEEDS["hybrid/ps"]) == ("numpy",) and rt.lacking(PLAN_NEEDS["allreduce"]) == ()
+    add_package(python, "numpy")      # a new install's metadata: the kept answer no longer applies
+    node, _ = run_probe(bindir, python=python, home=tmp_path / "home")
+    assert node.runtime.numpy is True and node.runtime.why == {}
+
+
+def test_a_python_without_torch_can_run_no_plan_and_needs_no_child(tmp_path):
+    python = python_without(tmp_path / "venv", "torch")
+    node, _ = run_probe(node_bin(tmp_path, with_fake=False), python=python, home=tmp_path / "home")
+    rt = node.runtime
+    assert (rt.torch, rt.gloo, rt.rpc, rt.numpy) == (False, False, False, False)
+    assert rt.why["torch"] == "torch is not installed" and node.torch_version is None
+    assert not (tmp_path / "home" / ".cache").exists()     # nothing was imported, nothing kept
+
+
+def test_a_check_that_does_not_finish_in_time_leaves_every_answer_unknown(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    rt = RuntimeCheck(installed(), timeout_s=0.01).result()     # importing torch takes longer
+    assert (rt.torch, rt.gloo, rt.rpc, rt.numpy) == (None, None, None, None)
+    assert "did not finish within 0.01 s" in rt.why["torch"]
+    assert rt.lacking(PLAN_NEEDS["hybrid/ps"]) == ()             # unknown is never "missing"
+    assert not (tmp_path / ".cache").exists()
+
+
+def test_an_unreadable_answer_is_no_answer():
+    assert runtime_from_output("py", "Segmentation fault") is None
+    assert runtime_from_output("py", '{"found": {"torch": "yes"}, "why": {}}') is None
+    rt = runtime_from_output("py", 'noise\n{"found": {"torch": true, "gloo": true, "rpc": false, "numpy": true}, '
+                                   '"why": {"rpc": "not in this torch build"}, "numpy_version": "1.26.4"}')
+    assert (rt.torch, rt.rpc, rt.why, rt.numpy_version) == (True, False, {"rpc": "not in this torch build"}, "1.26.4")
 
 
 # ---------------------------------------------------------------------------------------------
