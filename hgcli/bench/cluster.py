@@ -17,6 +17,7 @@ from ..schema.stages import (Cluster, DeviceProfile, Inventory, ModelSpec, NodeI
                     from_dict)
 from ..node.bench import modelspec
 from ..node.bench.timing import scaled
+from ..node.protocol import FrameType, frame_type
 from .profiles import store_profiles
 from ..remote.fanout import fanout, open_transport
 from ..remote.node_program import NodeProgram
@@ -191,13 +192,13 @@ def _bench_device(transport: Transport, node: NodeSpec, target: DeviceTarget, qu
         # PCI bus order makes torch's cuda:N the GPU nvidia-smi (and so the inventory) calls N.
         with NodeProgram(transport, "bench", args, env={"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}) as program:
             for frame in program.frames(deadline):
-                kind = frame.get("type")
-                if kind == "progress":
-                    emit(BenchEvent(node.name, target.device, str(frame.get("stage"))))
-                elif kind == "model":
-                    parameters = int(frame["parameters"])
-                elif kind == "profile":
-                    profile = from_dict(DeviceProfile, frame["profile"])
+                match frame_type(frame):
+                    case FrameType.PROGRESS:
+                        emit(BenchEvent(node.name, target.device, str(frame.get("stage"))))
+                    case FrameType.MODEL:
+                        parameters = int(frame["parameters"])
+                    case FrameType.PROFILE:
+                        profile = from_dict(DeviceProfile, frame["profile"])
             code = program.finish(deadline)
             if profile is None:
                 profile = _device_failure(node, target, program.failure(code))

@@ -15,6 +15,7 @@ from ..errors import RemoteError
 from ..schema.stages import Cluster, Inventory, LinkProfile, Measurement, NodeInfo, NodeSpec, from_dict
 from ..remote.fanout import MAX_PARALLEL, open_transport
 from ..remote.node_program import NodeProgram
+from ..node.protocol import FrameType, frame_type
 
 # Per pair, the torch import on both nodes included; the node side bounds each of its waits by
 # the --timeout it is given.
@@ -103,10 +104,11 @@ def _measure(cluster: Cluster, a: NodeSpec, b: NodeSpec, backend: str, quick: bo
         frames0 = rank0.frames(deadline)
         port = None
         for frame in frames0:
-            if frame.get("type") == "listening":
+            kind = frame_type(frame)
+            if kind is FrameType.LISTENING:
                 port = int(frame["port"])
                 break
-            if frame.get("type") == "error":
+            if kind is FrameType.ERROR:
                 return fail(f"{first.name}: {frame.get('message')}")
         if port is None:
             return fail(f"{first.name}: {rank0.failure(rank0.finish(deadline))}")
@@ -114,21 +116,24 @@ def _measure(cluster: Cluster, a: NodeSpec, b: NodeSpec, backend: str, quick: bo
             result0 = _result(frames0)
             result1 = _result(rank1.frames(deadline))
             code0, code1 = rank0.finish(deadline), rank1.finish(deadline)
-            if result0.get("type") == "link":
+            if frame_type(result0) is FrameType.LINK:
                 return LinkProfile(a=a.name, b=b.name, backend=backend,
                                    bandwidth_gbs=from_dict(Measurement, result0["bandwidth_gbs"]),
                                    latency_s=from_dict(Measurement, result0["latency_s"]))
             for node, result in ((first, result0), (second, result1)):
-                if result.get("type") == "error":
+                if frame_type(result) is FrameType.ERROR:
                     return fail(f"{node.name}: {result.get('message')}")
             failed = (first, rank0, code0) if code0 else (second, rank1, code1)
             return fail(f"{failed[0].name}: {failed[1].failure(failed[2])}")
+
+
+RESULTS = (FrameType.LINK, FrameType.ERROR)   # a link rank's last word
 
 
 def _result(frames: Iterator[dict[str, Any]]) -> dict[str, Any]:
     """The last ``link`` or ``error`` frame of a rank ({} when it ended without one)."""
     out: dict[str, Any] = {}
     for frame in frames:
-        if frame.get("type") in ("link", "error"):
+        if frame_type(frame) in RESULTS:
             out = frame
     return out

@@ -22,13 +22,14 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, cast
 
 from . import records as jobs
 from ..errors import UsageError
 from .nodes import AgentTail, JobNodes, job_nodes
-from ..schema.stages import JobRecord
+from ..schema.stages import JobRecord, NodeSpec
 from ..node.agent.logs import frame_lines
+from ..node.protocol import FrameType, LogsFrame, frame_type
 from ..config.ranklist import parse_rank_list
 
 POLL_S = 0.5     # how often the main thread wakes while waiting for lines (keeps Ctrl-C prompt)
@@ -123,7 +124,7 @@ class NodeLogs:
         self._lock = threading.Lock()
         self._hung_up = threading.Event()   # close(): no more tails, no more waiting
 
-    def _read(self, node) -> None:
+    def _read(self, node: NodeSpec) -> None:
         error: str | None = "the connection ended before the end of the logs"
         try:
             agent_id = jobs.agent_job_id(self.record)
@@ -133,7 +134,7 @@ class NodeLogs:
         finally:
             self._queue.put(_NodeDone(node.name, error))
 
-    def _follow(self, node, agent_id: str) -> str | None:
+    def _follow(self, node: NodeSpec, agent_id: str) -> str | None:
         """Tail one node until the job ends, across dropped connections and restarted attempts."""
         offsets: dict[str, int] = {}   # "rank:stream" -> bytes of the node-local file passed on
         failures = 0
@@ -155,7 +156,7 @@ class NodeLogs:
             self._hung_up.wait(RECONNECT_PAUSES_S[max(failures - 1, 0)])
         return None
 
-    def _tail_once(self, node, agent_id: str, offsets: dict[str, int]) -> tuple[bool, str | None]:
+    def _tail_once(self, node: NodeSpec, agent_id: str, offsets: dict[str, int]) -> tuple[bool, str | None]:
         """One ``--tail`` of ``agent_id`` from ``offsets`` (updated as frames pass): (reached its
         tail_end, what went wrong otherwise)."""
         error = "the connection ended before the end of the logs"
@@ -171,16 +172,16 @@ class NodeLogs:
             self._tails.append(tail)
         try:
             for frame in tail.frames():
-                kind = frame.get("type")
-                if kind == "logs":
-                    self._logs(node.name, frame, offsets)
-                elif kind == "tail_end":
-                    if frame.get("job_id") is None:   # the attempt's agent has not written its record yet
-                        error = "its agent has not started there yet"
-                        break
-                    return True, None
-                elif kind == "error":
-                    error = str(frame.get("message"))
+                match frame_type(frame):
+                    case FrameType.LOGS:
+                        self._logs(node.name, cast(LogsFrame, frame), offsets)
+                    case FrameType.TAIL_END:
+                        if frame.get("job_id") is None:   # the attempt's agent has not written its record yet
+                            error = "its agent has not started there yet"
+                            break
+                        return True, None
+                    case FrameType.ERROR:
+                        error = str(frame.get("message"))
         except Exception as exc:   # the stream dropped under us
             error = str(exc) or error
         finally:
@@ -190,7 +191,7 @@ class NodeLogs:
             tail.close()
         return False, error
 
-    def _logs(self, node: str, frame: dict, offsets: dict[str, int]) -> None:
+    def _logs(self, node: str, frame: LogsFrame, offsets: dict[str, int]) -> None:
         key = f"{frame.get('rank')}:{frame.get('stream')}"
         end = int(frame.get("end", 0))
         if end <= offsets.get(key, 0):

@@ -9,11 +9,12 @@ new connection each. The agents keep their job directories under their default j
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from ..errors import ConfigError, RemoteError
 from ..schema.stages import Cluster, JobRecord, NodeSpec
 from ..node import frames
+from ..node.protocol import FrameType, first
 from ..remote.fanout import open_transport
 from ..remote.transport import RemoteProcess, node_module_argv
 
@@ -59,11 +60,6 @@ def job_nodes(record: JobRecord, cluster: Cluster | None = None) -> JobNodes:
                     tuple(n for n in names if n not in declared))
 
 
-def parse_frames(stdout: str) -> list[dict[str, Any]]:
-    # split("\n"), not splitlines(): the frame marker's \x1e is a line boundary to splitlines.
-    return [f for f in (frames.decode(line) for line in stdout.split("\n")) if f is not None]
-
-
 def agent_control(cluster: Cluster, node: NodeSpec, job_id: str, action: str, *,
                   timeout: float) -> list[dict[str, Any]]:
     """``agent --<action> JOB --node NODE`` on the node: its frames. RemoteError (host named) when the
@@ -71,7 +67,7 @@ def agent_control(cluster: Cluster, node: NodeSpec, job_id: str, action: str, *,
     with open_transport(node, cluster.ssh) as transport:
         argv, env = node_module_argv(transport, "agent", f"--{action}", job_id, "--node", node.name)
         done = transport.run(argv, env=env, timeout=timeout)
-    found = parse_frames(done.stdout)
+    found = frames.decode_lines(done.stdout)
     if not found:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise RemoteError(node.name, f"the agent gave no answer to --{action} (exit code {done.exit_code}): {last}")
@@ -79,11 +75,9 @@ def agent_control(cluster: Cluster, node: NodeSpec, job_id: str, action: str, *,
 
 
 def error_message(found: list[dict[str, Any]]) -> str | None:
-    """The agent's ``error`` frame (e.g. no such job on this host), or None."""
-    for frame in found:
-        if frame.get("type") == "error":
-            return str(frame.get("message"))
-    return None
+    """The message of the agent's ``error`` frame (e.g. no such job on this host), or None."""
+    error = first(found, FrameType.ERROR)
+    return None if error is None else str(error.get("message"))
 
 
 class AgentTail:
@@ -103,7 +97,7 @@ class AgentTail:
             self._transport.close()
             raise
 
-    def frames(self):
+    def frames(self) -> Iterator[dict[str, Any]]:
         """Frames until the node closes the stream (tail_end is the last one when all went well)."""
         for raw in iter(self._proc.stdout.readline, b""):
             frame = frames.decode(raw.decode("utf-8", "replace"))

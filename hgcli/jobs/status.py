@@ -16,20 +16,22 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from . import records as jobs
 from ..errors import HgError
 from .nodes import JobNodes, agent_control, error_message, job_nodes, record_nodes
 from ..schema.stages import JobRecord, JobState, RankState, to_dict
+from ..node.protocol import FrameType, NodeJobState, StatusFrame, first
 from ..remote.fanout import fanout
 
 STATUS_TIMEOUT_S = 30.0          # one --status on a node: reads agent.json and /proc, normally < 1 s
 
-# Node-level job states beyond the agent's own (docs/agent.md): the agent died mid-job with ranks
-# still running / with none; no job directory on the node; the node did not answer.
-ORPHANED, LOST, ABSENT, UNREACHABLE = "orphaned", "lost", "absent", "unknown"
-NODE_FINAL = ("succeeded", "failed", "stopped", LOST, ABSENT)
+# A node's state of the job: the agent's (NodeJobState, with orphaned and lost: the agent died
+# mid-job with ranks still running / with none), or the controller's own: no job directory on the
+# node (absent); the node did not answer (unknown).
+ABSENT, UNREACHABLE = "absent", NodeJobState.UNKNOWN.value
+NODE_FINAL = (NodeJobState.SUCCEEDED, NodeJobState.FAILED, NodeJobState.STOPPED, NodeJobState.LOST, ABSENT)
 
 
 @dataclass(frozen=True)
@@ -77,19 +79,12 @@ class JobStatus:
     live: JobLive | None           # None for a job its record says has ended
 
 
-def _rank_state(value: Any) -> RankState:
-    try:
-        return RankState(value)
-    except ValueError:
-        return RankState.UNKNOWN
-
-
-def _node_live(name: str, frame: dict[str, Any]) -> NodeLive:
-    ranks = tuple(LiveRank(rank=int(r["rank"]), state=_rank_state(r.get("state")), pid=r.get("pid"),
+def _node_live(name: str, frame: StatusFrame) -> NodeLive:
+    ranks = tuple(LiveRank(rank=int(r["rank"]), state=RankState.parse(r.get("state")), pid=r.get("pid"),
                            exit_code=r.get("code"), signal=r.get("signal"), reason=r.get("reason"),
                            metrics=r.get("metrics"))
                   for r in frame.get("ranks", []) if isinstance(r.get("rank"), int))
-    return NodeLive(node=name, state=str(frame.get("state", "unknown")), reachable=True,
+    return NodeLive(node=name, state=str(frame.get("state", NodeJobState.UNKNOWN.value)), reachable=True,
                     agent_alive=bool(frame.get("agent_alive")), error=frame.get("reason"), ranks=ranks,
                     ended_at=frame.get("ended_at"), first_failure=_rank_of(frame.get("first_failure")))
 
@@ -107,10 +102,10 @@ def _ask(where: JobNodes, record: JobRecord, node_name: str) -> NodeLive:
     missing = error_message(found)
     if missing is not None:
         return NodeLive(node=node_name, state=ABSENT, reachable=True, error=missing)
-    frame = next((f for f in found if f.get("type") == "status"), None)
+    frame = first(found, FrameType.STATUS)
     if frame is None:
         return NodeLive(node=node_name, state=UNREACHABLE, reachable=False, error="no status frame")
-    return _node_live(node_name, frame)
+    return _node_live(node_name, cast(StatusFrame, frame))
 
 
 def _unknown(record: JobRecord, node: str, error: str) -> NodeLive:
@@ -139,7 +134,7 @@ def live_status(record: JobRecord, where: JobNodes | None = None) -> JobLive:
 def _final_state(live: JobLive) -> tuple[JobState, int | None, str | None]:
     """The job's end as the nodes tell it: failed first (with its root cause), then stopped."""
     for node in live.nodes:
-        if node.state == "failed":
+        if node.state == NodeJobState.FAILED:
             rank = next((r for r in node.ranks if r.rank == node.first_failure), None) or next(
                 (r for r in node.ranks if r.state is RankState.FAILED), None)
             if rank is None:
@@ -147,9 +142,9 @@ def _final_state(live: JobLive) -> tuple[JobState, int | None, str | None]:
             code = rank.exit_code if rank.exit_code is not None else (128 + rank.signal if rank.signal else None)
             return JobState.FAILED, code, f"{node.node}: rank {rank.rank} {rank.reason or 'failed'}"
     for node in live.nodes:
-        if node.state in (LOST, ABSENT):
+        if node.state in (NodeJobState.LOST, ABSENT):
             return JobState.FAILED, None, f"{node.node}: the agent was gone before the job finished ({node.state})"
-    if any(node.state == "stopped" for node in live.nodes):
+    if any(node.state == NodeJobState.STOPPED for node in live.nodes):
         return JobState.STOPPED, None, None
     return JobState.SUCCEEDED, 0, None
 

@@ -20,6 +20,7 @@ from . import records as jobs
 from ..errors import NodesFailedError
 from .nodes import agent_control, error_message, job_nodes
 from ..schema.stages import Cluster, JobRecord, JobState, NodeSpec, RankState
+from ..node.protocol import FrameType, first
 from ..remote.fanout import fanout
 
 # The agent waits its grace period (10 s by default) + 15 s for its ranks, then kills leftovers with
@@ -54,7 +55,7 @@ def _stop_node(job: JobRecord, cluster: Cluster, node: NodeSpec) -> NodeStop:
     missing = error_message(found)
     if missing is not None:   # no job directory there: nothing of the job can run on that node
         return NodeStop(node=node.name, ok=True, state="absent", error=missing)
-    frame = next((f for f in found if f.get("type") == "stopped"), {})
+    frame = first(found, FrameType.STOPPED) or {}
     left = tuple(frame.get("left") or ())
     return NodeStop(node=node.name, ok=bool(frame) and not left, agent=frame.get("agent"),
                     killed=tuple(frame.get("killed") or ()), left=left, state=frame.get("state"),

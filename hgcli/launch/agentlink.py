@@ -10,11 +10,12 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Any, NamedTuple
+from typing import Any, Mapping, NamedTuple, cast
 
 from ..errors import HgError
 from ..node import frames
 from ..node.agent.spec import AgentSpec
+from ..node.protocol import FrameType, PreparedFrame, first, frame_type
 from ..schema.stages import to_dict
 from .mailbox import Mailbox
 from ..remote.transport import RemoteProcess, Transport, node_module_argv
@@ -26,6 +27,9 @@ def without_site(argv: list[str]) -> list[str]:
     and the like) was most of its start-up (0.05-0.15 s on the test machines), which every launch
     waits for. The ranks are started with their own command line and do get ``site``."""
     return [argv[0], "-S", *argv[1:]]
+
+
+ANSWERS = (FrameType.PREPARED, FrameType.ERROR)   # to prepare(): not frames of the job
 
 
 class Inbound(NamedTuple):
@@ -71,16 +75,16 @@ class AgentLink:
             t.start()
             self._threads.append(t)
 
-    def prepare(self, request: dict[str, Any]) -> dict[str, Any]:
+    def prepare(self, request: dict[str, Any]) -> PreparedFrame:
         """The agent's first exchange: the plan file on the node, and a free port there (node/prelaunch.py).
         HgError with the node's reason when it cannot."""
-        self.send({"type": "prepare", **request})   # a dead agent shows as the end of its stream
+        self.send({"type": FrameType.PREPARE, **request})   # a dead agent shows as the end of its stream
         if not self._answered.wait(self.PREPARE_TIMEOUT_S):
             raise HgError(f"cannot prepare the job there: its agent did not answer within "
                           f"{self.PREPARE_TIMEOUT_S:g} s")
         answer = self._answer
-        if answer is not None and answer.get("type") == "prepared":
-            return answer
+        if answer is not None and frame_type(answer) is FrameType.PREPARED:
+            return cast(PreparedFrame, answer)
         if answer is not None:
             why = str(answer.get("message"))
         else:
@@ -94,7 +98,7 @@ class AgentLink:
             ended = self._ended
         if ended:
             self._inbox.put(Inbound(self.node, None))
-        if not self.send({"type": "spec", **to_dict(spec)}):
+        if not self.send({"type": FrameType.SPEC, **to_dict(spec)}):
             raise HgError("the connection to its agent closed before the job spec was sent")
 
     def _read_frames(self) -> None:
@@ -105,7 +109,7 @@ class AgentLink:
                 if self._stop.is_set():
                     break
                 self.last_heard = monotonic()
-                if not self._answered.is_set() and frame.get("type") in ("prepared", "error"):
+                if not self._answered.is_set() and frame_type(frame) in ANSWERS:
                     self._answer = frame   # prepare()'s answer, not the job's
                     self._answered.set()
                     continue
@@ -129,7 +133,7 @@ class AgentLink:
         except (OSError, ValueError, EOFError):
             pass
 
-    def send(self, frame: dict[str, Any]) -> bool:
+    def send(self, frame: Mapping[str, Any]) -> bool:
         """Write one frame to the agent's stdin; False when the connection is gone."""
         if self._proc is None:
             return False
@@ -144,11 +148,11 @@ class AgentLink:
         return True
 
     def heartbeat(self) -> bool:
-        return self.send({"type": "heartbeat"})
+        return self.send({"type": FrameType.HEARTBEAT})
 
     def stop(self) -> bool:
         """Ask the agent to stop its ranks (grace, then kill); its frames keep coming until ``end``."""
-        return self.send({"type": "stop"})
+        return self.send({"type": FrameType.STOP})
 
     def close(self, join_s: float = 2.0) -> None:
         """Drop the connection: an agent still running stops its ranks by itself (stdin EOF)."""
@@ -172,8 +176,7 @@ class AgentLink:
             done = self.transport.run(argv, env=env, timeout=timeout)
         except HgError as exc:
             return f"could not reach it to stop what is left: {exc}"
-        report = next((f for f in map(frames.decode, done.stdout.split("\n"))
-                       if f is not None and f.get("type") == "stopped"), None)
+        report = first(frames.decode_lines(done.stdout), FrameType.STOPPED)
         if report is None:
             return f"stopping what is left failed (exit code {done.exit_code})"
         left = report.get("left") or []

@@ -19,7 +19,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar, Mapping
 
 from ..errors import EXIT_JOB, EXIT_NODES_FAILED
 from .events import (
@@ -28,7 +28,11 @@ from .events import (
 from .metrics import MetricsBoard
 from .record import JobBook
 from .mailbox import Mailbox
-from ..schema.stages import JobState, Plan, RankState
+from ..schema.stages import JobState, Plan
+from ..node.protocol import (
+    DetachedFrame, EndFrame, ErrorFrame, ExitFrame, FrameType, LogsFrame, MetricFrame, RankState, StartedFrame,
+    WarningFrame, frame_type,
+)
 from .agentlink import AgentLink, Inbound
 
 REAP_EXTRA_S = 30.0    # beyond the grace period: connect, the agent's --stop waits, SIGKILL
@@ -36,9 +40,6 @@ STOP_EXTRA_S = 20.0     # beyond the grace period: the agent's 5 s after SIGKILL
 TAIL_LINES = 10         # last lines of the root-cause rank shown with it
 POLL_S = 0.2
 PROGRESS_EVERY_S = 1.0
-
-_RANK_STATES = {"succeeded": RankState.SUCCEEDED, "failed": RankState.FAILED,
-                "stopped": RankState.STOPPED, "unknown": RankState.UNKNOWN}
 
 
 def last_lines(data: bytes, n: int) -> list[str]:
@@ -55,7 +56,7 @@ def last_lines(data: bytes, n: int) -> list[str]:
     return data[start + 1:cut].decode("utf-8", "backslashreplace").split("\n")
 
 
-def rank_exit_code(frame: dict[str, Any]) -> int | None:
+def rank_exit_code(frame: Mapping[str, Any]) -> int | None:
     """The code a shell would show: the exit code, or 128 + the signal number."""
     if frame.get("signal") is not None:
         return 128 + int(frame["signal"])
@@ -84,7 +85,7 @@ class _Node:
     link: AgentLink
     ended: bool = False            # `end` received, or given up on
     detached: bool = False
-    end: dict[str, Any] | None = None
+    end: EndFrame | None = None
 
 
 @dataclass
@@ -164,35 +165,33 @@ class JobController:
     # -- frames --------------------------------------------------------------------------------------
 
     def _handle(self, item: Inbound) -> None:
-        node = self.nodes[item.node]
         frame = item.frame
         if frame is None:
-            self._connection_ended(node)
+            self._connection_ended(self.nodes[item.node])
             return
-        kind = frame.get("type")
-        if kind == "logs":
-            self._logs(item.node, frame)
-        elif kind == "metric":
-            self._metric(item.node, frame)
-        elif kind == "started":
-            self._started(item.node, frame)
-        elif kind == "exit":
-            self._exit(item.node, frame)
-        elif kind == "end":
-            node.ended, node.end = True, frame
-            if frame.get("logs_complete") is False:
-                self._note(item.node, "the connection was too slow to forward every log line; the "
-                                      "node-local files are complete ('hgtrain logs' reads them)")
-        elif kind == "detached":
-            node.detached = True
-        elif kind == "warning":
-            who = f"rank {frame['rank']}: " if frame.get("rank") is not None else ""
-            self._note(item.node, who + str(frame.get("message", "")))
-        elif kind == "error":
-            node.ended = True   # the agent exits after this frame, having started nothing
-            self._fail_node(item.node, f"its agent refused the job: {frame.get('message')}", EXIT_JOB)
+        handler = self.HANDLERS.get(frame_type(frame))   # other types (heartbeat, stopping...): only heard
+        if handler is not None:
+            handler(self, item.node, frame)
 
-    def _logs(self, node: str, frame: dict[str, Any]) -> None:
+    def _end(self, node: str, frame: EndFrame) -> None:
+        entry = self.nodes[node]
+        entry.ended, entry.end = True, frame
+        if frame.get("logs_complete") is False:
+            self._note(node, "the connection was too slow to forward every log line; the "
+                             "node-local files are complete ('hgtrain logs' reads them)")
+
+    def _detached(self, node: str, frame: DetachedFrame) -> None:
+        self.nodes[node].detached = True
+
+    def _warning(self, node: str, frame: WarningFrame) -> None:
+        who = f"rank {frame['rank']}: " if frame.get("rank") is not None else ""
+        self._note(node, who + str(frame.get("message", "")))
+
+    def _error(self, node: str, frame: ErrorFrame) -> None:
+        self.nodes[node].ended = True   # the agent exits after this frame, having started nothing
+        self._fail_node(node, f"its agent refused the job: {frame.get('message')}", EXIT_JOB)
+
+    def _logs(self, node: str, frame: LogsFrame) -> None:
         """A batch of lines: one file write, one event, no per-line step whatever their number."""
         rank, data, partial = int(frame["rank"]), frame["data"], bool(frame.get("partial"))
         if not partial and not data.endswith(b"\n"):
@@ -203,7 +202,7 @@ class JobController:
         self.tails[rank].extend(last_lines(data, TAIL_LINES))
         self.emit(lines)
 
-    def _metric(self, node: str, frame: dict[str, Any]) -> None:
+    def _metric(self, node: str, frame: MetricFrame) -> None:
         rank, data = int(frame["rank"]), frame.get("data")
         if not isinstance(data, dict):
             return
@@ -212,7 +211,7 @@ class JobController:
         self.metrics_seen = True
         self.emit(Metric(self.job_id, rank, node, self.role.get(rank, "?"), data))
 
-    def _started(self, node: str, frame: dict[str, Any]) -> None:
+    def _started(self, node: str, frame: StartedFrame) -> None:
         rank = int(frame["rank"])
         self.started.add(rank)
         self.book.update_rank(rank, state=RankState.RUNNING)
@@ -220,21 +219,26 @@ class JobController:
         if len(self.started) == self.plan.world_size:
             self.book.update(state=JobState.RUNNING)
 
-    def _exit(self, node: str, frame: dict[str, Any]) -> None:
+    def _exit(self, node: str, frame: ExitFrame) -> None:
         rank, state = int(frame["rank"]), str(frame.get("state"))
         code = rank_exit_code(frame)
-        self.book.update_rank(rank, state=_RANK_STATES.get(state, RankState.UNKNOWN), exit_code=frame.get("code"),
-                              signal=frame.get("signal"))
+        rank_state = RankState.parse(state)
+        self.book.update_rank(rank, state=rank_state, exit_code=frame.get("code"), signal=frame.get("signal"))
         reason = str(frame.get("reason") or f"ended ({state})")
-        if state == "stopped" and self.stop_reason is None:
+        if rank_state is RankState.STOPPED and self.stop_reason is None:
             self.stopped_outside = True
         self.emit(RankExited(self.job_id, rank, node, self.role.get(rank, "?"), state, code,
                              frame.get("signal_name"), reason, frame.get("oom")))
-        if state == "failed" and self.root_cause is None and self.stop_reason is None:
+        if rank_state is RankState.FAILED and self.root_cause is None and self.stop_reason is None:
             self.root_cause = RootCause(node=node, rank=rank, exit_code=code, signal=frame.get("signal_name"),
                                         reason=reason, oom=frame.get("oom"))
             self.root_code = code if code else 1
             self._begin_stop(f"{node}:{rank} {reason}")
+
+    HANDLERS: ClassVar[dict[FrameType | None, Callable[[JobController, str, Any], None]]] = {
+        FrameType.LOGS: _logs, FrameType.METRIC: _metric, FrameType.STARTED: _started, FrameType.EXIT: _exit,
+        FrameType.END: _end, FrameType.DETACHED: _detached, FrameType.WARNING: _warning, FrameType.ERROR: _error,
+    }
 
     def _connection_ended(self, node: _Node) -> None:
         if node.ended:

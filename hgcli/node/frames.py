@@ -14,22 +14,22 @@ from __future__ import annotations
 import json
 import sys
 import threading
-from typing import Any, BinaryIO, Iterator, TextIO
+from typing import Any, BinaryIO, Iterator, Mapping, TextIO
 
 MARKER = "\x1ehgtrain "
 _lock = threading.Lock()
 
 
-def encode(obj: dict[str, Any]) -> str:
+def encode(obj: Mapping[str, Any]) -> str:
     return MARKER + json.dumps(obj, separators=(",", ":"), default=str) + "\n"
 
 
-def encode_raw(obj: dict[str, Any], payload: bytes) -> bytes:
+def encode_raw(obj: Mapping[str, Any], payload: bytes) -> bytes:
     """A frame whose ``payload`` follows its line as raw bytes (``size`` is added)."""
     return encode({**obj, "size": len(payload)}).encode("utf-8") + payload
 
 
-def emit(obj: dict[str, Any], stream: TextIO | None = None) -> None:
+def emit(obj: Mapping[str, Any], stream: TextIO | None = None) -> None:
     """Write one frame and flush; thread-safe so several reader threads can share stdout."""
     out = stream or sys.stdout
     line = encode(obj)
@@ -48,6 +48,12 @@ def decode(line: str) -> dict[str, Any] | None:
     except ValueError:
         return None
     return obj if isinstance(obj, dict) else None
+
+
+def decode_lines(text: str) -> list[dict[str, Any]]:
+    """Every frame in captured output, noise skipped. Split on ``"\n"`` only: ``str.splitlines()``
+    also breaks at the marker's ``\x1e``."""
+    return [frame for frame in map(decode, text.split("\n")) if frame is not None]
 
 
 def read_stream(stream: BinaryIO, *, raw: bool = False) -> Iterator[dict[str, Any]]:

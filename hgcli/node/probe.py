@@ -27,6 +27,7 @@ from ..errors import StateError
 from ..schema.stages import EmulateSpec, GpuInfo, NodeInfo, PythonRuntime, from_dict, to_dict
 from ..state import write_private
 from . import frames
+from .protocol import FrameType
 
 QUERY_FIELDS = ("index", "name", "uuid", "memory.total", "memory.used", "compute_cap", "driver_version")
 # Drivers before ~510 do not know compute_cap; they are queried again without it.
@@ -472,7 +473,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--gpus", type=_gpu_list, default=None, help="visible subset, e.g. 0,2")
     parser.add_argument("--emulate", type=_emulate_spec, default=None, help="EmulateSpec as JSON")
     args = parser.parse_args(argv)
-    frames.emit({"type": "probe", "node": to_dict(probe(args.name, args.host, args.gpus, args.emulate))})
+    frames.emit({"type": FrameType.PROBE, "node": to_dict(probe(args.name, args.host, args.gpus, args.emulate))})
     return 0
 
 

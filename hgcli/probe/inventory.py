@@ -13,6 +13,7 @@ from .. import state
 from ..errors import RemoteError, StateError
 from ..schema.stages import SCHEMA_VERSION, Cluster, Inventory, NodeInfo, NodeSpec, SshSettings, from_dict, to_dict
 from ..node import frames
+from ..node.protocol import FrameType, first
 from ..remote.fanout import NodeResult, fanout, open_transport
 from ..remote.transport import node_module_argv
 
@@ -32,14 +33,13 @@ def probe_args(node: NodeSpec) -> list[str]:
 
 def parse_probe_output(node: NodeSpec, exit_code: int, stdout: str, stderr: str) -> NodeInfo:
     """The node's answer: the probe frame among whatever else a login shell printed."""
-    for line in stdout.split("\n"):   # not splitlines(): it would split at the frame marker's \x1e
-        frame = frames.decode(line)
-        if frame and frame.get("type") == "probe":
-            try:
-                return from_dict(NodeInfo, frame.get("node"))
-            except (ValueError, TypeError) as exc:
-                raise RemoteError(node.name, f"the node probe answered in a form this hgtrain cannot "
-                                             f"read ({exc})") from None
+    frame = first(frames.decode_lines(stdout), FrameType.PROBE)
+    if frame is not None:
+        try:
+            return from_dict(NodeInfo, frame.get("node"))
+        except (ValueError, TypeError) as exc:
+            raise RemoteError(node.name, f"the node probe answered in a form this hgtrain cannot "
+                                         f"read ({exc})") from None
     last = (stderr.strip().splitlines() or ["no output"])[-1]
     raise RemoteError(node.name, f"the node probe gave no answer (exit code {exit_code}): {last}")
 

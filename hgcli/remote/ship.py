@@ -22,19 +22,21 @@ from pathlib import Path
 from .. import state
 from ..errors import RemoteError, StateError
 from ..node import frames
+from ..node.protocol import FrameType, first, frame_type
 from .transport import Completed, Transport
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 SHIP_TIMEOUT_S = 120.0
 
 # Both scripts run with ``python -c`` on the node and answer with one frame, so login-shell noise on
-# stdout cannot be mistaken for the answer. Standard library only: the package is not there yet.
+# stdout cannot be mistaken for the answer. Standard library only: the package is not there yet
+# (so the frame is written out here: a ``ship`` frame, see hgcli.node.protocol).
 _PRELUDE = r"""
 import json, os, sys
 root = os.path.join(os.path.expanduser("~"), ".cache", "hgtrain", "pkg-" + sys.argv[1])
 def answer(state):
-    sys.stdout.write("\x1ehgtrain " + json.dumps({"type": "ship", "state": state, "root": root}) + "\n")
-"""
+    sys.stdout.write("\x1ehgtrain " + json.dumps({"type": "%s", "state": state, "root": root}) + "\n")
+""" % FrameType.SHIP.value
 
 CHECK_SCRIPT = _PRELUDE + r"""
 answer("present" if os.path.isdir(os.path.join(root, "hgcli")) else "missing")
@@ -67,8 +69,8 @@ answer("shipped")
 # ``sh -c GUARD_SCRIPT sh <root> <command...>``: run the command only if the package is still at
 # <root> (someone may have cleared ~/.cache); else answer "missing" with MISSING_EXIT. No Python
 # start-up, so a node command costs one round trip, as with a plain ssh.
-GUARD_SCRIPT = ('[ -d "$1/hgcli" ] || { printf \'\\036hgtrain {"type":"ship","state":"missing"}\\n\'; '
-                'exit 97; }; shift; exec "$@"')
+GUARD_SCRIPT = ('[ -d "$1/hgcli" ] || { printf \'\\036hgtrain {"type":"%s","state":"missing"}\\n\'; '
+                'exit 97; }; shift; exec "$@"') % FrameType.SHIP.value
 MISSING_EXIT = 97
 
 
@@ -108,10 +110,9 @@ def package_tar() -> bytes:
 def _answer(transport: Transport, script: str, stdin: bytes | None) -> dict:
     node = transport.node
     result = transport.run([node.python, "-c", script, package_digest()], stdin=stdin, timeout=SHIP_TIMEOUT_S)
-    for line in result.stdout.split("\n"):   # not splitlines(): it splits at the marker's \x1e
-        frame = frames.decode(line)
-        if frame and frame.get("type") == "ship":
-            return frame
+    frame = first(frames.decode_lines(result.stdout), FrameType.SHIP)
+    if frame is not None:
+        return frame
     if result.exit_code == 127:
         raise RemoteError(node.name, f"Python interpreter {node.python!r} not found on the node (set "
                                      "`python` for this node in the cluster file)")
@@ -132,8 +133,8 @@ def says_missing(result: Completed) -> bool:
     """True when a guarded command did not run because the package directory is gone."""
     if result.exit_code != MISSING_EXIT:
         return False
-    return any((f := frames.decode(line)) and f.get("type") == "ship" and f.get("state") == "missing"
-               for line in result.stdout.split("\n"))
+    return any(frame_type(f) is FrameType.SHIP and f.get("state") == "missing"
+               for f in frames.decode_lines(result.stdout))
 
 
 def _record_path(target: str) -> Path:

@@ -15,6 +15,8 @@ from typing import Any
 # The generic JSON conversion, re-exported: stages import it from here with the classes. Its own
 # module so node programs that parse only their own dataclasses need not create these.
 from . import codec
+# A rank's state is the agent protocol's, the same members on the node and in the job record.
+from ..node.protocol import RankState as RankState
 
 to_dict, to_json, from_dict = codec.to_dict, codec.to_json, codec.from_dict
 
@@ -346,21 +348,6 @@ class Plan:
 # ---------------------------------------------------------------------------------------------
 # Jobs (launch / status)
 # ---------------------------------------------------------------------------------------------
-
-class RankState(str, enum.Enum):
-    PENDING = "pending"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    STOPPED = "stopped"
-    UNKNOWN = "unknown"            # its node cannot be reached
-
-    def is_running(self) -> bool:
-        return self in (RankState.PENDING, RankState.RUNNING)
-
-    def is_final(self) -> bool:
-        return self in (RankState.SUCCEEDED, RankState.FAILED, RankState.STOPPED)
-
 
 class JobState(str, enum.Enum):
     STARTING = "starting"

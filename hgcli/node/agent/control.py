@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from . import procs
-from .jobdir import FINAL_STATES, last_metrics, read_record, record_path
+from .jobdir import last_metrics, read_record, record_finished, record_path
 from .logs import Follower, log_frames
 from .output import FrameWriter
 from .ranks import STREAMS, log_path
+from ..protocol import AgentOutcome, FrameType, NodeJobState, RankState, StatusFrame, StatusRank, StoppedFrame, TailEndFrame
 from ...state import write_json
 
 AGENT_EXTRA_WAIT_S = 15.0   # beyond the job's grace period: the agent's own SIGKILL wait and report
@@ -46,32 +47,32 @@ def leftover(record: dict[str, Any]) -> list[procs.ProcStat]:
     return procs.job_processes(_groups(record), procs.job_marker(record["job_id"], record["node"]))
 
 
-def status(job_dir: Path) -> dict[str, Any]:
+def status(job_dir: Path) -> StatusFrame:
     record = read_record(job_dir) or {}
     alive = agent_alive(record)
-    state = record.get("state", "unknown")
-    ranks = []
+    state = record.get("state", NodeJobState.UNKNOWN)
+    ranks: list[StatusRank] = []
     for r in record.get("ranks", []):
         rank_state = r.get("state")
         running = isinstance(r.get("pid"), int) and _same_boot(record) and procs.is_alive(r["pid"], r.get("start_ticks"))
-        if not alive and rank_state in ("running", "pending"):
-            rank_state = "running" if running else "unknown"
+        if not alive and RankState.parse(rank_state).is_running():
+            rank_state = RankState.RUNNING if running else RankState.UNKNOWN
         ranks.append({"rank": r.get("rank"), "state": rank_state, "pid": r.get("pid"), "code": r.get("code"),
                       "signal": r.get("signal"), "reason": r.get("reason"), "oom": r.get("oom"),
                       "metrics": last_metrics(log_path(job_dir, r.get("rank"), "metrics"))})
-    if not alive and state not in FINAL_STATES:
+    if not alive and not record_finished(record):
         # The agent died without finishing its record: say so rather than repeat a stale "running".
-        state = "orphaned" if any(r["state"] == "running" for r in ranks) else "lost"
-    return {"type": "status", "job_id": record.get("job_id"), "node": record.get("node"), "state": state,
+        state = NodeJobState.ORPHANED if any(r["state"] == RankState.RUNNING for r in ranks) else NodeJobState.LOST
+    return {"type": FrameType.STATUS, "job_id": record.get("job_id"), "node": record.get("node"), "state": state,
             "agent_alive": alive, "reason": record.get("reason"), "first_failure": record.get("first_failure"),
             "started_at": record.get("started_at"), "ended_at": record.get("ended_at"), "ranks": ranks}
 
 
-def stop(job_dir: Path) -> dict[str, Any]:
+def stop(job_dir: Path) -> StoppedFrame:
     """Stop the job: through its agent when it lives, else by killing the recorded groups here."""
     record = read_record(job_dir) or {}
     grace = float(record.get("grace_s") or 10.0)
-    agent = "gone"
+    agent: AgentOutcome = "gone"
     if agent_alive(record):
         agent = "stopped"
         me = procs.proc_stat(record["agent"]["pid"])
@@ -85,9 +86,9 @@ def stop(job_dir: Path) -> dict[str, Any]:
     killed = _kill_leftovers(record, grace)
     left = [p.pid for p in leftover(record)]
     record = read_record(job_dir) or record
-    if not agent_alive(record) and record.get("state") not in FINAL_STATES:
+    if not agent_alive(record) and not record_finished(record):
         _mark_stopped(job_dir, record)
-    return {"type": "stopped", "job_id": record.get("job_id"), "node": record.get("node"), "agent": agent,
+    return {"type": FrameType.STOPPED, "job_id": record.get("job_id"), "node": record.get("node"), "agent": agent,
             "killed": killed, "left": left, "state": (read_record(job_dir) or record).get("state")}
 
 
@@ -110,11 +111,11 @@ def _kill_leftovers(record: dict[str, Any], grace: float) -> list[int]:
 
 def _mark_stopped(job_dir: Path, record: dict[str, Any]) -> None:
     """Finish the record of a job whose agent died, so status stops calling it running."""
-    record = dict(record, state="stopped", ended_at=time.time(),
+    record = dict(record, state=NodeJobState.STOPPED, ended_at=time.time(),
                   reason=record.get("reason") or "stopped with --stop after its agent was gone")
     for r in record.get("ranks", []):
-        if r.get("state") in ("running", "pending"):
-            r.update(state="stopped", reason="killed by --stop (agent was gone)")
+        if RankState.parse(r.get("state")).is_running():
+            r.update(state=RankState.STOPPED, reason="killed by --stop (agent was gone)")
     write_json(record_path(job_dir), record)
 
 
@@ -130,7 +131,7 @@ def parse_offsets(text: str | None) -> dict[tuple[int, str], int]:
     return offsets
 
 
-def tail(job_dir: Path, *, follow: bool, offsets: dict[tuple[int, str], int], writer: FrameWriter) -> dict[str, Any]:
+def tail(job_dir: Path, *, follow: bool, offsets: dict[tuple[int, str], int], writer: FrameWriter) -> TailEndFrame:
     """Send the job's log lines from ``offsets``; with ``follow`` until the job ends or stdin closes."""
     record = read_record(job_dir) or {}
     hang_up = threading.Event()
@@ -140,7 +141,7 @@ def tail(job_dir: Path, *, follow: bool, offsets: dict[tuple[int, str], int], wr
 
     def job_over() -> bool:
         current = read_record(job_dir) or record
-        return current.get("state") in FINAL_STATES or not agent_alive(current)
+        return record_finished(current) or not agent_alive(current)
 
     finished = (lambda: hang_up.is_set() or job_over()) if follow else (lambda: True)
     followers: dict[str, Follower] = {}
@@ -153,5 +154,5 @@ def tail(job_dir: Path, *, follow: bool, offsets: dict[tuple[int, str], int], wr
     while not all(f.done.wait(0.2) for f in followers.values()):
         if hang_up.is_set():
             break
-    return {"type": "tail_end", "job_id": record.get("job_id"), "node": record.get("node"),
+    return {"type": FrameType.TAIL_END, "job_id": record.get("job_id"), "node": record.get("node"),
             "complete": job_over(), "offsets": ",".join(f"{k}={f.offset}" for k, f in followers.items())}

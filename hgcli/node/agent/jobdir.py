@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from ...state import read_json
+from ..protocol import NodeJobState
 from .spec import check_name
 
 RECORD = "agent.json"
 AGENT_LOG = "agent.log"
-FINAL_STATES = ("succeeded", "failed", "stopped")
 
 
 def record_path(job_dir: Path) -> Path:
@@ -26,6 +26,11 @@ def record_path(job_dir: Path) -> Path:
 def read_record(job_dir: Path) -> dict[str, Any] | None:
     data = read_json(record_path(job_dir))
     return data if isinstance(data, dict) else None
+
+
+def record_finished(record: dict[str, Any]) -> bool:
+    """The record's agent finished its job (the record will not change again)."""
+    return NodeJobState.parse(record.get("state")).is_final()
 
 
 def node_dirs(jobs_root: str, job_id: str, node: str | None) -> list[Path]:

@@ -30,7 +30,9 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, BinaryIO, Callable, Iterator, Mapping, Sequence
+
+from ..protocol import FrameType, LogsFrame, MetricFrame, WarningFrame
 
 CHUNK = 64 * 1024        # longest piece of a line in one frame
 READ_SIZE = 1 << 20      # bytes read from a log file per step
@@ -93,7 +95,7 @@ class Capture:
                 return
 
 
-Framer = Callable[[bytearray, int, bool, bool], list[dict[str, Any]]]
+Framer = Callable[[bytearray, int, bool, bool], Sequence[Mapping[str, Any]]]
 """Takes what it can off the front of ``buf`` (file offset ``base``) and returns its frames; with
 ``final`` (no more bytes will come) everything, the unterminated last line marked partial when
 ``open_end`` (the stream may still go on)."""
@@ -167,11 +169,11 @@ def text(piece: bytes) -> str:
 def log_frames(rank: int, stream: str, raw: bool = False) -> Framer:
     """``logs`` frames with ``text``; with ``raw`` the bytes go as the frame's payload instead
     (``frames.encode_raw``: no decoding or JSON escaping on the node; readers get ``text`` back)."""
-    def make(buf: bytearray, base: int, final: bool, open_end: bool) -> list[dict[str, Any]]:
+    def make(buf: bytearray, base: int, final: bool, open_end: bool) -> list[LogsFrame]:
         out = []
         for data, end, partial in split_batches(buf, base, final, open_end):
-            frame: dict[str, Any] = {"type": "logs", "rank": rank, "stream": stream, "offset": end - len(data),
-                                     "end": end}
+            frame: LogsFrame = {"type": FrameType.LOGS, "rank": rank, "stream": stream,
+                                "offset": end - len(data), "end": end}
             if raw:
                 frame["payload"] = data
             else:
@@ -183,7 +185,7 @@ def log_frames(rank: int, stream: str, raw: bool = False) -> Framer:
     return make
 
 
-def frame_lines(frame: dict[str, Any]) -> tuple[list[str], bool]:
+def frame_lines(frame: Mapping[str, Any]) -> tuple[list[str], bool]:
     """The lines of a ``logs`` frame without their newlines, and whether the last one is a piece
     whose line continues in the next frame (the controller's and ``--tail`` readers' view)."""
     lines = str(frame.get("text", "")).split("\n")
@@ -194,17 +196,17 @@ def frame_lines(frame: dict[str, Any]) -> tuple[list[str], bool]:
 
 def metric_frames(rank: int) -> Framer:
     """Metrics lines are JSON objects written by the runtime; anything else is reported, not passed."""
-    def make(buf: bytearray, base: int, final: bool, open_end: bool) -> list[dict[str, Any]]:
-        out = []
+    def make(buf: bytearray, base: int, final: bool, open_end: bool) -> list[MetricFrame | WarningFrame]:
+        out: list[MetricFrame | WarningFrame] = []
         for piece, _, partial in split_lines(buf, base, final, open_end):
             try:
                 data = None if partial else json.loads(piece)
             except ValueError:
                 data = None
             if isinstance(data, dict):
-                out.append({"type": "metric", "rank": rank, "data": data})
+                out.append({"type": FrameType.METRIC, "rank": rank, "data": data})
             elif piece.strip():
-                out.append({"type": "warning", "rank": rank,
+                out.append({"type": FrameType.WARNING, "rank": rank,
                             "message": f"rank {rank} wrote a metrics line that is not a JSON object (ignored)"})
         return out
     return make
@@ -219,7 +221,7 @@ class Follower:
     """
 
     def __init__(self, path: Path, offset: int, make: Framer,
-                 send: Callable[[list[dict[str, Any]]], bool], finished: Callable[[], bool],
+                 send: Callable[[Sequence[Mapping[str, Any]]], bool], finished: Callable[[], bool],
                  wake: threading.Event | None = None, complete: Callable[[], bool] | None = None,
                  poll_s: float = 0.2) -> None:
         self.path = path
@@ -265,7 +267,7 @@ class Follower:
         finally:
             self.done.set()
 
-    def _open(self):
+    def _open(self) -> BinaryIO:
         try:
             return open(self.path, "rb")
         except FileNotFoundError:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from . import control
 from .. import frames
+from ..protocol import FrameType, frame_type
 from .daemon import detach
 from .jobdir import node_dirs
 from .output import FrameWriter
@@ -38,7 +39,7 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_NO_JOB = 0, 1, 2, 3
 
 
 def _error(message: str, code: int) -> int:
-    frames.emit({"type": "error", "message": message})
+    frames.emit({"type": FrameType.ERROR, "message": message})
     return code
 
 
@@ -51,7 +52,7 @@ def _read_frame(timeout_s: int) -> dict | None:
 
 def run_agent() -> int:
     first = _read_frame(SPEC_TIMEOUT_S)
-    if first is not None and first.get("type") == "prepare":   # the launcher's plan file and port
+    if first is not None and frame_type(first) is FrameType.PREPARE:   # the launcher's plan file and port
         try:
             frames.emit(prepare(first))
         except (ValueError, StateError) as exc:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
 from .. import frames
 
@@ -21,14 +21,14 @@ class FrameWriter:
         self._on_broken = on_broken
         self._lock = threading.Lock()
         self._broken = False
-        self._control: queue.SimpleQueue[dict[str, Any] | threading.Event] = queue.SimpleQueue()
+        self._control: queue.SimpleQueue[Mapping[str, Any] | threading.Event] = queue.SimpleQueue()
         threading.Thread(target=self._control_loop, name="frames-control", daemon=True).start()
 
     @property
     def broken(self) -> bool:
         return self._broken
 
-    def send(self, objs: list[dict[str, Any]]) -> bool:
+    def send(self, objs: Sequence[Mapping[str, Any]]) -> bool:
         """Write frames now (blocking); False once the connection is gone."""
         if not objs:
             return not self._broken
@@ -47,7 +47,7 @@ class FrameWriter:
             return False
         return True
 
-    def post(self, obj: dict[str, Any]) -> None:
+    def post(self, obj: Mapping[str, Any]) -> None:
         """Queue one control frame; never blocks."""
         self._control.put(obj)
 
@@ -72,7 +72,7 @@ class FrameWriter:
                 self.send([item])
 
 
-def _wire(obj: dict[str, Any]) -> bytes:
+def _wire(obj: Mapping[str, Any]) -> bytes:
     """A frame as bytes; a ``payload`` (raw log bytes) follows its line unescaped (frames.encode_raw)."""
     payload = obj.get("payload")
     if payload is None:

@@ -24,12 +24,13 @@ from typing import Any
 
 from .spec import DEFAULT_JOBS_ROOT, job_dir
 from ..ports import free_port
+from ..protocol import FrameType, PreparedFrame
 from ...state import ensure_private_dir, write_private
 
 PLAN_FILE = "plan.json"
 
 
-def prepare(request: dict[str, Any]) -> dict[str, Any]:
+def prepare(request: dict[str, Any]) -> PreparedFrame:
     """Write the plan, find the port; the ``prepared`` answer. ValueError for a bad request,
     StateError when the directory or file cannot be written."""
     plan = request.get("plan")
@@ -47,5 +48,5 @@ def prepare(request: dict[str, Any]) -> dict[str, Any]:
         listed: dict[int, list[int]] | None = versions_by_shard(Path(str(checkpoints)))
     else:
         listed = None
-    return {"type": "prepared", "job_dir": str(path), "plan": str(path / PLAN_FILE),
+    return {"type": FrameType.PREPARED, "job_dir": str(path), "plan": str(path / PLAN_FILE),
             "port": free_port() if request.get("port") else None, "checkpoints": listed}

@@ -11,18 +11,18 @@ group id, cannot be reused, which makes every ``killpg`` of the agent safe again
 from __future__ import annotations
 
 import os
-import queue
 import signal
 import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from . import procs
 from .logs import Capture
 from .secrets import redact_env
 from .spec import AgentSpec, RankSpec
+from ..protocol import ExitFrame, FrameType, RankState
 
 STREAMS = ("out", "err")
 
@@ -44,7 +44,7 @@ class Rank:
         self.exited = False       # exit observed (possibly still an unreaped zombie)
         self.code: int | None = None
         self.signal: int | None = None
-        self.state = "pending"
+        self.state = RankState.PENDING
         self.reason = ""
         self.oom: bool | None = None
         self._oom_counter: tuple[Path, int] | None = None
@@ -53,8 +53,9 @@ class Rank:
     def rank(self) -> int:
         return self.spec.rank
 
-    def start(self, job: AgentSpec, job_dir: Path, events: "queue.SimpleQueue[tuple[Any, ...]]") -> None:
-        """Start the process; OSError (missing program, bad cwd) propagates to the caller."""
+    def start(self, job: AgentSpec, job_dir: Path, on_exit: Callable[[int, int | None, int | None], None]) -> None:
+        """Start the process; OSError (missing program, bad cwd) propagates to the caller.
+        ``on_exit(rank, code, signal)`` is called from a waiter thread when it has exited."""
         # Our own pipes rather than Popen's file objects: the Capture threads own the read ends.
         pipes = {name: os.pipe() for name in ("out", "err", "metrics")}
         metrics_w = pipes["metrics"][1]
@@ -75,22 +76,22 @@ class Rank:
         self.pid = self.popen.pid
         self.start_ticks = procs.start_ticks(self.pid)
         self.started_at = time.time()
-        self.state = "running"
+        self.state = RankState.RUNNING
         self._oom_counter = procs.oom_counter(self.pid)
         name = f"rank{self.rank}"
         self.captures = {stream: Capture(r, log_path(job_dir, self.rank, stream), f"{name}-{stream}")
                          for stream, (r, _) in pipes.items()}
-        threading.Thread(target=self._wait, args=(events,), name=f"wait-{name}", daemon=True).start()
+        threading.Thread(target=self._wait, args=(on_exit,), name=f"wait-{name}", daemon=True).start()
 
-    def _wait(self, events: "queue.SimpleQueue[tuple[Any, ...]]") -> None:
+    def _wait(self, on_exit: Callable[[int, int | None, int | None], None]) -> None:
         assert self.pid is not None
         info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)
         if info is None:  # cannot happen without WNOHANG; keep the type checker honest
             return
         if info.si_code == os.CLD_EXITED:
-            events.put(("exit", self.rank, info.si_status, None))
+            on_exit(self.rank, info.si_status, None)
         else:
-            events.put(("exit", self.rank, None, info.si_status))
+            on_exit(self.rank, None, info.si_status)
 
     def record_exit(self, code: int | None, sig: int | None, *, stopping: bool, signalled: bool) -> None:
         """Set the rank's final state and a one-line reason a user can act on."""
@@ -98,10 +99,10 @@ class Rank:
         self.ended_at = time.time()
         self.code, self.signal = code, sig
         if code == 0 and not signalled:
-            self.state, self.reason = "succeeded", "exited with code 0"
+            self.state, self.reason = RankState.SUCCEEDED, "exited with code 0"
             return
         # Once hgtrain has signalled the job, how a rank ends is a consequence, not a cause.
-        self.state = "stopped" if (stopping or signalled) else "failed"
+        self.state = RankState.STOPPED if (stopping or signalled) else RankState.FAILED
         after_stop = " (after hgtrain's stop signal)" if signalled else ""
         if sig is None:
             self.reason = f"exited with code {code}{after_stop}"
@@ -133,9 +134,9 @@ class Rank:
             except subprocess.TimeoutExpired:
                 pass
 
-    def frame(self) -> dict[str, Any]:
+    def frame(self) -> ExitFrame:
         """The exit frame sent to the controller."""
-        return {"type": "exit", "rank": self.rank, "code": self.code, "signal": self.signal,
+        return {"type": FrameType.EXIT, "rank": self.rank, "code": self.code, "signal": self.signal,
                 "signal_name": signal_name(self.signal) if self.signal else None,
                 "state": self.state, "reason": self.reason, "oom": self.oom}
 

@@ -1,6 +1,6 @@
 """The job spec a node agent receives on stdin (never on its command line: env values may be secret).
 
-The launcher builds a ``AgentSpec``, sends ``frames.encode({"type": "spec", **to_dict(spec)})`` as the
+The launcher builds a ``AgentSpec``, sends ``frames.encode({"type": FrameType.SPEC, **to_dict(spec)})`` as the
 first line of the agent's stdin, and the agent parses it back with ``parse_spec``.
 """
 from __future__ import annotations
@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..protocol import FrameType, frame_type
 from ...schema.codec import from_dict
 
 # Job ids and node names become directory names on the node: no separators, no leading dot.
@@ -77,7 +78,7 @@ def job_dir(jobs_root: str, job_id: str, node: str) -> Path:
 
 def parse_spec(data: Any) -> AgentSpec:
     """The spec in a decoded frame; ValueError with a one-line reason when it is malformed."""
-    if not isinstance(data, dict) or data.get("type") != "spec":
+    if not isinstance(data, dict) or frame_type(data) is not FrameType.SPEC:
         raise ValueError("the first line on stdin must be a spec frame")
     try:
         return from_dict(AgentSpec, data)

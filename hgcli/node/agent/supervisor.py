@@ -7,6 +7,7 @@ the ranks.
 """
 from __future__ import annotations
 
+import enum
 import os
 import queue
 import signal
@@ -14,9 +15,10 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, ClassVar
 
 from .. import frames
+from ..protocol import EndFrame, FrameType, NodeJobState, RankState, frame_type
 from . import procs
 from .jobdir import AGENT_LOG, record_path
 from .logs import Follower, log_frames, metric_frames, open_private_append
@@ -35,6 +37,19 @@ DRAIN_POLL_S = 0.01    # ... checking this often whether the followers are done:
 POLL_S = 0.05
 
 
+class Event(enum.Enum):
+    """What the supervisor's thread reacts to: the first item of each tuple on its queue."""
+
+    EXIT = "exit"          # (EXIT, rank, code, signal): a rank's waiter thread saw it exit
+    SIGNAL = "signal"      # (SIGNAL, signum): SIGTERM, SIGINT or SIGHUP to the agent
+    STOP = "stop"          # (STOP,): the controller sent a stop frame
+    EOF = "eof"            # (EOF,): the controller's end of stdin closed
+    BROKEN = "broken"      # (BROKEN,): a write to the controller failed
+
+
+CONNECTION_EVENTS = (Event.STOP, Event.EOF, Event.BROKEN)   # a detached agent has no connection
+
+
 class Supervisor:
     def __init__(self, spec: AgentSpec, *, detached: bool) -> None:
         self.spec = spec
@@ -42,9 +57,9 @@ class Supervisor:
         self.detached = detached
         self.events: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self.ranks = {r.rank: Rank(r) for r in spec.ranks}
-        self.writer = FrameWriter(1, on_broken=lambda: self.events.put(("broken",)))
+        self.writer = FrameWriter(1, on_broken=lambda: self.events.put((Event.BROKEN,)))
         self.marker = procs.job_marker(spec.job_id, spec.node)
-        self.state = "starting"
+        self.state = NodeJobState.STARTING
         self.stopping = False
         self.stop_reason: str | None = None
         self.signalled = False      # hgtrain itself has signalled the ranks
@@ -62,12 +77,12 @@ class Supervisor:
 
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, lambda signum, _frame: self.events.put(("signal", signum)))
-        self.writer.post({"type": "agent", "job_id": self.spec.job_id, "node": self.spec.node,
+            signal.signal(sig, lambda signum, _frame: self.events.put((Event.SIGNAL, signum)))
+        self.writer.post({"type": FrameType.AGENT, "job_id": self.spec.job_id, "node": self.spec.node,
                           "pid": os.getpid(), "job_dir": str(self.dir), "detached": self.detached})
         self._write_record()
         failed_start = self._start_ranks()
-        self.state = "running"
+        self.state = NodeJobState.RUNNING
         self._write_record()
         if self.detached:
             self._detach_output()
@@ -85,22 +100,22 @@ class Supervisor:
         """Start every rank in order; the first that cannot start is a failure (the rest are skipped)."""
         for rank in self.ranks.values():
             try:
-                rank.start(self.spec, self.dir, self.events)
+                rank.start(self.spec, self.dir, self._rank_exited)
             except OSError as exc:
-                rank.exited, rank.state, rank.code = True, "failed", 127
+                rank.exited, rank.state, rank.code = True, RankState.FAILED, 127
                 rank.reason = f"cannot start {rank.spec.argv[0]!r}: {exc.strerror or exc}"
                 self.first_failure = rank.rank
                 self.writer.post(rank.frame())
                 for other in self.ranks.values():
-                    if other.state == "pending":
-                        other.exited, other.state, other.reason = True, "stopped", "not started"
+                    if other.state is RankState.PENDING:
+                        other.exited, other.state, other.reason = True, RankState.STOPPED, "not started"
                 return rank.rank
-            self.writer.post({"type": "started", "rank": rank.rank, "pid": rank.pid, "pgid": rank.pid})
+            self.writer.post({"type": FrameType.STARTED, "rank": rank.rank, "pid": rank.pid, "pgid": rank.pid})
         return None
 
     def _detach_output(self) -> None:
         """Detached: the started frames go to the controller, everything later to agent.log."""
-        self.writer.post({"type": "detached", "job_id": self.spec.job_id, "node": self.spec.node,
+        self.writer.post({"type": FrameType.DETACHED, "job_id": self.spec.job_id, "node": self.spec.node,
                           "pid": os.getpid()})
         self.writer.drain(10.0)
         fd = open_private_append(self.dir / AGENT_LOG)
@@ -130,13 +145,13 @@ class Supervisor:
         for line in sys.stdin.buffer:
             self.last_heard = time.monotonic()
             frame = frames.decode(line.decode("utf-8", "replace"))
-            if frame is not None and frame.get("type") == "stop":
-                self.events.put(("stop",))
-        self.events.put(("eof",))
+            if frame_type(frame) is FrameType.STOP:
+                self.events.put((Event.STOP,))
+        self.events.put((Event.EOF,))
 
     def _heartbeat(self) -> None:
         while not self._finished.wait(self.spec.heartbeat_interval_s):
-            self.writer.post({"type": "heartbeat", "time": time.time()})
+            self.writer.post({"type": FrameType.HEARTBEAT, "time": time.time()})
 
     # ---- events ------------------------------------------------------------------------------
 
@@ -159,31 +174,47 @@ class Supervisor:
         if event is None:
             return
         kind = event[0]
-        if kind == "exit":
-            self._on_exit(*event[1:])
-        elif kind == "signal":
-            if self.stopping:
-                self.hurry = True
-            else:
-                self._stop(f"the agent received {signal_name(event[1])}")
-        elif self.detached:
-            return  # a detached agent has no connection to lose
-        elif kind == "stop":
-            self._stop("stop requested by the controller")
-        elif kind in ("eof", "broken"):
-            self.connection_lost = True
-            what = "closed (stdin EOF)" if kind == "eof" else "broke (a write failed)"
-            self._stop(f"the controller's connection {what}")
+        if self.detached and kind in CONNECTION_EVENTS:
+            return
+        self.HANDLERS[kind](self, *event[1:])
+
+    def _rank_exited(self, rank_id: int, code: int | None, sig: int | None) -> None:
+        """From a rank's waiter thread: queue the exit for the supervisor's thread."""
+        self.events.put((Event.EXIT, rank_id, code, sig))
 
     def _on_exit(self, rank_id: int, code: int | None, sig: int | None) -> None:
         rank = self.ranks[rank_id]
         rank.record_exit(code, sig, stopping=self.stopping, signalled=self.signalled)
         self.writer.post(rank.frame())
         self._write_record()
-        if rank.state == "failed":
+        if rank.state is RankState.FAILED:
             if self.first_failure is None:
                 self.first_failure = rank_id
             self._stop(f"rank {rank_id} {rank.reason}")
+
+    def _on_signal(self, signum: int) -> None:
+        if self.stopping:
+            self.hurry = True
+        else:
+            self._stop(f"the agent received {signal_name(signum)}")
+
+    def _on_stop_request(self) -> None:
+        self._stop("stop requested by the controller")
+
+    def _on_eof(self) -> None:
+        self._connection_lost("closed (stdin EOF)")
+
+    def _on_broken(self) -> None:
+        self._connection_lost("broke (a write failed)")
+
+    def _connection_lost(self, what: str) -> None:
+        self.connection_lost = True
+        self._stop(f"the controller's connection {what}")
+
+    HANDLERS: ClassVar[dict[Event, Callable[..., None]]] = {
+        Event.EXIT: _on_exit, Event.SIGNAL: _on_signal, Event.STOP: _on_stop_request,
+        Event.EOF: _on_eof, Event.BROKEN: _on_broken,
+    }
 
     # ---- stopping ----------------------------------------------------------------------------
 
@@ -192,8 +223,8 @@ class Supervisor:
             return
         self.stopping = True
         self.stop_reason = reason
-        self.state = "stopping"
-        self.writer.post({"type": "stopping", "reason": reason})
+        self.state = NodeJobState.STOPPING
+        self.writer.post({"type": FrameType.STOPPING, "reason": reason})
         self._write_record()
         self._terminate()
 
@@ -238,7 +269,7 @@ class Supervisor:
             self._terminate()   # children a finished rank left behind in its group
         for rank in self.ranks.values():
             if not rank.exited:
-                rank.exited, rank.state = True, "unknown"
+                rank.exited, rank.state = True, RankState.UNKNOWN
                 rank.reason = "did not exit after SIGKILL (uninterruptible sleep?)"
                 self.writer.post(rank.frame())
             rank.reap(1.0)
@@ -247,18 +278,18 @@ class Supervisor:
             for cap in rank.captures.values():
                 cap.done.wait(max(0.0, deadline - time.monotonic()))
         if self.first_failure is not None:
-            self.state = "failed"
+            self.state = NodeJobState.FAILED
         elif self.stopping:
-            self.state = "stopped"
+            self.state = NodeJobState.STOPPED
         else:
-            self.state = "succeeded"
+            self.state = NodeJobState.SUCCEEDED
         self.ended_at = time.time()
         self._write_record()
         self._finished.set()
         complete = self._drain_logs()
         self.writer.post(self._end_frame(complete))
         self.writer.drain(5.0)
-        return 0 if self.state == "succeeded" else 1
+        return 0 if self.state is NodeJobState.SUCCEEDED else 1
 
     def _drain_logs(self) -> bool:
         """Let the followers send the rest while the connection keeps taking it.
@@ -280,18 +311,18 @@ class Supervisor:
             except queue.Empty:
                 event = None
             silent = time.monotonic() - self.last_heard
-            if event is not None and event[0] in ("eof", "broken", "signal"):
+            if event is not None and event[0] in (Event.EOF, Event.BROKEN, Event.SIGNAL):
                 self.connection_lost = True   # a signal: someone wants the agent gone now
             elif 0 < self.spec.heartbeat_timeout_s < silent:
                 self.connection_lost = True
         return False
 
-    def _end_frame(self, logs_complete: bool) -> dict[str, Any]:
+    def _end_frame(self, logs_complete: bool) -> EndFrame:
         failure = None
         if self.first_failure is not None:
             failure = self.ranks[self.first_failure].frame()
         dropped = sum(c.dropped for r in self.ranks.values() for c in r.captures.values())
-        return {"type": "end", "job_id": self.spec.job_id, "node": self.spec.node, "state": self.state,
+        return {"type": FrameType.END, "job_id": self.spec.job_id, "node": self.spec.node, "state": self.state,
                 "reason": self.stop_reason, "first_failure": failure, "logs_complete": logs_complete,
                 "bytes_dropped": dropped}
 
@@ -310,7 +341,7 @@ class Supervisor:
         except StateError as exc:
             if not self._record_warned:  # keep supervising: the ranks matter more than the record
                 self._record_warned = True
-                self.writer.post({"type": "warning", "message": str(exc)})
+                self.writer.post({"type": FrameType.WARNING, "message": str(exc)})
 
 
 def prepare_job_dir(spec: AgentSpec) -> Path:

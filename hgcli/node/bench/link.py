@@ -25,6 +25,7 @@ from typing import Any
 from ...schema.stages import to_dict
 from .failure import first_line
 from ..frames import emit
+from ..protocol import FrameType
 from .lifeline import watch_stdin
 from .timing import rates, summarize, time_repeats
 
@@ -57,9 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         watch_stdin()
     _watchdog(args.timeout * 3)
     try:
-        emit({"type": "link", **measure(args)})
+        emit({"type": FrameType.LINK, **measure(args)})
     except Exception as exc:  # a refused connection or a timed-out collective: reported, not raised
-        emit({"type": "error", "message": first_line(exc)})
+        emit({"type": FrameType.ERROR, "message": first_line(exc)})
         return 1
     return 0
 
@@ -71,7 +72,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     timeout = datetime.timedelta(seconds=args.timeout)
     if args.rank == 0:
         store = dist.TCPStore(args.addr, 0, 2, True, timeout=timeout, wait_for_workers=False)
-        emit({"type": "listening", "port": store.port})
+        emit({"type": FrameType.LISTENING, "port": store.port})
         _bind_interface(args.addr, args.backend)
     else:
         _bind_interface(_local_address_towards(args.addr, args.port), args.backend)
@@ -132,7 +133,7 @@ def _bind_interface(local_addr: str, backend: str) -> None:
 def _watchdog(seconds: float) -> None:
     """A collective stuck on a dead peer can ignore its timeout; this bounds the whole process."""
     def fire() -> None:
-        emit({"type": "error", "message": f"link benchmark hung for {seconds:g} s"})
+        emit({"type": FrameType.ERROR, "message": f"link benchmark hung for {seconds:g} s"})
         os._exit(EXIT_HUNG)
 
     timer = threading.Timer(seconds, fire)

@@ -26,6 +26,7 @@ from . import modelspec
 from . import step as stepbench
 from .failure import first_line, is_oom
 from ..frames import emit
+from ..protocol import FrameType
 from .lifeline import watch_stdin
 from .timing import WALL, emulated_clock, scaled
 
@@ -115,8 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         watch_stdin()
     profile, parameters = bench(args)
     if parameters is not None:
-        emit({"type": "model", "name": args.model, "parameters": parameters})
-    emit({"type": "profile", "profile": to_dict(profile)})
+        emit({"type": FrameType.MODEL, "name": args.model, "parameters": parameters})
+    emit({"type": FrameType.PROFILE, "profile": to_dict(profile)})
     return 0
 
 
@@ -128,13 +129,13 @@ def bench(args: argparse.Namespace) -> tuple[DeviceProfile, int | None]:
     def progress(what: str) -> None:
         nonlocal stage
         stage = what
-        emit({"type": "progress", "node": args.node, "device": args.device, "stage": what})
+        emit({"type": FrameType.PROGRESS, "node": args.node, "device": args.device, "stage": what})
 
     results, error, target = Results(), None, None
     try:
         target = resolve_target(torch, args)
         if target.emulated:
-            emit({"type": "note", "node": args.node, "device": args.device,
+            emit({"type": FrameType.NOTE, "node": args.node, "device": args.device,
                   "message": f"emulated {target.name}: the CPU is measured, speed x{target.speed:g} applied"})
         measure(torch, args, target, results, progress)
     except (stepbench.OutOfMemory, DeviceFailure) as exc:
@@ -201,7 +202,7 @@ def measure(torch: Any, args: argparse.Namespace, target: Target, results: Resul
             results.exchange = exchangebench.measure_exchange(
                 torch, results.model_parameters, warmup=sizes.warmup, repeats=sizes.repeats)
         except Exception as exc:  # no RPC on this node: the planner falls back to link figures
-            emit({"type": "note", "node": args.node, "device": args.device,
+            emit({"type": FrameType.NOTE, "node": args.node, "device": args.device,
                   "message": f"parameter-server exchange not measured: {first_line(exc)}"})
     cap = target.memory_total_mib if target.emulated else None
     batch_sizes = args.model_ref.batch_sizes or sizes.batch_sizes
@@ -217,7 +218,7 @@ def measure(torch: Any, args: argparse.Namespace, target: Target, results: Resul
                 torch, args.model, results.model_parameters, ranks=args.group_ranks, batch=batch,
                 speed=target.speed, warmup=GROUP_WARMUP, repeats=max(GROUP_REPEATS, sizes.repeats))
         except Exception as exc:  # gloo unavailable or a child failed: the planner uses the link formula
-            emit({"type": "note", "node": args.node, "device": args.device,
+            emit({"type": FrameType.NOTE, "node": args.node, "device": args.device,
                   "message": f"synchronous step not measured: {first_line(exc)}"})
 
 
