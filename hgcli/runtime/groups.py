@@ -93,8 +93,16 @@ def join(env: RankEnv, timeout: datetime.timedelta) -> dist.TCPStore:
                             f"{exc}") from exc
     store.set(f"{JOINED}{env.rank}", "1")
     waiting = time.monotonic()
+    missing = [r for r in range(env.world_size) if r != env.rank]
     while True:
-        missing = [r for r in range(env.world_size) if not store.check([f"{JOINED}{r}"])]
+        try:
+            missing = [r for r in missing if not store.check([f"{JOINED}{r}"])]
+        except RuntimeError:
+            # Rank 0 gave up on the same missing ranks a moment earlier and closed the store: say what
+            # this rank was waiting for, not torch's "Failed to recv" (the root cause is the same).
+            raise TrainingError(f"rank {env.rank}: {len(missing)} of {env.world_size} ranks never joined "
+                                f"the job: gave up {_after(waiting, env)} when {_who(env, [0])} closed the "
+                                f"rendezvous: {_who(env, missing)}") from None
         if not missing:
             return store
         if time.monotonic() > waiting + env.timeout_s:

@@ -42,7 +42,9 @@ def test_rank_that_never_joins_fails_after_the_join_timeout_naming_it(hg, tmp_pa
     text = "\n".join(cause["last_lines"])
     assert "1 of 3 ranks never joined the job: gave up after " in text and "rank 2 (node b)" in text, text
     waited = float(text.split("gave up after ")[1].split(" s")[0])
-    assert waited >= JOIN_S and f"(limit {JOIN_S} s, HGTRAIN_TIMEOUT)" in text, text
+    # Rank 0 gives up after JOIN_S; rank 1 may be seen first, failing as rank 0 closes the store, and
+    # its own wait began a moment after rank 0's.
+    assert waited >= JOIN_S - 2 and f"(limit {JOIN_S} s, HGTRAIN_TIMEOUT)" in text, text
     assert not any(e["event"] == "log" and e["line"] == "joined" for e in events)
     job_id = ended["job_id"]
     wait_until(lambda: job_pids(job_id) == [], timeout=30, what="the stuck rank to be stopped")

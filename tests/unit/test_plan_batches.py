@@ -126,7 +126,7 @@ def exchange(round_trip: float) -> ExchangeProfile:
                            service_s=measured(0.0002))
 
 
-def test_hybrid_groups_push_larger_when_the_exchange_is_dear():
+def test_hybrid_groups_push_one_global_batch_even_when_the_exchange_is_dear():
     inventory, profiles = cluster([[A100, A100, T4, T4]])
     job = JobSpec(strategy=Strategy.HYBRID, global_batch=256)
 
@@ -141,9 +141,10 @@ def test_hybrid_groups_push_larger_when_the_exchange_is_dear():
             floor = math.ceil(256 / step)                                 # at least the global batch
             assert floor <= g.accumulate <= max(floor, MAX_PUSH_GLOBAL_BATCHES * 256 // step)
     assert [g.accumulate for g in cheap.groups] == [2, 6]                 # the global batch decides
-    # a 200 ms push per ~60 ms step: the fast group pushes up to 8 global batches at once
-    assert dear.groups[0].accumulate > cheap.groups[0].accumulate
-    assert dear.groups[0].accumulate * 212 <= MAX_PUSH_GLOBAL_BATCHES * 256
+    # a 200 ms push per ~60 ms step would want larger pushes for throughput; the push stays at the
+    # global batch (MAX_PUSH_GLOBAL_BATCHES: larger pushes cost accuracy, measured end to end)
+    assert [g.accumulate for g in dear.groups] == [g.accumulate for g in cheap.groups]
+    assert MAX_PUSH_GLOBAL_BATCHES == 1
 
 
 def test_a_low_staleness_bound_is_kept_by_pushing_larger_or_waiting():
