@@ -42,6 +42,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+# The ratio and goal helpers of the benchmark this one extends (benchmarks/ is on sys.path[0] when a
+# script in it runs).
+from hybrid_vs_allreduce import _ge, _le, _ratio
+
 REPO = Path(__file__).resolve().parent.parent
 
 SCENARIOS: dict[str, tuple[list[float], bool]] = {     # name -> (nominal speeds, stragglers)
@@ -319,18 +323,6 @@ def scenario(name: str, args: argparse.Namespace, script: Script, workdir: Path,
 
 
 # --- goals and output ----------------------------------------------------------------------------
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
-
-
-def _ge(v: float | None, bound: float) -> bool | None:
-    return None if v is None else v >= bound
-
-
-def _le(v: float | None, bound: float) -> bool | None:
-    return None if v is None else v <= bound
-
 
 def ratios_and_goals(results: dict[str, Any]) -> tuple[dict[str, Any], dict[str, bool | None]]:
     ratios: dict[str, Any] = {}
