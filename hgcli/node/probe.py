@@ -20,9 +20,12 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
+from ..errors import StateError
 from ..schema.stages import EmulateSpec, GpuInfo, NodeInfo, PythonRuntime, from_dict, to_dict
+from ..state import write_private
 from . import frames
 
 QUERY_FIELDS = ("index", "name", "uuid", "memory.total", "memory.used", "compute_cap", "driver_version")
@@ -400,14 +403,12 @@ class RuntimeCheck:
 
 
 def _keep(path: str, text: str) -> None:
-    """Write atomically; a node whose home is read-only just checks again next time."""
+    """Write atomically and privately (the directories it creates 0700, the file 0600, whatever the
+    umask: hgtrain's files under ~/.cache are nobody else's); a node whose home is read-only just
+    checks again next time."""
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except OSError:
+        write_private(Path(path), text)
+    except StateError:
         pass
 
 

@@ -22,6 +22,12 @@ PS_APPLY_GBS = 2.0
 PS_CANDIDATES_MAX = 16
 # Accumulation is capped so a slow group still pushes now and then.
 MAX_ACCUMULATE = 64
+# A batch (a device's) or a push (a hybrid group's batch x accumulation) is sized at its "knee": the
+# smallest size whose samples/s is within this fraction of the best that size can reach.
+KNEE_TOLERANCE = 0.05
+# A push weighs samples / global batch on the PS (docs/runtime.md): a push of k global batches is one
+# step k times as large, so pushes grow past the global batch for throughput only up to this many.
+MAX_PUSH_GLOBAL_BATCHES = 8
 # Staleness bound = slack x the pushes other groups make during the slowest group's window.
 STALENESS_SLACK = 2.0
 
@@ -29,7 +35,8 @@ STALENESS_SLACK = 2.0
 @dataclass(frozen=True)
 class Device:
     """A usable worker device with its fitted cost: mean step time = a + c * batch, batch <= cap;
-    ``noise`` = mean delay of a step / its noise-free time (hgcli.plan.placement.step_noise)."""
+    ``noise`` = mean delay of a step / its noise-free time (hgcli.plan.placement.step_noise);
+    ``benched`` = the largest batch its bench timed (0: costed from matmul figures)."""
 
     node: int          # index in inventory node order
     device: str
@@ -39,9 +46,14 @@ class Device:
     c: float
     cap: int | None
     noise: float = 0.0
+    benched: int = 0
 
     def time(self, batch: float) -> float:
         return self.a + self.c * batch
+
+    def rate(self, batch: float) -> float:
+        """Samples per second at ``batch``."""
+        return batch / self.time(batch)
 
 
 def _harmonic(n: int) -> float:
@@ -311,15 +323,23 @@ class CostModel:
 
     def _with_ps(self, strategy: Strategy, groups: tuple[tuple[int, ...], ...]) -> list[Option]:
         stats = [self._group(g) for g in groups]
-        if strategy is Strategy.HYBRID:
-            # asynchronous large mini-batch: a group accumulates to the global batch before it pushes
-            accumulate = tuple(min(MAX_ACCUMULATE, max(1, math.ceil(self.global_batch / s.samples))) for s in stats)
-        else:
-            accumulate = (1,) * len(stats)   # the classic asynchronous PS: every worker pushes every step
-        return [self._predict_async(strategy, groups, stats, accumulate, count) for count in self._ps_counts()]
+        return [self._predict_async(strategy, groups, stats, count) for count in self._ps_counts()]
+
+    def _push_knee(self, stats: GroupStats, overhead: float) -> int:
+        """A hybrid group's accumulation: the smallest push (batch x accumulation) whose samples/s,
+        acc * B / (acc * T + overhead), is within KNEE_TOLERANCE of the group's compute-bound
+        B / T, i.e. acc >= (1 - tol) / tol * overhead / T; at least the global batch (an asynchronous
+        update as large as one synchronous step), at most MAX_PUSH_GLOBAL_BATCHES global batches and
+        MAX_ACCUMULATE steps."""
+        floor = max(1, math.ceil(self.global_batch / stats.samples))
+        knee = 1
+        if overhead > 0 and stats.compute > 0:
+            knee = math.ceil((1 - KNEE_TOLERANCE) / KNEE_TOLERANCE * overhead / stats.compute - 1e-9)
+        most = max(floor, math.floor(MAX_PUSH_GLOBAL_BATCHES * self.global_batch / stats.samples))
+        return min(MAX_ACCUMULATE, max(floor, min(knee, most)))
 
     def _predict_async(self, strategy: Strategy, groups: tuple[tuple[int, ...], ...],
-                       stats: list[GroupStats], accumulate: tuple[int, ...], count: int) -> Option:
+                       stats: list[GroupStats], count: int) -> Option:
         ps_nodes = tuple(self.ps_order[k % len(self.ps_order)] for k in range(count))
         node_share: dict[int, float] = {}
         ps_ranks: dict[int, int] = {}
@@ -332,6 +352,44 @@ class CostModel:
         exchange = {n: self._push_pull_s(n, node_share, count, max(ps_wait, self._oversub(n, ps_ranks)))
                     for n in {s.leader for s in stats}}
         syncs = [s.sync + s.latency * (max(self._oversub(n, ps_ranks) for n in s.nodes) - 1.0) for s in stats]
+        overheads = [sync + exchange[s.leader] for s, sync in zip(stats, syncs)]
+        if strategy is Strategy.HYBRID:
+            # asynchronous large mini-batch, sized for throughput (the push's knee)
+            accumulate = tuple(self._push_knee(s, o) for s, o in zip(stats, overheads))
+        else:
+            accumulate = (1,) * len(stats)   # the classic asynchronous PS: every worker pushes every step
+        windows = self._windows(groups, stats, accumulate, syncs, exchange, node_share, count)
+        if self.job.staleness is not None:
+            # A bound S lets a group push at most S - groups + 2 times per push of the slowest before
+            # it waits (docs/runtime.md). A hybrid group that would get further ahead pushes larger
+            # instead (fewer pushes, same samples); what is still ahead at the cap waits.
+            ahead = max(1, max(self.job.staleness, len(groups) - 1) - len(groups) + 2)
+            slowest = max(windows)
+            if strategy is Strategy.HYBRID and any(slowest / w > ahead for w in windows):
+                accumulate = tuple(
+                    acc if slowest / w <= ahead else
+                    max(acc, min(MAX_ACCUMULATE, math.ceil((slowest / ahead - o) / (s.compute or 1e-12))))
+                    for acc, w, o, s in zip(accumulate, windows, overheads, stats))
+                windows = self._windows(groups, stats, accumulate, syncs, exchange, node_share, count)
+                slowest = max(windows)
+            windows = [max(w, slowest / ahead) for w in windows]
+        rate = sum(acc * s.samples / w for s, acc, w in zip(stats, accumulate, windows))
+        total_pushes = sum(1.0 / w for w in windows)
+        slowest = 1.0 / max(windows)
+        staleness = self.job.staleness
+        if staleness is None:
+            staleness = max(1, math.ceil(STALENESS_SLACK * (total_pushes - slowest) / slowest))
+        # The runtime's waiting rule (docs/runtime.md) needs S >= groups - 1: with a smaller bound
+        # every group could be waiting for another. A lower --staleness is raised to that floor.
+        staleness = max(staleness, len(groups) - 1)
+        where = "a PS on every node" if count == len(self.ps_order) > 1 else f"{count} PS rank(s)"
+        return Option(strategy, groups, accumulate, ps_nodes, staleness, rate, f"{len(groups)} groups, {where}")
+
+    def _windows(self, groups: tuple[tuple[int, ...], ...], stats: list[GroupStats], accumulate: tuple[int, ...],
+                 syncs: list[float], exchange: dict[int, float], node_share: dict[int, float],
+                 count: int) -> list[float]:
+        """Seconds between two pushes of each group: its accumulated compute, all-reduce and PS
+        exchange, stretched by a shared NIC, a saturated PS and crowded CPUs."""
         windows = [acc * s.compute * straggle(s.noise, len(g), acc) + sync + exchange[s.leader]
                    for s, sync, acc, g in zip(stats, syncs, accumulate, groups)]
         # A node's NIC carries the pushes and pulls of every group led from it: share it.
@@ -362,17 +420,7 @@ class CostModel:
         if crowded:
             windows = [w * max((crowded.get(self.devices[i].node, 1.0) for i in g), default=1.0)
                        for g, w in zip(groups, windows)]
-        rate = sum(acc * s.samples / w for s, acc, w in zip(stats, accumulate, windows))
-        total_pushes = sum(1.0 / w for w in windows)
-        slowest = 1.0 / max(windows)
-        staleness = self.job.staleness
-        if staleness is None:
-            staleness = max(1, math.ceil(STALENESS_SLACK * (total_pushes - slowest) / slowest))
-        # The runtime's waiting rule (docs/runtime.md) needs S >= groups - 1: with a smaller bound
-        # every group could be waiting for another. A lower --staleness is raised to that floor.
-        staleness = max(staleness, len(groups) - 1)
-        where = "a PS on every node" if count == len(self.ps_order) > 1 else f"{count} PS rank(s)"
-        return Option(strategy, groups, accumulate, ps_nodes, staleness, rate, f"{len(groups)} groups, {where}")
+        return windows
 
     def _crowding(self, busy: dict[int, float]) -> dict[int, float]:
         """Slowdown of each node whose processes ask for more CPU than it has cores: they share

@@ -8,6 +8,7 @@ device pairs, so 4096 devices plan in well under a second.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import statistics
@@ -15,13 +16,17 @@ from collections.abc import Mapping
 
 from ..errors import StateError, UsageError
 from ..schema.stages import (
-    SCHEMA_VERSION, DeviceProfile, ExchangeProfile, GroupPlan, GroupSyncProfile, Inventory, JobSpec, ModelSpec, Plan, Profiles,
-    RankPlan, Role, Strategy,
+    SCHEMA_VERSION, DeviceProfile, ExchangeProfile, GroupPlan, GroupSyncProfile, Inventory, JobSpec, Measurement,
+    ModelSpec, Plan, Profiles, RankPlan, Role, StepSample, Strategy,
 )
-from .cost import CostModel, Device, Network, Option
+from .cost import KNEE_TOLERANCE, CostModel, Device, Network, Option
 
 # Devices whose throughputs differ by at most this factor are "like" and may share an all-reduce group.
 LIKE_SPEED_RATIO = 1.25
+# Benches of one device model on two nodes (or minutes apart) differ by up to this factor each way
+# beyond the spread of their own repeats (a shared CPU drifts 20-40% within seconds): devices of one
+# model and declared speed closer than that are one kind, costed alike.
+BENCH_DRIFT = 1.25
 # auto keeps synchronous all-reduce unless another strategy is predicted more than this much faster.
 AUTO_MARGIN = 0.05
 # Fraction of device memory the planner fills (allocator fragmentation, CUDA context, workspace).
@@ -63,6 +68,7 @@ def make_plan(inventory: Inventory, profiles: Profiles, job: JobSpec) -> Plan:
     ps = cost.best_async(Strategy.PS, [tuple((i,) for i in range(len(devices)))])
     options = {Strategy.ALLREDUCE: allreduce, Strategy.HYBRID: hybrid, Strategy.PS: ps}
     chosen, reason = _choose(job.strategy, options, len(classes), len(devices))
+    reason += _below_knee_note(batches, [knee(d) for d in devices], global_batch)
     if skipped:
         reason += "; not used: " + _summarise(skipped)
     predicted = {s.value: o.samples_per_s for s, o in options.items()}
@@ -126,10 +132,11 @@ def _natural_key(text: str) -> tuple:
 
 def _usable_devices(inventory: Inventory, profiles: Profiles,
                     model_bytes: float) -> tuple[list[Device], list[str]]:
-    """Devices the plan may use, in node then device order, and a note for each one left out."""
+    """Devices the plan may use, in node then device order, and a note for each one left out. Devices
+    of one kind (``_kinds``) share one cost."""
     node_index = {n.name: i for i, n in enumerate(inventory.nodes)}
     node_ok = {n.name: n.ok for n in inventory.nodes}
-    usable: list[tuple[int, tuple, Device]] = []
+    usable: list[tuple[int, tuple, Device, DeviceProfile]] = []
     skipped: list[str] = []
     seen: set[tuple[str, str]] = set()
     for p in profiles.devices:
@@ -154,10 +161,88 @@ def _usable_devices(inventory: Inventory, profiles: Profiles,
         if cap is not None and cap < 1:
             skipped.append(f"{label} (cannot hold one sample in {p.memory_total_mib} MiB)")
             continue
-        dev = Device(node_index[p.node], p.device, p.emulated, p.speed, fit[0], fit[1], cap, fit[2])
-        usable.append((dev.node, _natural_key(p.device), dev))
+        dev = Device(node_index[p.node], p.device, p.emulated, p.speed, fit[0], fit[1], cap, fit[2],
+                     benched=max((s.batch_size for s in _timed(p)), default=0))
+        usable.append((dev.node, _natural_key(p.device), dev, p))
     usable.sort(key=lambda t: (t[0], t[1]))
-    return [d for _, _, d in usable], skipped
+    devices = [d for _, _, d, _ in usable]
+    for kind in _kinds(devices, [p for _, _, _, p in usable]):
+        if len(kind) > 1:
+            shared = _pooled([devices[i] for i in kind])
+            for i in kind:
+                devices[i] = dataclasses.replace(devices[i], a=shared.a, c=shared.c, noise=shared.noise,
+                                                 cap=shared.cap, benched=shared.benched)
+    return devices, skipped
+
+
+def _timed(p: DeviceProfile) -> list[StepSample]:
+    """The step samples a fit can use."""
+    return [s for s in p.steps if s.batch_size > 0 and s.seconds.median > 0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Kinds: devices of one model whose benches agree within noise share one cost
+# ---------------------------------------------------------------------------------------------
+
+def _kinds(devices: list[Device], profiles: list[DeviceProfile]) -> list[list[int]]:
+    """Devices of one model name, memory, declared speed and emulation whose measurements overlap within
+    noise. Each device's level is the median over its benched sizes of its [fastest, slowest] repeat
+    over the candidates' median fastest repeat at that size; levels widened by BENCH_DRIFT each way
+    that overlap (directly or through others) make one kind. Devices costed from matmul figures
+    compare those. A clear difference (a throttled GPU, a node under load all through its bench)
+    still makes two kinds. O(n log n)."""
+    candidates: dict[tuple, list[int]] = {}
+    for i, (d, p) in enumerate(zip(devices, profiles)):
+        candidates.setdefault((p.name, p.memory_total_mib, d.emulated, d.speed, d.benched > 0), []).append(i)
+    kinds: list[list[int]] = []
+    for members in candidates.values():
+        if len(members) == 1:
+            kinds.append(members)
+            continue
+        spans = [_spans(profiles[i]) for i in members]
+        sizes: dict[int, list[float]] = {}
+        for span in spans:
+            for b, (low, _) in span.items():
+                sizes.setdefault(b, []).append(low)
+        reference = {b: statistics.median(lows) for b, lows in sizes.items()}
+        levels = []
+        for i, span in zip(members, spans):
+            low = statistics.median([lo / reference[b] for b, (lo, _) in span.items()]) if span else 1.0
+            high = statistics.median([hi / reference[b] for b, (_, hi) in span.items()]) if span else 1.0
+            levels.append((low, max(low, high), i))
+        levels.sort()
+        reach = -math.inf
+        for low, high, i in levels:
+            if low > BENCH_DRIFT * BENCH_DRIFT * reach:
+                kinds.append([])
+                reach = high
+            kinds[-1].append(i)
+            reach = max(reach, high)
+    return [sorted(k) for k in kinds]
+
+
+def _spans(p: DeviceProfile) -> dict[int, tuple[float, float]]:
+    """Per benched batch size, the (fastest, slowest) repeat of the step in seconds; for a device
+    without step times, its matmul figure as a time (1 / TFLOP/s) under key 0."""
+    steps = _timed(p)
+    if steps:
+        return {s.batch_size: (s.seconds.min if s.seconds.min > 0 else s.seconds.median,
+                               max(s.seconds.max, s.seconds.median)) for s in steps}
+    tflops = _tflops(p)
+    if tflops is None or tflops.median <= 0:
+        return {}
+    fast = tflops.max if tflops.max > 0 else tflops.median
+    slow = tflops.min if tflops.min > 0 else tflops.median
+    return {0: (1.0 / max(fast, tflops.median), 1.0 / min(slow, tflops.median))}
+
+
+def _pooled(members: list[Device]) -> Device:
+    """One cost for a kind: the median fit of its members, the smallest memory cap among them."""
+    caps = [d.cap for d in members if d.cap is not None]
+    return dataclasses.replace(members[0], a=statistics.median(d.a for d in members),
+                               c=statistics.median(d.c for d in members),
+                               noise=statistics.median(d.noise for d in members),
+                               cap=min(caps) if caps else None, benched=min(d.benched for d in members))
 
 
 def _linear_fit(points: list[tuple[float, float]]) -> tuple[float, float]:
@@ -227,7 +312,7 @@ def _fit_time(p: DeviceProfile, model_bytes: float) -> tuple[float, float, float
     batch size's fastest repeat (``min``), made non-decreasing, by repeated medians, and the delays
     are priced apart: one outlier repeat moves a median a lot and a minimum never upwards.
     """
-    steps = [s for s in p.steps if s.batch_size > 0 and s.seconds.median > 0]
+    steps = _timed(p)
     lows = [(float(s.batch_size), s.seconds.min if s.seconds.min > 0 else s.seconds.median) for s in steps]
     if lows:
         a, c = _robust_fit(_monotone(lows))
@@ -243,12 +328,18 @@ def _fit_time(p: DeviceProfile, model_bytes: float) -> tuple[float, float, float
     return None if slope is None else (0.0, slope, 0.0)
 
 
-def _flop_slope(p: DeviceProfile, model_bytes: float) -> float | None:
-    """Seconds per sample of a step from the fp32 matmul throughput (the best dtype measured when
-    fp32 was not): FLOPS_PER_PARAMETER_PER_SAMPLE at MATMUL_EFFICIENCY of the peak."""
+def _tflops(p: DeviceProfile) -> Measurement | None:
+    """The fp32 matmul figure, or the best dtype measured when fp32 was not."""
     tflops = p.matmul_tflops.get("fp32") or p.matmul_tflops.get("float32")
     if tflops is None and p.matmul_tflops:
         tflops = max(p.matmul_tflops.values(), key=lambda m: m.median)
+    return tflops
+
+
+def _flop_slope(p: DeviceProfile, model_bytes: float) -> float | None:
+    """Seconds per sample of a step from the fp32 matmul throughput (the best dtype measured when
+    fp32 was not): FLOPS_PER_PARAMETER_PER_SAMPLE at MATMUL_EFFICIENCY of the peak."""
+    tflops = _tflops(p)
     if tflops is None or tflops.median <= 0:
         return None
     parameters = model_bytes / 4.0
@@ -286,7 +377,7 @@ def _memory_cap(p: DeviceProfile, model_bytes: float) -> int | None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Batch sizes: equal step time for every device (batch proportional to its speed at that batch)
+# Batch sizes: from each device's throughput curve (its knee), split by speed
 # ---------------------------------------------------------------------------------------------
 
 def _summarise(notes: list[str], limit: int = 6, sep: str = "; ") -> str:
@@ -299,10 +390,31 @@ def _name_devices(devices: list[Device], node_names: list[str]) -> str:
     return _summarise([f"{d.device}@{node_names[d.node]}" for d in devices], sep=", ")
 
 
+def knee(d: Device) -> int:
+    """The smallest batch whose samples/s, b / (a + c b), is within KNEE_TOLERANCE of the device's
+    best: at its memory cap, or 1 / c without one. From b / (a + c b) >= q: b >= q a / (1 - q c)."""
+    best = d.rate(d.cap) if d.cap is not None else 1.0 / d.c
+    q = (1.0 - KNEE_TOLERANCE) * best            # q * c <= 1 - KNEE_TOLERANCE < 1
+    b = max(1, math.ceil(q * d.a / (1.0 - q * d.c) - 1e-9))
+    return min(b, d.cap) if d.cap is not None else b
+
+
+def _knee_rate(d: Device, k: int) -> float:
+    """Samples/s the split follows: at the knee, or at the largest batch benched when the knee lies
+    beyond it (the fit's slope is least certain past what was timed; a flat fit's slope is a stand-in)."""
+    return d.rate(min(k, d.benched) if d.benched else k)
+
+
 def _assign_batches(devices: list[Device], global_batch: int,
                     node_names: list[str]) -> tuple[list[float], list[int]]:
-    """Batches equalising step time: the real-valued solution, and integers in [1, cap] summing
-    exactly to the global batch."""
+    """Real-valued batches and integers in [floor, cap] summing exactly to the global batch.
+
+    Every device gets at least its knee when the global batch holds all the knees, else at least 1
+    (the plan's reason then says so). Within those floors, the batches follow each device's samples/s
+    at its knee (a careful DDP user's split by speed), limited to a step at most KNEE_TOLERANCE above
+    the shortest synchronous step the global batch allows (equal step times): a large fixed cost on
+    a slow device cannot stretch every step, and a small one no longer leaves a slow device 1 sample
+    because its fixed cost alone outlasts a fast device's step."""
     if global_batch < len(devices):
         raise UsageError(f"global batch {global_batch} is smaller than the {len(devices)} worker devices "
                          f"({_name_devices(devices, node_names)}); each needs at least one sample: "
@@ -314,47 +426,60 @@ def _assign_batches(devices: list[Device], global_batch: int,
         raise UsageError(f"global batch {global_batch} does not fit in device memory: the "
                          f"{len(devices)} devices hold at most {capacity} samples per step ({listed}); "
                          f"use --global-batch {capacity} or less")
-    step = _equal_time(devices, global_batch)
-    real = [min(max((step - d.a) / d.c, 1.0), float(d.cap) if d.cap is not None else math.inf)
-            for d in devices]
-    return real, _round_to_total(real, devices, global_batch)
+    knees = [knee(d) for d in devices]
+    caps = [float(d.cap) if d.cap is not None else math.inf for d in devices]
+    ones = [1] * len(devices)
+    # The shortest synchronous step: equal step time, sum(clamp((T - a) / c, 1, cap)) == global batch.
+    at = _fill([1.0 / d.c for d in devices], [-d.a / d.c for d in devices], ones, caps, global_batch)
+    step = max(d.time(min(max((at - d.a) / d.c, 1.0), hi)) for d, hi in zip(devices, caps))
+    limit = step * (1.0 + KNEE_TOLERANCE)
+    tops = [min(hi, max(1.0, (limit - d.a) / d.c)) for d, hi in zip(devices, caps)]
+    # Knees as floors where the step allows them and the global batch holds them all.
+    floors = [min(k, math.floor(top)) for k, top in zip(knees, tops)]
+    if sum(floors) > global_batch:
+        floors = ones
+    rates = [_knee_rate(d, k) for d, k in zip(devices, knees)]
+    scale = _fill(rates, [0.0] * len(devices), floors, tops, global_batch)
+    real = [min(max(scale * r, float(lo)), hi) for r, lo, hi in zip(rates, floors, tops)]
+    return real, _round_to_total(real, devices, floors, tops, global_batch)
 
 
-def _equal_time(devices: list[Device], total: int) -> float:
-    """The step time T at which sum(clamp((T - a) / c, 1, cap)) == total (a sweep over breakpoints).
-
-    Between breakpoints the sum is K + S * T; a device starts growing at T = a + c and stops at
-    T = a + c * cap. Sorting the 2n breakpoints makes this O(n log n).
-    """
+def _fill(slopes: list[float], offsets: list[float], floors: list[int], tops: list[float],
+          total: int) -> float:
+    """The x at which sum(clamp(slope * x + offset, floor, top)) == total (slopes > 0), by a sweep
+    over the 2n breakpoints: between them the sum is K + S * x. O(n log n). Equal step time is
+    x = T with slope 1 / c and offset -a / c; a split by speed is x = the scale on each rate."""
     events: list[tuple[float, int, int]] = []
-    for i, d in enumerate(devices):
-        events.append((d.a + d.c, 0, i))
-        if d.cap is not None:
-            events.append((d.a + d.c * d.cap, 1, i))
+    for i, (s, o) in enumerate(zip(slopes, offsets)):
+        events.append(((floors[i] - o) / s, 0, i))
+        if tops[i] < math.inf:
+            events.append(((tops[i] - o) / s, 1, i))
     events.sort()
-    k, s = float(len(devices)), 0.0
+    k, rate = float(sum(floors)), 0.0
     for when, kind, i in events:
-        if s > 0 and k + s * when >= total:
-            return (total - k) / s
-        d = devices[i]
+        if rate > 0 and k + rate * when >= total:
+            return (total - k) / rate
         if kind == 0:
-            s += 1.0 / d.c
-            k -= d.a / d.c + 1.0
+            rate += slopes[i]
+            k += offsets[i] - floors[i]
         else:
-            assert d.cap is not None   # kind 1 (stops growing) is only made for a capped device
-            s -= 1.0 / d.c
-            k += d.a / d.c + d.cap
-    if s > 0:
-        return (total - k) / s
-    return events[-1][0]   # every device at its cap: the caller checked the total fits
+            rate -= slopes[i]
+            k += tops[i] - offsets[i]
+    if rate > 0:
+        return (total - k) / rate
+    return events[-1][0]   # every device at its top: the caller checked the total fits
 
 
-def _round_to_total(real: list[float], devices: list[Device], total: int) -> list[int]:
-    """Largest-remainder rounding that keeps every batch within [1, cap]."""
-    out = [max(1, math.floor(x)) for x in real]
+def _round_to_total(real: list[float], devices: list[Device], floors: list[int], tops: list[float],
+                    total: int) -> list[int]:
+    """Largest-remainder rounding that keeps every batch within [floor, cap], and within its top
+    (the step limit) while some device still has room below its own."""
+    out = [max(lo, math.floor(x)) for x, lo in zip(real, floors)]
     out = [min(b, d.cap) if d.cap is not None else b for b, d in zip(out, devices)]
     missing = total - sum(out)
-    order = sorted(range(len(real)), key=lambda i: real[i] - math.floor(real[i]), reverse=missing > 0)
+    by_remainder = sorted(range(len(real)), key=lambda i: real[i] - math.floor(real[i]), reverse=missing > 0)
+    # Room below the top first, then (only if the tops cannot hold the total) up to the cap.
+    order = [i for i in by_remainder if out[i] + 1 <= tops[i]] + [i for i in by_remainder if out[i] + 1 > tops[i]]
     while missing != 0:
         moved = False
         for i in order:
@@ -365,13 +490,23 @@ def _round_to_total(real: list[float], devices: list[Device], total: int) -> lis
                 out[i] += 1
                 missing -= 1
                 moved = True
-            elif missing < 0 and out[i] > 1:
+            elif missing < 0 and out[i] > floors[i]:
                 out[i] -= 1
                 missing += 1
                 moved = True
         if not moved:  # cannot happen once the total was checked against [n, capacity]
             raise UsageError(f"cannot split global batch {total} over {len(devices)} devices")
     return out
+
+
+def _below_knee_note(batches: list[int], knees: list[int], global_batch: int) -> str:
+    """The reason's word on devices the global batch holds below their knee, if any."""
+    below = sum(b < k for b, k in zip(batches, knees))
+    if not below:
+        return ""
+    return (f"; global batch {global_batch} holds {below} of {len(batches)} devices below their knee (the batch "
+            f"within {KNEE_TOLERANCE:.0%} of their best samples/s; all at their knee take {sum(knees):,} per "
+            f"step): batches split by speed below it")
 
 
 # ---------------------------------------------------------------------------------------------

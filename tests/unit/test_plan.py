@@ -14,6 +14,7 @@ from hgcli.schema.stages import (
     Cluster, DeviceProfile, JobSpec, ModelSpec, NodeInfo, NodeSpec, Plan, Role, Strategy,
     from_dict, to_dict,
 )
+from hgcli.plan.cost import KNEE_TOLERANCE
 from hgcli.plan.placement import LIKE_SPEED_RATIO, MEMORY_USABLE_FRACTION, make_plan, predicted_best
 from hgcli.plan.files import load_plan, write_plan
 
@@ -38,6 +39,8 @@ def kinds(draw) -> Kind:
 @st.composite
 def clusters(draw, homogeneous: bool = False):
     pool = [draw(kinds())] if homogeneous else draw(st.lists(kinds(), min_size=1, max_size=4))
+    # One name per kind: devices of one name, memory and speed are one model (the planner pools them)
+    pool = [dataclasses.replace(k, name=f"dev-{i}") for i, k in enumerate(pool)]
     n_nodes = draw(st.integers(1, 6))
     nodes = [[draw(st.sampled_from(pool)) for _ in range(draw(st.integers(0, 4)))] for _ in range(n_nodes)]
     assume(any(nodes))
@@ -107,8 +110,24 @@ def check_plan(plan: Plan, nodes: list[list[Kind]], global_batch: int) -> None:
     for name in ("allreduce", "hybrid", "ps"):
         assert pred[name] <= pred["ideal"] * (1 + 1e-9)
     assert plan.reason
+    # no device below its knee unless the reason says the global batch holds some there
+    below = [r for r in workers if r.batch_size < kind_knee(kind_of(nodes, r.node, r.device)) - 1]
+    if "below their knee" not in plan.reason:
+        assert not below
     # the plan round-trips through JSON
     assert from_dict(Plan, json.loads(json.dumps(to_dict(plan)))) == plan
+
+
+def kind_knee(k: Kind) -> int:
+    """The knee computed from the kind's exact line: the smallest batch within KNEE_TOLERANCE of the
+    best samples/s (at the memory cap, or 1 / c without one)."""
+    a, c = k.a / k.speed, k.c / k.speed
+    cap = None if k.memory_mib is None else math.floor((MEMORY_USABLE_FRACTION * k.memory_mib - k.static_mib)
+                                                       / k.per_sample_mib)
+    best = cap / (a + c * cap) if cap is not None else 1 / c
+    q = (1 - KNEE_TOLERANCE) * best
+    b = max(1, math.ceil(q * a / (1 - q * c)))
+    return min(b, cap) if cap is not None else b
 
 
 def own_speed(k: Kind, batch: int) -> float:
@@ -176,14 +195,19 @@ def example():
     return cluster([[A100, A100, T4, T4]])
 
 
-def test_allreduce_batches_follow_speed_and_equalise_step_time():
+def test_allreduce_batches_follow_speed_within_the_knee_tolerance_of_equal_step_time():
     inventory, profiles = example()
     plan = make_plan(inventory, profiles, JobSpec(strategy=Strategy.ALLREDUCE, global_batch=256))
     batches = [r.batch_size for r in plan.workers]
     assert sum(batches) == 256 and batches[0] == batches[1] and batches[2] == batches[3]
+    # Equal step time: b_A100 = 24 + 4 b_T4 and 2 b_A100 + 2 b_T4 = 256, so b_T4 = 20.8 at 57.6 ms.
+    # The split follows speed as long as no step is more than KNEE_TOLERANCE longer than that.
+    equal_step = A100.seconds(24 + 4 * 20.8)
     times = [A100.seconds(batches[0]), T4.seconds(batches[2])]
-    assert max(times) / min(times) < 1.05        # nobody waits long for anybody
+    assert max(times) <= (1 + KNEE_TOLERANCE) * equal_step
     assert batches[0] > 4 * batches[2]           # the fixed per-step cost also favours the fast ones
+    # every device is below its knee at this global batch (129 and 103 samples): the reason says so
+    assert "global batch 256 holds 4 of 4 devices below their knee" in plan.reason
 
 
 def test_batches_are_proportional_to_speed_without_fixed_cost():
