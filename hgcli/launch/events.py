@@ -177,6 +177,12 @@ class Summary:
     ideal_samples_per_s: float | None
     accuracy: float | None
     groups: dict[str, float] = field(default_factory=dict)   # group -> samples/s
+    strategy: str | None = None                              # the plan's strategy
+    # every strategy's prediction in the plan (allreduce, hybrid, ps, ideal): by how much the chosen
+    # one was predicted to beat the synchronous all-reduce
+    predictions: dict[str, float] = field(default_factory=dict)
+    group_predicted: dict[str, float] = field(default_factory=dict)   # group -> predicted samples/s
+    group_predicted_derived: bool = False   # not from the plan: its total split by samples per step
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,26 @@ def predictions(plan: Plan) -> tuple[float | None, float | None]:
     return p.get(plan.strategy.value), p.get("ideal")
 
 
+def group_predictions(plan: Plan) -> tuple[dict[str, float], bool]:
+    """Each group's predicted samples/s, and whether it was derived rather than read from the plan.
+
+    The plan's own per-group figures when it carries them (``Plan.predicted_group_samples_per_s``).
+    Otherwise the plan's total for its strategy split in proportion to each group's samples per
+    step (the sum of its workers' batches): exact for a single group; for several, what the total
+    implies when every worker steps in the same time, which the planner's batches aim at."""
+    own = {g: r for g, r in plan.predicted_group_samples_per_s.items() if r > 0}
+    if own:
+        return own, False
+    total, _ = predictions(plan)
+    if not total:
+        return {}, False
+    samples = {str(g.id): float(sum(plan.rank(r).batch_size or 0 for r in g.ranks)) for g in plan.groups}
+    whole = sum(samples.values())
+    if whole <= 0:
+        return {}, False
+    return {g: total * n / whole for g, n in samples.items()}, len(samples) > 1
+
+
 class MetricsBoard:
     """Rates are per rank (samples after its first record over the span of its stamps), summed per
     group and over the cluster: ranks of a group log at the same moments, so pooling their records
@@ -109,7 +129,10 @@ class MetricsBoard:
             if rate is not None:
                 groups[group] = rate
         predicted, ideal = predictions(self.plan)
+        group_predicted, derived = group_predictions(self.plan)
         return Summary(elapsed_s=elapsed_s, samples=int(sum(self._total.values())),
                        samples_per_s=sum(groups.values()) if groups else None,
                        predicted_samples_per_s=predicted, ideal_samples_per_s=ideal,
-                       accuracy=self.accuracy, groups=groups)
+                       accuracy=self.accuracy, groups=groups, strategy=self.plan.strategy.value,
+                       predictions=dict(self.plan.predicted_samples_per_s),
+                       group_predicted=group_predicted, group_predicted_derived=derived)

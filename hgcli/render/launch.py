@@ -80,13 +80,43 @@ def summary_lines(s: Summary) -> list[str]:
     if s.samples_per_s is not None:
         lines.append(f"throughput {_rate(s.samples_per_s)} samples/s · plan predicted "
                      f"{_rate(s.predicted_samples_per_s)}{_ratio(s.samples_per_s, s.predicted_samples_per_s)} · "
-                     f"ideal (sum of devices) {_rate(s.ideal_samples_per_s)}"
+                     f"ideal (each device's own speed, summed) {_rate(s.ideal_samples_per_s)}"
                      f"{_ratio(s.samples_per_s, s.ideal_samples_per_s)}")
         if len(s.groups) > 1:
-            lines.append("per group: " + ", ".join(f"group {g} {_rate(r)}/s" for g, r in s.groups.items()))
+            lines.append(group_line(s))
+    choice = strategy_line(s)
+    if choice:
+        lines.append(choice)
     if s.accuracy is not None:
         lines.append(f"accuracy reached {s.accuracy:.4f}")
     return lines
+
+
+def group_line(s: Summary) -> str:
+    """Each group measured against its prediction (the plan's own, or derived from its total)."""
+    parts = []
+    for g, rate in s.groups.items():
+        predicted = s.group_predicted.get(g)
+        parts.append(f"group {g} {_rate(rate)}/s" + ("" if predicted is None else
+                     f" of {_rate(predicted)} predicted{_ratio(rate, predicted)}"))
+    how = " (predicted: the plan's total split by each group's samples per step)" if s.group_predicted_derived else ""
+    return "per group: " + ", ".join(parts) + how
+
+
+def strategy_line(s: Summary) -> str | None:
+    """Which strategy the plan chose and by how much it was predicted to beat allreduce."""
+    if s.strategy is None:
+        return None
+    allreduce = s.predictions.get("allreduce")
+    if s.strategy != "allreduce":
+        mine = s.predictions.get(s.strategy)
+        if not allreduce or mine is None:
+            return f"strategy {s.strategy}"
+        return (f"strategy {s.strategy}: predicted {mine / allreduce - 1:+.0%} against allreduce "
+                f"({_rate(mine)} vs {_rate(allreduce)} samples/s)")
+    others = [f"{k} {v / allreduce - 1:+.0%}" for k, v in s.predictions.items()
+              if k not in ("allreduce", "ideal") and allreduce]
+    return "strategy allreduce" + (f" (the others predicted against it: {', '.join(others)})" if others else "")
 
 
 def status_line(event: Event) -> str | None:

@@ -154,3 +154,41 @@ def test_ascii_lines_go_to_a_utf8_byte_stream_as_they_came_each_tagged():
     out.flush()
     assert raw.getvalue() == (b"n:3 | one\nn:3 | \nn:3 | two\nn:3 | three, unterminated\n"
                               + "n:1 | \u00e9t\u00e9\n".encode())
+
+
+def _summary(**changes) -> Summary:
+    import dataclasses
+
+    return dataclasses.replace(SUMMARY, **changes)
+
+
+def test_the_summary_shows_each_group_against_its_prediction_and_the_strategy_against_allreduce():
+    from hgcli.render.launch import summary_lines
+
+    s = _summary(strategy="hybrid", predictions={"allreduce": 512.0, "hybrid": 640.0, "ps": 600.0, "ideal": 800.0},
+                 group_predicted={"0": 480.0, "1": 160.0})
+    text = "\n".join(summary_lines(s))
+    assert "ideal (each device's own speed, summed) 800 (64%)" in text
+    assert "per group: group 0 400/s of 480 predicted (83%), group 1 112/s of 160 predicted (70%)" in text
+    assert "split by" not in text                                   # the plan's own per-group figures
+    assert "strategy hybrid: predicted +25% against allreduce (640 vs 512 samples/s)" in text
+
+
+def test_a_derived_group_prediction_says_so_and_allreduce_names_the_others_margins():
+    from hgcli.render.launch import summary_lines
+
+    s = _summary(strategy="allreduce", predicted_samples_per_s=600.0,
+                 predictions={"allreduce": 600.0, "hybrid": 630.0, "ps": 540.0, "ideal": 800.0},
+                 group_predicted={"0": 450.0, "1": 150.0}, group_predicted_derived=True)
+    lines = summary_lines(s)
+    assert any(line.startswith("per group: group 0 400/s of 450 predicted (89%)") and
+               line.endswith("(predicted: the plan's total split by each group's samples per step)") for line in lines)
+    assert "strategy allreduce (the others predicted against it: hybrid +5%, ps -10%)" in lines
+
+
+def test_a_summary_without_strategy_or_group_predictions_keeps_the_old_lines():
+    from hgcli.render.launch import summary_lines
+
+    lines = summary_lines(SUMMARY)
+    assert "per group: group 0 400/s, group 1 112/s" in lines
+    assert not any(line.startswith("strategy") for line in lines)

@@ -172,3 +172,32 @@ def test_a_plain_launch_imports_neither_rich_nor_invoke_and_match_exec_still_wor
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stderr
+
+
+def test_group_predictions_come_from_the_plan_or_split_its_total_by_samples_per_step():
+    import dataclasses
+
+    from hgcli.launch.metrics import group_predictions
+
+    cluster = local_cluster()
+    plan = make_plan(cluster, [["local", "local"], ["local"]], ps=["local"], predicted=90.0)
+    assert group_predictions(plan) == ({"0": pytest.approx(60.0), "1": pytest.approx(30.0)}, True)
+    one = make_plan(cluster, [["local", "local"]], predicted=90.0)
+    assert group_predictions(one) == ({"0": pytest.approx(90.0)}, False)   # one group: the total, exactly
+    own = dataclasses.replace(plan, predicted_group_samples_per_s={"0": 70.0, "1": 20.0})
+    assert group_predictions(own) == ({"0": 70.0, "1": 20.0}, False)
+    assert group_predictions(make_plan(cluster, [["local"]])) == ({}, False)   # nothing predicted
+    summary = MetricsBoard(own).summary(elapsed_s=1.0)
+    assert summary.strategy == "hybrid" and summary.predictions == {"hybrid": 90.0, "ideal": 112.5}
+    assert summary.group_predicted == {"0": 70.0, "1": 20.0} and not summary.group_predicted_derived
+
+
+def test_a_plan_without_per_group_predictions_still_loads():
+    from hgcli.schema.codec import from_dict, to_dict
+    from hgcli.schema.stages import Plan
+
+    plan = make_plan(local_cluster(), [["local"]], predicted=10.0)
+    data = to_dict(plan)
+    assert data["predicted_group_samples_per_s"] == {}
+    del data["predicted_group_samples_per_s"]          # a plan file written before the field
+    assert from_dict(Plan, data) == plan

@@ -1,0 +1,422 @@
+"""The real pipeline against torchrun DDP on emulated heterogeneous clusters (issue 15, item 4).
+
+For each scenario (a one-node cluster file declaring four emulated devices, a fresh
+HGTRAIN_STATE_DIR):
+  pipeline       ``hgtrain probe``, ``hgtrain bench --quick --model`` (the model the script trains),
+                 then ``hgtrain launch -- python -m SCRIPT``: the planner's own plan (auto), made by
+                 launch from the stored inventory and profiles, never a hand-built plan;
+  ddp-uniform    ``python -m torch.distributed.run --standalone`` on benchmarks/ddp_emulated.py
+                 (plain DDP on the same model, data and optimizer), the same batch on every rank;
+  ddp-prop       the same, batches proportional to speed (the careful DDP user).
+Every rank of all three is emulated alike (hgcli/runtime/emulate.py: a step stretched to its CPU
+time / speed; the DDP script wraps its steps in the same Emulator). Scenarios: ``static``
+[1, 1, 0.25, 0.25], ``three`` [1, 0.5, 0.25, 0.25], ``homogeneous`` [1, 1, 1, 1], ``stragglers``
+(static speeds, every step one pseudo-random worker --straggler x slower: HGTRAIN_EMULATE_STRAGGLER
+and HGTRAIN_EMULATE_SEED, the same rule on both sides).
+
+Per run: steady samples/s (every worker stepping), its share of the ideal, time to the target
+accuracy, final accuracy, the share of the ranks' time that was real compute, and for the pipeline
+the plan's prediction against the measurement. The ideal is MEASURED: each distinct device alone
+(one rank, no PS, ``hgcli.local`` on the same script, runtime and emulation) at a few batch sizes,
+its best samples/s, summed over the cluster's devices (without stragglers).
+
+Emulated speeds are the nominal ones x --time-scale: every device is then slower than this
+machine's CPU, so each rank computes briefly and sleeps most of its step; the ranks' CPU demand is a
+small share of the cores and contention between emulated ranks a small part of any step (the output
+prints both shares). Readable table, then one JSON line with every figure and a ``goals`` object.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/pipeline_e2e.py --quick      (several minutes)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+# The ratio and goal helpers of the benchmark this one extends (benchmarks/ is on sys.path[0] when a
+# script in it runs).
+from hybrid_vs_allreduce import _ge, _le, _ratio
+
+REPO = Path(__file__).resolve().parent.parent
+
+SCENARIOS: dict[str, tuple[list[float], bool]] = {     # name -> (nominal speeds, stragglers)
+    "static": ([1.0, 1.0, 0.25, 0.25], False),
+    "three": ([1.0, 0.5, 0.25, 0.25], False),
+    "homogeneous": ([1.0, 1.0, 1.0, 1.0], False),
+    "stragglers": ([1.0, 1.0, 0.25, 0.25], True),
+}
+# What each nominal speed is declared as in the cluster file (model name, memory MiB).
+DEVICES = {1.0: ("NVIDIA A100-SXM4-40GB", 40960), 0.5: ("Tesla V100-SXM2-16GB", 16384),
+           0.25: ("Tesla T4", 15360)}
+GOAL_IDEAL, GOAL_UNIFORM, GOAL_PROP, GOAL_STRAGGLERS = 0.85, 1.8, 1.0, 1.3
+GOAL_HOMOGENEOUS, GOAL_MEDIAN_ERROR, GOAL_WORST_ERROR, GOAL_ACCURACY_POINTS = 0.95, 0.10, 0.20, 1.0
+
+
+@dataclass(frozen=True)
+class Script:
+    """How the benchmark drives one training script: its flags, its DDP twin and its bench model.
+    The one place to change when a script's flags change (the example's, say)."""
+
+    module: str                                         # python -m MODULE under hgtrain launch
+    ddp: Path                                           # the torchrun baseline, same flags
+    flags: Callable[[argparse.Namespace], list[str]]    # training flags shared by both
+    steps_flag: Callable[[int], list[str]]              # stop after N steps (the ideal's runs)
+    no_eval: list[str]                                  # no periodic evaluation (the ideal's runs)
+    bench_model: Callable[[argparse.Namespace, Path], str]   # hgtrain bench --model SPEC
+
+
+def _example_flags(a: argparse.Namespace) -> list[str]:
+    return ["--epochs", str(a.epochs), "--lr", str(a.lr), "--hidden", str(a.hidden), "--eval-every",
+            str(a.eval_every), "--eval-samples", str(a.eval_samples), "--target", str(a.target)]
+
+
+def _example_model(a: argparse.Namespace, workdir: Path) -> str:
+    """The example's MLP at this run's width, benched at the sizes the plan and baselines use."""
+    factory = workdir / f"example_h{a.hidden}.py"
+    factory.write_text("from hgcli.examples.models import example\n\n\n"
+                       f"def factory():\n    return example(hidden={a.hidden})\n")
+    n = 4
+    sizes = sorted({4, 16, 64, a.global_batch // (2 * n), a.global_batch // n, 2 * a.global_batch // n})
+    return f"{factory}:factory@{','.join(str(s) for s in sizes if s >= 1)}"
+
+
+SCRIPTS = {
+    "hgcli.examples.train": Script(
+        module="hgcli.examples.train", ddp=REPO / "benchmarks" / "ddp_emulated.py", flags=_example_flags,
+        steps_flag=lambda n: ["--max-steps", str(n)], no_eval=["--eval-every", "1000000000"],
+        bench_model=_example_model),
+}
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--script", default="hgcli.examples.train", choices=sorted(SCRIPTS),
+                   help="the training script (its flags, DDP twin and bench model: SCRIPTS)")
+    p.add_argument("--scenarios", default=",".join(SCENARIOS), help="which of: " + ", ".join(SCENARIOS))
+    p.add_argument("--quick", action="store_true",
+                   help="2 epochs, target 0.90, shorter ideal runs (several minutes in all)")
+    p.add_argument("--epochs", type=int, default=None, help="default 4 (--quick 2)")
+    p.add_argument("--target", type=float, default=None, help="target accuracy; default 0.92 (--quick 0.90)")
+    p.add_argument("--global-batch", type=int, default=256)
+    p.add_argument("--hidden", type=int, default=4096, help="hidden width of the example MLP")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--eval-every", type=int, default=8)
+    p.add_argument("--eval-samples", type=int, default=1024)
+    p.add_argument("--time-scale", type=float, default=0.1,
+                   help="emulated speed = nominal x this: every device slower than the CPU, ranks mostly sleep")
+    p.add_argument("--straggler", type=float, default=3.0, help="slowdown of the straggler of each step")
+    p.add_argument("--straggler-seed", type=int, default=7)
+    p.add_argument("--ideal-steps", type=int, default=None, help="steps of each ideal run; default 40 (--quick 20)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per command")
+    args = p.parse_args()
+    args.epochs = args.epochs or (2 if args.quick else 4)
+    args.target = args.target or (0.90 if args.quick else 0.92)
+    args.ideal_steps = args.ideal_steps or (20 if args.quick else 40)
+    return args
+
+
+# --- measuring a run ---------------------------------------------------------------------------
+
+def measure(metrics: list[dict[str, Any]], cores: int) -> dict[str, Any]:
+    """Steady samples/s (while every worker stepped, each rank's first step left out as warm-up),
+    accuracy, and where the ranks' time went."""
+    steps = [m for m in metrics if "step" in m and "samples" in m and "event" not in m]
+    by_rank: dict[int, list[float]] = {}
+    for m in steps:
+        by_rank.setdefault(m["rank"], []).append(m["time"])
+    if not by_rank:
+        raise SystemExit("no training steps in the metrics")
+    t0 = max(min(ts) for ts in by_rank.values())
+    t1 = min(max(ts) for ts in by_rank.values())
+    if t1 <= t0:
+        raise SystemExit("no window in which every worker was stepping")
+    inside = sum(m["samples"] for m in steps if t0 < m["time"] <= t1)
+    first = min(min(ts) for ts in by_rank.values())
+    last = max(max(ts) for ts in by_rank.values())
+    final = [m for m in metrics if m.get("event") == "final"]
+    fins = [m for m in metrics if m.get("event") == "finish"]
+    compute = sum(m["compute_s"] for m in fins)
+    slept = sum(m["emulated_sleep_s"] for m in fins)
+    return {
+        "samples_per_s": inside / (t1 - t0),
+        "train_s": last - first,
+        "time_to_target_s": final[0].get("time_to_target_s") if final else None,
+        "final_accuracy": final[0]["accuracy"] if final else None,
+        # real compute against the emulated sleep: the device's step is mostly the emulator's pause
+        "compute_share": compute / (compute + slept) if compute + slept else None,
+        # CPU the workers' steps asked of the machine: small means little contention between ranks
+        "cpu_load_share": compute / ((last - first) * cores) if last > first else None,
+    }
+
+
+def run(argv: list[str], env: dict[str, str], log: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    log.write_text(f"$ {shlex.join(argv)}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}\n",
+                   encoding="utf-8")
+    return proc
+
+
+def _base_env(state: Path | None = None, stragglers: bool = False,
+              args: argparse.Namespace | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HGTRAIN_")}
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    if state is not None:
+        env["HGTRAIN_STATE_DIR"] = str(state)
+    if stragglers and args is not None:
+        # hgtrain launch forwards HGTRAIN_* to every rank; torchrun passes its environment on
+        env["HGTRAIN_EMULATE_STRAGGLER"] = str(args.straggler)
+        env["HGTRAIN_EMULATE_SEED"] = str(args.straggler_seed)
+    return env
+
+
+# --- the ideal -----------------------------------------------------------------------------------
+
+def ideal_batches(args: argparse.Namespace) -> list[int]:
+    per = args.global_batch // 4
+    return sorted({max(1, per // 2), per, 2 * per})
+
+
+def device_alone(speed: float, args: argparse.Namespace, script: Script, workdir: Path,
+                 cores: int) -> dict[str, Any]:
+    """One emulated device alone through the runtime (hgcli.local, a one-rank plan, no PS) at a few
+    batch sizes; its best samples/s."""
+    from hgcli.local.plans import emulated_plan
+    from hgcli.local.run import run_plan
+
+    rates = {}
+    for batch in ideal_batches(args):
+        plan = emulated_plan([[speed * args.time_scale]], [[batch]])
+        argv = [sys.executable, "-m", script.module, *script.flags(args), *script.steps_flag(args.ideal_steps),
+                *script.no_eval]
+        res = run_plan(plan, argv, workdir=workdir / f"ideal-{speed:g}-b{batch}", timeout_s=args.timeout,
+                       extra_env={"PYTHONPATH": str(REPO)})
+        if not res.ok:
+            bad = res.first_failure or res.ranks[0]
+            raise SystemExit(f"ideal run failed: speed {speed} batch {batch}\n{bad.output()[-3000:]}")
+        rates[batch] = measure(res.metrics, cores)["samples_per_s"]
+        print(f"... ideal: speed {speed:g} alone at batch {batch}: {rates[batch]:.0f} samples/s",
+              file=sys.stderr, flush=True)
+    best = max(rates, key=lambda b: rates[b])
+    return {"best_batch": best, "samples_per_s": rates[best], "by_batch": rates}
+
+
+# --- one scenario --------------------------------------------------------------------------------
+
+def cluster_file(path: Path, speeds: list[float], time_scale: float) -> None:
+    names = ", ".join(json.dumps(DEVICES[s][0]) for s in speeds)
+    emulated = ", ".join(f"{s * time_scale:g}" for s in speeds)
+    memory = ", ".join(str(DEVICES[s][1]) for s in speeds)
+    path.write_text(f'[[nodes]]\nhost = "localhost"\nname = "local"\npython = {json.dumps(sys.executable)}\n'
+                    f"emulate = {{ devices = [{names}], speed = [{emulated}], memory_mib = [{memory}] }}\n",
+                    encoding="utf-8")
+
+
+def split(global_batch: int, weights: list[float]) -> list[int]:
+    """``global_batch`` in proportion to ``weights``, largest remainders, at least 1 each."""
+    total = sum(weights)
+    real = [global_batch * w / total for w in weights]
+    out = [max(1, int(r)) for r in real]
+    order = sorted(range(len(real)), key=lambda i: real[i] - int(real[i]), reverse=True)
+    k = 0
+    while sum(out) < global_batch:
+        out[order[k % len(order)]] += 1
+        k += 1
+    while sum(out) > global_batch:
+        i = max(range(len(out)), key=lambda j: out[j])
+        out[i] -= 1
+    return out
+
+
+def pipeline(name: str, speeds: list[float], stragglers: bool, args: argparse.Namespace, script: Script,
+             workdir: Path, cores: int) -> dict[str, Any]:
+    """probe -> bench -> launch (which plans from the stored profiles) in this scenario's own state dir."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    state = workdir / "state"
+    cfg = workdir / "cluster.toml"
+    cluster_file(cfg, speeds, args.time_scale)
+    env = _base_env(state, stragglers, args)
+    hg = [sys.executable, "-m", "hgcli"]
+    t0 = time.monotonic()
+    for stage, argv in (("probe", [*hg, "probe", "-c", str(cfg)]),
+                        ("bench", [*hg, "bench", "-c", str(cfg), "--quick", "--model",
+                                   script.bench_model(args, workdir)])):
+        proc = run(argv, env, workdir / f"{stage}.log", args.timeout)
+        if proc.returncode != 0:
+            raise SystemExit(f"{name}: hgtrain {stage} exit {proc.returncode}: see {workdir / f'{stage}.log'}")
+    bench_s = time.monotonic() - t0
+    argv = [*hg, "launch", "-c", str(cfg), "--global-batch", str(args.global_batch), "--",
+            sys.executable, "-m", script.module, *script.flags(args)]
+    proc = run(argv, env, workdir / "launch.log", args.timeout)
+    if proc.returncode != 0:
+        raise SystemExit(f"{name}: hgtrain launch exit {proc.returncode}: see {workdir / 'launch.log'}")
+    jobs = sorted((state / "jobs").iterdir())
+    job = jobs[-1]
+    record = json.loads((job / "job.json").read_text(encoding="utf-8"))
+    plan = record["plan"]
+    metrics = [json.loads(line) for line in (job / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+               if line.strip()]
+    out = measure(metrics, cores)
+    strategy = plan["strategy"]
+    predicted = plan["predicted_samples_per_s"]
+    groups = plan["groups"]
+    workers = [r for r in plan["ranks"] if r["role"] == "worker"]
+    out.update({
+        "strategy": strategy, "predicted": predicted.get(strategy),
+        "error": predicted[strategy] / out["samples_per_s"] - 1 if predicted.get(strategy) else None,
+        "predicted_allreduce": predicted.get("allreduce"), "predicted_ideal": predicted.get("ideal"),
+        "layout": "+".join(f"{len(g['ranks'])}x{g.get('accumulate', 1)}" for g in groups),
+        "batches": [r["batch_size"] for r in workers], "ps": len(plan.get("ps_shards") or []),
+        "reason": plan.get("reason", ""), "bench_s": bench_s,
+        # the launch's own end summary (item 5), as a user sees it
+        "summary": [line[len("hgtrain: "):] for line in proc.stderr.splitlines()
+                    if line.startswith("hgtrain: ") and not line.startswith(("hgtrain: [", "hgtrain: job "))],
+    })
+    return out
+
+
+def ddp(speeds: list[float], batches: list[int], stragglers: bool, args: argparse.Namespace, script: Script,
+        workdir: Path, cores: int) -> dict[str, Any]:
+    """torchrun (standalone, one process per device) on the DDP twin, every rank emulated."""
+    metrics_dir = workdir / "metrics"
+    env = _base_env(None, stragglers, args)
+    env.update({"E2E_SPEEDS": ",".join(f"{s * args.time_scale:g}" for s in speeds),
+                "E2E_BATCHES": ",".join(map(str, batches)), "E2E_METRICS": str(metrics_dir)})
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(len(speeds)),
+            str(script.ddp), *script.flags(args)]
+    workdir.mkdir(parents=True, exist_ok=True)
+    proc = run(argv, env, workdir / "torchrun.log", args.timeout)
+    if proc.returncode != 0:
+        raise SystemExit(f"torchrun exit {proc.returncode}: see {workdir / 'torchrun.log'}")
+    metrics = [json.loads(line) for f in sorted(metrics_dir.glob("rank*.jsonl"))
+               for line in f.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return {**measure(metrics, cores), "batches": batches}
+
+
+def scenario(name: str, args: argparse.Namespace, script: Script, workdir: Path, cores: int,
+             alone: dict[float, dict[str, Any]]) -> dict[str, Any]:
+    speeds, stragglers = SCENARIOS[name]
+    for s in sorted(set(speeds), reverse=True):
+        if s not in alone:
+            alone[s] = device_alone(s, args, script, workdir / "ideal", cores)
+    ideal = sum(alone[s]["samples_per_s"] for s in speeds)
+    where = workdir / name
+    where.mkdir(parents=True)
+    n = len(speeds)
+    runs = {"pipeline": pipeline(name, speeds, stragglers, args, script, where / "pipeline", cores)}
+    print(f"... {name}/pipeline: {runs['pipeline']}", file=sys.stderr, flush=True)
+    for kind, weights in (("ddp-uniform", [1.0] * n), ("ddp-prop", speeds)):
+        runs[kind] = ddp(speeds, split(args.global_batch, weights), stragglers, args, script, where / kind, cores)
+        print(f"... {name}/{kind}: {runs[kind]}", file=sys.stderr, flush=True)
+    for r in runs.values():
+        r["x_ideal"] = r["samples_per_s"] / ideal
+    return {"speeds": speeds, "emulated_speeds": [s * args.time_scale for s in speeds],
+            "stragglers": stragglers, "ideal_samples_per_s": ideal, "runs": runs}
+
+
+# --- goals and output ----------------------------------------------------------------------------
+
+def ratios_and_goals(results: dict[str, Any]) -> tuple[dict[str, Any], dict[str, bool | None]]:
+    ratios: dict[str, Any] = {}
+    goals: dict[str, bool | None] = {}
+    for name, r in results.items():
+        p, u, q = (r["runs"][k] for k in ("pipeline", "ddp-uniform", "ddp-prop"))
+        ratios[f"{name}_x_ideal"] = p["x_ideal"]
+        ratios[f"{name}_vs_uniform"] = p["samples_per_s"] / u["samples_per_s"]
+        ratios[f"{name}_vs_prop"] = p["samples_per_s"] / q["samples_per_s"]
+        ratios[f"{name}_tta_vs_prop"] = _ratio(p["time_to_target_s"], q["time_to_target_s"])
+        gap = (None if p["final_accuracy"] is None or q["final_accuracy"] is None
+               else 100 * (q["final_accuracy"] - p["final_accuracy"]))
+        ratios[f"{name}_acc_gap_vs_prop_points"] = gap
+        best = max(x["samples_per_s"] for x in r["runs"].values())
+        ratios[f"{name}_vs_best_measured"] = p["samples_per_s"] / best
+        goals[f"{name}_acc_within_{GOAL_ACCURACY_POINTS:g}_point"] = _le(gap, GOAL_ACCURACY_POINTS)
+        goals[f"{name}_within_5%_of_best_measured"] = _ge(p["samples_per_s"] / best, 0.95)
+        if name in ("static", "three"):
+            goals[f"{name}_x_ideal>={GOAL_IDEAL}"] = _ge(p["x_ideal"], GOAL_IDEAL)
+            goals[f"{name}_vs_uniform>={GOAL_UNIFORM}"] = _ge(ratios[f"{name}_vs_uniform"], GOAL_UNIFORM)
+            goals[f"{name}_vs_prop>={GOAL_PROP}"] = _ge(ratios[f"{name}_vs_prop"], GOAL_PROP)
+        if name == "stragglers":
+            goals[f"stragglers_vs_prop>={GOAL_STRAGGLERS}"] = _ge(ratios["stragglers_vs_prop"], GOAL_STRAGGLERS)
+        if name == "homogeneous":
+            goals["homogeneous_auto_allreduce"] = p["strategy"] == "allreduce"
+            goals[f"homogeneous_vs_ddp>={GOAL_HOMOGENEOUS}"] = _ge(ratios["homogeneous_vs_prop"], GOAL_HOMOGENEOUS)
+    # The cost model is static: it does not see dynamic stragglers, so their run is reported, not judged.
+    errors = [abs(r["runs"]["pipeline"]["error"]) for r in results.values()
+              if not r["stragglers"] and r["runs"]["pipeline"]["error"] is not None]
+    if errors:
+        ratios["cost_model_median_abs_error"] = statistics.median(errors)
+        ratios["cost_model_worst_abs_error"] = max(errors)
+        goals[f"cost_model_median_error<={GOAL_MEDIAN_ERROR:.0%}"] = statistics.median(errors) <= GOAL_MEDIAN_ERROR
+        goals[f"cost_model_worst_error<={GOAL_WORST_ERROR:.0%}"] = max(errors) <= GOAL_WORST_ERROR
+    return ratios, goals
+
+
+def _fmt(v: float | None, spec: str, missing: str = "-") -> str:
+    return missing if v is None else format(v, spec)
+
+
+def report(args: argparse.Namespace, results: dict[str, Any], alone: dict[float, dict[str, Any]],
+           cores: int, workdir: Path, elapsed: float) -> None:
+    print(f"{args.script}: hidden {args.hidden}, global batch {args.global_batch}, {args.epochs} epochs, target "
+          f"accuracy {args.target}; emulated speed = nominal x time scale {args.time_scale} (every device slower "
+          f"than this machine's CPU: ranks compute briefly and sleep the rest of each step); {cores} cores")
+    print("ideal, each device alone through the runtime and its emulation (best batch): " + ", ".join(
+        f"speed {s:g} {a['samples_per_s']:.0f} samples/s at batch {a['best_batch']}" for s, a in sorted(alone.items())))
+    head = (f"{'scenario':12} {'run':12} {'samples/s':>9} {'x ideal':>7} {'t->target':>9} {'final acc':>9} "
+            f"{'predicted':>9} {'error':>7} {'compute':>7} {'cpu load':>8}  plan / batches")
+    print(head)
+    for name, r in results.items():
+        for kind, x in r["runs"].items():
+            plan = (f"{x['strategy']} {x['layout']} PS {x['ps']} batches {x['batches']}" if kind == "pipeline"
+                    else f"batches {x['batches']}")
+            print(f"{name:12} {kind:12} {x['samples_per_s']:9.0f} {x['x_ideal']:7.2f} "
+                  f"{_fmt(x['time_to_target_s'], '9.1f', 'not reached'):>9} {_fmt(x['final_accuracy'], '9.4f'):>9} "
+                  f"{_fmt(x.get('predicted'), '9.0f'):>9} {_fmt(x.get('error'), '+7.1%'):>7} "
+                  f"{_fmt(x['compute_share'], '7.2f'):>7} {_fmt(x['cpu_load_share'], '8.2f'):>8}  {plan}")
+        print(f"{'':12} ideal {r['ideal_samples_per_s']:.0f} samples/s; plan's reason: {r['runs']['pipeline']['reason']}")
+        for line in r["runs"]["pipeline"]["summary"]:
+            print(f"{'':12} launch summary | {line}")
+    print("compute: real compute / (compute + emulated sleep) of the workers; cpu load: the workers' compute "
+          f"over the run's wall time x {cores} cores (small: emulated ranks barely contend for the CPU). "
+          "Figures from a shared machine are noisy: one run per scenario.")
+    ratios, goals = ratios_and_goals(results)
+    for k, v in ratios.items():
+        print(f"{k:40} {_fmt(v, '.3f') if isinstance(v, float) else v}")
+    print("goals: " + ", ".join(f"{k} {'met' if v else 'MISSED' if v is not None else 'n/a'}"
+                                for k, v in goals.items()))
+    print(f"{elapsed:.0f} s; every command's output and metrics in {workdir}")
+    print(json.dumps({"benchmark": "pipeline_e2e", "script": args.script, "hidden": args.hidden,
+                      "global_batch": args.global_batch, "epochs": args.epochs, "target": args.target,
+                      "time_scale": args.time_scale, "quick": args.quick, "cores": cores,
+                      "ideal_per_device": {f"{s:g}": a for s, a in sorted(alone.items())},
+                      "scenarios": results, "ratios": ratios, "goals": goals, "elapsed_s": elapsed,
+                      "workdir": str(workdir)}))
+
+
+def main() -> int:
+    args = parse_args()
+    script = SCRIPTS[args.script]
+    names = args.scenarios.split(",")
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        raise SystemExit(f"unknown scenario(s) {unknown}: choose from {', '.join(SCENARIOS)}")
+    cores = os.cpu_count() or 1
+    workdir = Path(tempfile.mkdtemp(prefix="hgtrain-e2e-"))
+    started = time.monotonic()
+    alone: dict[float, dict[str, Any]] = {}
+    results = {name: scenario(name, args, script, workdir, cores, alone) for name in names}
+    report(args, results, alone, cores, workdir, time.monotonic() - started)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
