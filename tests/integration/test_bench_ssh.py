@@ -91,7 +91,7 @@ def test_cli_bench_over_ssh_emulated_devices_and_gloo_link(make_hosts, tmp_path)
 
     # Stored for plan, and the package really was shipped to each host's own HOME.
     for h in hosts.hosts:
-        assert list((h.home / ".cache" / "hgtrain").glob("pkg-*/hgcli/node/bench.py"))
+        assert list((h.home / ".cache" / "hgtrain").glob("pkg-*/hgcli/node/bench/main.py"))
 
 
 def test_sshd_stopped_while_benching_is_that_nodes_error(make_hosts, tmp_path):
