@@ -23,7 +23,7 @@ EVAL_BATCH = 256
 
 def parse_args(doc: str | None, argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--batch", type=int, default=64, help="per-rank batch unless the plan sets one")
     parser.add_argument("--lr", type=float, default=5e-3, help="AdamW's peak learning rate")
     parser.add_argument("--weight-decay", type=float, default=0.05, help="on weights; none on norms and biases")

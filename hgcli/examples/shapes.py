@@ -6,7 +6,7 @@ without a file or a shared cache, and the data set costs no memory. The label is
 disk, a ring, a square, a square outline, a triangle, a plus, a cross, horizontal or vertical stripes,
 or a checkerboard, at a random position, size (0.4-0.7 of the half-width), rotation (up to 20
 degrees), colour and background gradient, with Gaussian pixel noise. Small shapes under the noise
-are what makes it non-trivial: a disk from a square, stripes from a filled square at 8 pixels
+are what makes it non-trivial: a disk from a square, stripes from a filled square at 11 pixels
 across (docs/runtime.md, "The bundled example", has the accuracy a small ResNet reaches).
 """
 from __future__ import annotations

@@ -7,7 +7,7 @@
 A ResNet-8 (BatchNorm, 16/32/64 channels) on 4096 images of ten shapes (hgcli/examples/shapes.py,
 drawn in the DataLoader's worker processes), AdamW with two parameter groups, warm-up + cosine LR,
 the aggregated gradient clipped to norm 1, bf16 autocast where the device has it natively. It states
-test accuracy >= 0.95 after the default 8 epochs (--quick: >= 0.70; docs/runtime.md has measured
+test accuracy >= 0.95 after the default 10 epochs (--quick: >= 0.70; docs/runtime.md has measured
 figures). ddp_resnet.py is the same script with torchrun and DDP: ``diff -u`` of the two is the
 porting guide in docs/runtime.md.
 """
