@@ -5,7 +5,7 @@ For each emulated cluster (devices on this machine's CPU, speeds declared like a
 on a local emulated node, timing the model the example actually trains (``hgcli.examples.models:
 example`` at this run's hidden size), so the planner's time(batch) fits that model. Then for each
 strategy (allreduce, hybrid, ps) ``hgcli.plan.placement.make_plan`` builds the plan, ``localrun`` runs every
-rank of it as real processes on ``python -m hgcli.examples.train`` for a fixed number of steps, and
+rank of it as real processes on ``python -m hgcli.examples.train_mlp`` for a fixed number of steps, and
 the steady-state samples/s is measured: samples of every worker's steps between the moment the
 last worker took its first step and the moment the first worker took its last (so start-up, the
 first step and a group that finishes early do not count).
@@ -99,7 +99,7 @@ def measure_profiles(name: str, speeds: list[float], args: argparse.Namespace, w
 
 
 def train_argv(args: argparse.Namespace) -> list[str]:
-    return [sys.executable, "-m", "hgcli.examples.train", "--epochs", "1000", "--max-steps", str(args.steps),
+    return [sys.executable, "-m", "hgcli.examples.train_mlp", "--epochs", "1000", "--max-steps", str(args.steps),
             "--hidden", str(args.hidden), "--eval-every", "1000000000", "--eval-samples", "256"]
 
 

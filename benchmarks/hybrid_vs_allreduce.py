@@ -34,7 +34,7 @@ SPEEDS = [1.0, 1.0, 0.25, 0.25]
 
 
 def train_argv(args: argparse.Namespace, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "hgcli.examples.train", "--epochs", str(args.epochs), "--lr",
+    return [sys.executable, "-m", "hgcli.examples.train_mlp", "--epochs", str(args.epochs), "--lr",
             str(args.lr), "--hidden", str(args.hidden), "--eval-every", str(args.eval_every),
             "--eval-samples", str(args.eval_samples),
             "--target", str(args.target), *extra]

@@ -152,7 +152,7 @@ def main() -> int:
         argv = [sys.executable, "-m", "hgcli", "launch", "-c", str(root / "cluster.toml"), "--plan",
                 str(root / "plan.json"), "--json", "--grace", "3", "--restarts", str(kills + 2),
                 "--checkpoint-seconds", str(args.checkpoint_seconds), "--checkpoint-every",
-                str(args.checkpoint_every), "--", sys.executable, "-m", "hgcli.examples.train",
+                str(args.checkpoint_every), "--", sys.executable, "-m", "hgcli.examples.train_mlp",
                 "--epochs", "100000", "--eval-every", "1000000"]
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.DEVNULL, env=env, cwd=root, start_new_session=True)

@@ -33,9 +33,10 @@ def mlp() -> tuple[Any, Any]:
 
 
 def example(hidden: int = 128) -> tuple[Any, Any]:
-    """The model ``hgcli.examples.train`` trains (same layers and input shape), in the model-spec
-    contract, so ``bench --model`` can time exactly what the example trains (see
-    benchmarks/cost_model_accuracy.py; other hidden sizes through a one-line factory file)."""
+    """The model ``hgcli.examples.train_mlp`` trains (same layers and input shape), in the model-spec
+    contract, so ``bench --model`` can time exactly what that example trains (see
+    benchmarks/cost_model_accuracy.py; other hidden sizes through a one-line factory file). The
+    README's main job, ``hgcli.examples.train``, trains the ResNet of ``hgcli.examples.resnet:spec``."""
     import torch
 
     from .data import CLASSES, FEATURES, make_model

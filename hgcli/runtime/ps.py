@@ -21,8 +21,9 @@ after shard 0 answers), so one shard alone decides who waits and shards cannot d
 
 The optimizer is the worker's class with its parameter groups (optim.py); each push carries the
 groups' current hyperparameters, so the worker's LR schedule drives the PS's steps. Shard 0 also
-keeps the model's floating-point buffers (BatchNorm statistics): the sample-weighted average of the
-buffers each group pushed last, which its answers return (docs/runtime.md).
+keeps the model's floating-point buffers (BatchNorm statistics), which its answers return: a push
+moves them by the change the group's own steps made to the buffers it was last answered, weighted
+by the group's share of the global batch per step (docs/runtime.md).
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 from torch.distributed import rpc
@@ -65,7 +66,8 @@ class ShardServer:
     def __init__(self, *, shard: int, ps_ranks: Sequence[int], group_ids: Sequence[int],
                  staleness_bound: int, global_batch: int, timeout_s: float, metrics: MetricsSink,
                  checkpoint_dir: Path | None = None, checkpoint_every: int = 0,
-                 checkpoint_seconds: float = 0.0, trace: Path | None = None) -> None:
+                 checkpoint_seconds: float = 0.0, trace: Path | None = None,
+                 accumulate: Mapping[int, int] | None = None) -> None:
         self.shard = shard
         self.ps_ranks = list(ps_ranks)
         self.bound = staleness_bound
@@ -77,10 +79,11 @@ class ShardServer:
         self.opt: torch.optim.Optimizer | None = None
         self.opt_spec: dict[str, Any] | None = None
         self.version = 0
-        # Shard 0 only, for models with buffers: their average (what answers carry) and each group's
-        # last pushed buffers with the samples of that push (the weights of the average).
+        # Shard 0 only, for models with buffers: the shared buffers (what answers carry) and, per
+        # group, the buffers of its latest answer (what its pushed buffers moved on from).
         self.buffers: torch.Tensor | None = None
-        self.group_buffers: dict[int, tuple[torch.Tensor, float]] = {}
+        self.answered_buffers: dict[int, torch.Tensor] = {}
+        self.accumulate = {g: (accumulate or {}).get(g, 1) for g in group_ids}
         # Each group's data position after its latest applied push (sent by its leader; see
         # position.py): checkpointed with the parameters, answered to the group after a resume.
         self.data_positions: dict[int, dict[str, int]] = {}
@@ -156,7 +159,7 @@ class ShardServer:
         self.opt_spec = opt_spec
         if buffers is not None and (self.buffers is None or self.buffers.numel() != buffers.numel()):
             self.buffers = buffers        # a checkpoint without (these) buffers: start from the seed's
-            self.group_buffers = {}
+            self.answered_buffers = {}
 
     def pull(self, group: int) -> Future:
         """Parameters for a group (at its start; after shard 0 answered its push, on other shards)."""
@@ -192,7 +195,7 @@ class ShardServer:
                                         hyper)
             self.opt.step()
             if buffers is not None:
-                self._average_buffers(group, buffers, samples)
+                self._move_buffers(group, buffers, samples)
             self.version += 1
             self.clock[group] += 1
             if data_position is not None:
@@ -289,7 +292,10 @@ class ShardServer:
         self.base[group] = self.version
         if group in self.active:
             self.computing.add(group)
-        fut.set_result((self.version, self._flat(), self._buffers_copy()))
+        buffers = self._buffers_copy()
+        if buffers is not None:
+            self.answered_buffers[group] = buffers
+        fut.set_result((self.version, self._flat(), buffers))
 
     def _flat(self) -> torch.Tensor:
         assert self.params is not None
@@ -299,16 +305,22 @@ class ShardServer:
         # A copy: the answer is serialised later, on an RPC thread, while pushes may replace the average.
         return None if self.buffers is None else self.buffers.clone()
 
-    def _average_buffers(self, group: int, buffers: torch.Tensor, samples: float) -> None:
-        """The sample-weighted average of every group's last pushed buffers: each group's running
-        statistics count as much as the samples of one of its pushes, whichever group pushed last."""
-        self.group_buffers[group] = (buffers, float(samples))
-        weights = sum(w for _, w in self.group_buffers.values())
-        if weights > 0:
-            average = torch.zeros_like(buffers)
-            for b, w in self.group_buffers.values():
-                average.add_(b, alpha=w / weights)
-            self.buffers = average
+    def _move_buffers(self, group: int, buffers: torch.Tensor, samples: float) -> None:
+        """Apply what the group's own steps changed in the buffers it was last answered, weighted by
+        its share of the global batch per local step: the shared running statistics then move as
+        one synchronous step's would, by the momentum per global batch, whichever group computed it.
+
+        Not an average of the groups' pushed buffers: those are mostly the shared buffers they were
+        answered (a group's steps move running statistics by the momentum only), so an average
+        keeps echoing whichever group pushes least often, or finished long ago, with the weight of
+        one of its pushes, and the statistics lag behind the parameters (docs/runtime.md has the
+        measurement)."""
+        if self.buffers is None:
+            self.buffers = buffers          # a seed without buffers: nothing to move from
+            return
+        base = self.answered_buffers.get(group, self.buffers)
+        share = samples / (self.accumulate.get(group, 1) * self.global_batch) if self.global_batch else 1.0
+        self.buffers = self.buffers + min(1.0, share) * (buffers - base)
 
     def _checkpoint_due(self) -> int | None:
         """Snapshot if this version is due; returns a version to schedule on every shard, if any."""
@@ -338,7 +350,6 @@ class ShardServer:
                                  "data_positions": copy.deepcopy(self.data_positions)}
         if self.buffers is not None:
             state["buffers"] = self.buffers.clone()
-            state["group_buffers"] = {g: (b.clone(), w) for g, (b, w) in self.group_buffers.items()}
         return state
 
     def _write_loop(self) -> None:
@@ -372,9 +383,10 @@ class ShardServer:
         self.opt_spec = data["opt_spec"]
         self.opt = optim.build_optimizer(self.params, data["opt_spec"])
         self.opt.load_state_dict(data["optimizer"])
+        # Older checkpoints also hold "group_buffers" (each group's last pushed buffers), which the
+        # rule no longer needs: groups are answered the buffers again when they pull.
         self.buffers = data.get("buffers")
-        self.group_buffers = {int(g): (b, float(w)) for g, (b, w) in data.get("group_buffers", {}).items()
-                              if int(g) in self.clock}
+        self.answered_buffers = {}
         self.version = version
         self.base = {g: self.version for g in self.base}
         # Checkpoints written before data positions were recorded have none: groups start their epochs.
@@ -493,7 +505,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             staleness_bound=plan.staleness_bound, global_batch=plan.global_batch,
             timeout_s=env.timeout_s, metrics=metrics,
             checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-            checkpoint_seconds=args.checkpoint_seconds, trace=args.trace)
+            checkpoint_seconds=args.checkpoint_seconds, trace=args.trace,
+            accumulate={g.id: g.accumulate for g in plan.groups})
         if resume:
             version = server.resume(args.resume_version)
             print(f"PS shard {shard}: " + (f"resumed from checkpoint version {version}"

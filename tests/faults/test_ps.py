@@ -22,7 +22,7 @@ def test_ps_killed_under_launch_fails_the_job_naming_the_ps_rank(hg, tmp_path):
     plan = make_plan(cluster, [["a"], ["b"]], ps=["b"], batch=32, speeds=[1.0, 0.5])
     ctoml = cluster_toml(tmp_path / "cluster.toml", cluster)
     run = hg.start("-c", str(ctoml), "--plan", str(plan_file(tmp_path, plan)), "--json", "--grace", "3",
-                   "--", PY, "-m", "hgcli.examples.train", "--epochs", "50")
+                   "--", PY, "-m", "hgcli.examples.train_mlp", "--epochs", "50")
     pids = run.wait_all_started(3)
     run.wait_event(lambda ev: sum(e["event"] == "metric" and e["data"].get("event") == "ps_push" for e in ev) >= 3)
     os.kill(pids[2], signal.SIGKILL)         # rank 2 is the PS (workers first, then PS ranks)

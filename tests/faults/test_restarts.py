@@ -54,7 +54,7 @@ def two_nodes(tmp_path, *, ps: bool):
 def test_worker_killed_once_restarts_and_the_ps_resumes_from_its_checkpoint(hg, tmp_path):
     ctoml, plan = two_nodes(tmp_path, ps=True)
     run = hg.start("-c", ctoml, "--plan", plan, "--json", "--grace", "3", "--restarts", "1",
-                   "--checkpoint-every", "5", "--", PY, "-m", "hgcli.examples.train", "--epochs", "1",
+                   "--checkpoint-every", "5", "--", PY, "-m", "hgcli.examples.train_mlp", "--epochs", "1",
                    "--max-steps", "200")
     pids = run.wait_all_started(3)
     ckpt = hg.node_dir(run.job_id, "b") / "ps-checkpoint"
@@ -164,7 +164,7 @@ def test_agent_killed_under_restarts_restarts_the_job_and_the_ps_resumes(hg, tmp
     over a fresh command, and the job starts again with the PS resuming from its checkpoint."""
     ctoml, plan = two_nodes(tmp_path, ps=True)
     run = hg.start("-c", ctoml, "--plan", plan, "--json", "--grace", "3", "--heartbeat-timeout", "10",
-                   "--restarts", "1", "--checkpoint-every", "5", "--", PY, "-m", "hgcli.examples.train",
+                   "--restarts", "1", "--checkpoint-every", "5", "--", PY, "-m", "hgcli.examples.train_mlp",
                    "--epochs", "1", "--max-steps", "200")
     run.wait_all_started(3)
     _wait_for_checkpoints(run, [(hg.node_dir(run.job_id, "b") / "ps-checkpoint", 0)])
@@ -198,7 +198,7 @@ def test_ps_shards_on_two_sshd_hosts_resume_the_newest_version_both_have(hg, tmp
     ctoml = cluster_toml(tmp_path / "cluster.toml", cluster, known_hosts=str(hosts.known_hosts))
     plan = plan_file(tmp_path, make_plan(cluster, [[first], [second]], ps=[first, second], batch=32))
     run = hg.start("-c", str(ctoml), "--plan", str(plan), "--json", "--grace", "3", "--restarts", "1",
-                   "--checkpoint-every", "5", "--", PY, "-m", "hgcli.examples.train", "--epochs", "1",
+                   "--checkpoint-every", "5", "--", PY, "-m", "hgcli.examples.train_mlp", "--epochs", "1",
                    "--max-steps", "150")
     pids = run.wait_all_started(4)
     ckpt = [hg.node_dir(run.job_id, node.name, home=host.home) / "ps-checkpoint"

@@ -29,7 +29,7 @@ def on_gpus(plan: m.Plan, gpus: list[int]) -> m.Plan:
 
 
 def train(plan, tmp_path):
-    result = run_ok(plan, [sys.executable, "-m", "hgcli.examples.train", "--epochs", "2"], tmp_path,
+    result = run_ok(plan, [sys.executable, "-m", "hgcli.examples.train_mlp", "--epochs", "2"], tmp_path,
                     timeout_s=180)
     final = [x for x in result.metrics if x.get("event") == "final"]
     return result, final

@@ -21,7 +21,7 @@ def test_two_groups_converge_on_the_example(tmp_path, n_ps):
     plan = emulated_plan([[1.0, 1.0], [0.25, 0.25]], [[64, 64], [16, 16]], n_ps=n_ps,
                          staleness_bound=2)
     trace = tmp_path / "trace.jsonl"
-    result = run_ok(plan, [sys.executable, "-m", "hgcli.examples.train", "--epochs", "3"], tmp_path,
+    result = run_ok(plan, [sys.executable, "-m", "hgcli.examples.train_mlp", "--epochs", "3"], tmp_path,
                     ps_argv=ps_argv(trace=str(trace)))
     final = [m for m in result.metrics if m.get("event") == "final"]
     assert len(final) == 1 and final[0]["accuracy"] >= 0.90, final

@@ -2,7 +2,7 @@
 class on the PS, the worker's LR schedule driving the PS, clipping of the aggregated gradient,
 GradScaler skips taken by the whole group, BatchNorm buffers across groups, ctx.state_dict().
 
-In process (fast): the spec and hyperparameter functions, the PS's buffer average, a world of one.
+In process (fast): the spec and hyperparameter functions, the PS's buffer rule, a world of one.
 Real processes (slow): one group + PS against one process stepping locally, and the rest."""
 import importlib.util
 import json
@@ -119,19 +119,23 @@ def test_synced_buffers_and_the_sync_layout():
     assert SyncLayout(params=10, members=1).numel == 12       # a group of one: no member slots
 
 
-def test_the_ps_keeps_the_sample_weighted_average_of_the_groups_last_buffers():
-    server = ShardServer(shard=0, ps_ranks=[9], group_ids=[0, 1], staleness_bound=1, global_batch=16,
-                         timeout_s=60, metrics=MetricsSink(None, {}))
+def test_a_push_moves_the_ps_buffers_by_the_groups_own_change_weighted_by_its_share():
+    """Each push applies (pushed - last answered) x the group's samples per local step / global
+    batch; a group that accumulates 3 steps per push has a third of its push's samples per step."""
+    server = ShardServer(shard=0, ps_ranks=[9], group_ids=[0, 1], staleness_bound=3, global_batch=16,
+                         timeout_s=60, metrics=MetricsSink(None, {}), accumulate={1: 3})
     try:
         spec = {"name": "SGD", "kwargs": {"lr": 0.1}}
         server.seed(0, torch.zeros(3), [(3,)], spec, torch.full((2,), 7.0))
         assert server.pull(0).wait()[2].tolist() == [7.0, 7.0]
         server.pull(1)
-        server.push(0, torch.ones(3), 4.0, [{"lr": 0.1}], torch.zeros(2))
-        server.push(1, torch.ones(3), 12.0, [{"lr": 0.1}], torch.full((2,), 4.0))
-        server.push(0, torch.ones(3), 4.0, [{"lr": 0.1}], torch.full((2,), 2.0))   # replaces group 0's
+        answer = server.push(0, torch.ones(3), 4.0, [{"lr": 0.1}], torch.full((2,), 5.0))
+        assert answer.wait()[2].tolist() == [6.5, 6.5]                   # 7 + 4/16 * (5 - 7)
+        server.push(1, torch.ones(3), 36.0, [{"lr": 0.1}], torch.full((2,), 4.0))
+        assert server.state()[2].tolist() == [4.25, 4.25]                # 6.5 + 36/3/16 * (4 - 7)
+        server.push(0, torch.ones(3), 4.0, [{"lr": 0.1}], torch.full((2,), 3.5))   # from its 6.5
         version, params, buffers = server.state()
-        assert version == 3 and buffers.tolist() == [3.5, 3.5]       # (4 * 2 + 12 * 4) / 16
+        assert version == 3 and buffers.tolist() == [3.5, 3.5]           # 4.25 + 4/16 * (3.5 - 6.5)
         assert params.shape == (3,)
     finally:
         server.close()
@@ -156,7 +160,7 @@ def test_checkpoints_keep_the_buffers_and_a_resumed_ps_checks_the_optimizer(tmp_
     second = server()
     try:
         assert second.resume() == 2
-        assert second.buffers.tolist() == [4.0, 4.0] and set(second.group_buffers) == {0, 1}
+        assert second.buffers.tolist() == [4.0, 4.0]       # 1 + 4/8 * (3 - 1) + 4/8 * (5 - 1)
         second.seed(0, torch.zeros(3), [(3,)], spec, torch.zeros(2))       # the checkpoint's values win
         assert second.state()[2].tolist() == [4.0, 4.0]
         sgd = optim.shard_spec(torch.optim.SGD(model.parameters(), lr=0.1), "torch.optim", "SGD", [[0]], [0])

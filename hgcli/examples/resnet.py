@@ -1,0 +1,72 @@
+"""A small ResNet for 3x32x32 images (written here: torchvision is not a dependency of hgtrain).
+
+The CIFAR ResNet layout (He et al. 2016, section 4.2): a 3x3 stem, three stages of basic blocks at
+16, 32 and 64 channels (the second and third halve the resolution), BatchNorm after every
+convolution, global average pooling and one linear layer. ``blocks=1`` (8 layers, 78k parameters)
+is what the bundled example trains; ``blocks=3`` is ResNet-20.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+WIDTHS = (16, 32, 64)
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, c_in: int, c_out: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c_out)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or c_in != c_out:
+            self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+class ResNet(nn.Module):
+    def __init__(self, blocks: int = 1, classes: int = 10, widths: tuple[int, ...] = WIDTHS) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, widths[0], 3, 1, 1, bias=False), nn.BatchNorm2d(widths[0]),
+                                  nn.ReLU())
+        layers: list[nn.Module] = []
+        c_in = widths[0]
+        for stage, width in enumerate(widths):
+            for block in range(blocks):
+                layers.append(BasicBlock(c_in, width, 2 if stage and not block else 1))
+                c_in = width
+        self.stages = nn.Sequential(*layers)
+        self.head = nn.Linear(c_in, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.stages(self.stem(x)).mean(dim=(2, 3)))
+
+
+def resnet(blocks: int = 1, seed: int = 0) -> nn.Module:
+    """The model, with the same initial parameters for the same seed (every worker starts from the
+    first worker's anyway: ``ctx.wrap`` and DDP broadcast them)."""
+    torch.manual_seed(seed)
+    return ResNet(blocks)
+
+
+def spec(blocks: int = 1) -> tuple[Any, Any]:
+    """The example's model in the model-spec contract of ``hgtrain bench --model`` (docs/bench.md):
+    ``hgcli.examples.resnet:spec``. Batches are random images, not the data set's: bench times the
+    step, not the data."""
+    model = resnet(blocks)
+
+    def make_batch(batch_size: int, device: Any) -> tuple[Any, Any]:
+        gen = torch.Generator().manual_seed(batch_size)
+        inputs = torch.rand(batch_size, 3, 32, 32, generator=gen)
+        targets = torch.randint(0, 10, (batch_size,), generator=gen)
+        return inputs.to(device), targets.to(device)
+
+    return model, make_batch
