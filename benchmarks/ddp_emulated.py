@@ -4,7 +4,7 @@ example's model and data, each rank emulated at its own speed the way hgcli.runt
     E2E_SPEEDS=0.1,0.1,0.025,0.025 E2E_BATCHES=64,64,64,64 E2E_METRICS=/tmp/m \\
         python -m torch.distributed.run --standalone --nproc-per-node 4 benchmarks/ddp_emulated.py --epochs 2
 
-Takes the flags of ``hgcli.examples.train`` (same model, optimizer, data order, evaluation), so the
+Takes the flags of ``hgcli.examples.train_mlp`` (same model, optimizer, data order, evaluation), so the
 benchmark passes both scripts one argument list. Environment:
 - ``E2E_SPEEDS``: emulated speed of every rank, comma-separated, indexed by RANK;
 - ``E2E_BATCHES``: every rank's batch (one global batch per step, cut as ``ctx.shard`` cuts it, so
