@@ -1,7 +1,7 @@
 """The ``--model SPEC`` of ``hgtrain bench``: which model to time, and how to load it on a node.
 
-SPEC is ``TARGET:FACTORY[@BS,BS,...]`` or a built-in name (``mlp``; ``example``: the model
-``hgcli.examples.train`` trains):
+SPEC is ``TARGET:FACTORY[@BS,BS,...]`` or a built-in name (``mlp``; ``example``: the MLP
+``hgcli.examples.train_mlp`` trains):
 - TARGET is a module (``mypkg.models``, importable on the node) or a file (``path/to/file.py``,
   present at that path on every node, relative to the node's working directory).
 - FACTORY is a function of no arguments returning ``(model, make_batch)`` or
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 BUILTIN = {"mlp": "hgcli.examples.models:mlp", "example": "hgcli.examples.models:example"}
-DEFAULT_SPEC = "example"   # what the main job (hgcli.examples.train) trains, so its plan fits it
+DEFAULT_SPEC = "example"   # the MLP of hgcli.examples.train_mlp (not yet the ResNet main job's model)
 
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
