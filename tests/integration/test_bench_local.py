@@ -134,6 +134,6 @@ def test_cli_bench_human_output_without_torch_in_the_controller(two_nodes):
 
 def test_malformed_model_spec_is_a_usage_error_before_any_node_runs(two_nodes, capsys):
     path, cluster = two_nodes
-    assert main(["bench", "-c", str(path), "--model", "resnet"]) == 2
+    assert main(["bench", "-c", str(path), "--model", "resnet50"]) == 2
     assert "expected MODULE:FACTORY" in capsys.readouterr().err
     assert load_profiles(cluster.fingerprint()) is None

@@ -1,7 +1,8 @@
 """The ``--model SPEC`` of ``hgtrain bench``: which model to time, and how to load it on a node.
 
-SPEC is ``TARGET:FACTORY[@BS,BS,...]`` or a built-in name (``mlp``; ``example``: the MLP
-``hgcli.examples.train_mlp`` trains):
+SPEC is ``TARGET:FACTORY[@BS,BS,...]`` or a built-in name (``example``, the default: the ResNet the
+bundled example ``hgcli.examples.train`` trains; ``example-mlp``: the MLP ``hgcli.examples.train_mlp``
+trains; ``mlp``: a 784-512-512-10 MLP):
 - TARGET is a module (``mypkg.models``, importable on the node) or a file (``path/to/file.py``,
   present at that path on every node, relative to the node's working directory).
 - FACTORY is a function of no arguments returning ``(model, make_batch)`` or
@@ -21,8 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-BUILTIN = {"mlp": "hgcli.examples.models:mlp", "example": "hgcli.examples.models:example"}
-DEFAULT_SPEC = "example"   # the MLP of hgcli.examples.train_mlp (not yet the ResNet main job's model)
+BUILTIN = {"mlp": "hgcli.examples.models:mlp", "example": "hgcli.examples.resnet:spec",
+           "example-mlp": "hgcli.examples.models:example"}
+# The workload that will run when the user names none: the main job's model, so the plan's batches
+# fit the step time the job will see (a tiny model's flat time(batch) would favour tiny batches).
+DEFAULT_SPEC = "example"
 
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
