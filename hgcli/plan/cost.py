@@ -113,8 +113,11 @@ class Option:
     accumulate: tuple[int, ...]
     ps_nodes: tuple[int, ...]             # node index of each PS rank
     staleness: int
-    samples_per_s: float
+    samples_per_s: float                  # the whole run's: every group's samples over the run
     summary: str
+    # Each group's samples/s while it runs (its own steps, in ``groups`` order): what the launch
+    # summary measures per group. Their sum exceeds ``samples_per_s`` where groups' steps differ.
+    group_rates: tuple[float, ...] = ()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -273,7 +276,7 @@ class CostModel:
         crowded = self._crowding(busy)
         rate = self.global_batch / ((step + comm) * max(crowded.values(), default=1.0))
         return Option(Strategy.ALLREDUCE, (members,), (1,), (), 0, rate,
-                       f"one all-reduce group of {len(members)}")
+                       f"one all-reduce group of {len(members)}", (rate,))
 
     def _member_time(self, i: int, members: int) -> float:
         """Device ``i``'s step at its batch as a member of a group of ``members``: an emulated device
@@ -305,7 +308,7 @@ class CostModel:
             if len(groups) == 1:
                 one = self.allreduce()
                 candidates.append(Option(strategy, one.groups, one.accumulate, (), 0, one.samples_per_s,
-                                          "a single group: no parameter servers"))
+                                          "a single group: no parameter servers", one.group_rates))
             else:
                 candidates.extend(self._with_ps(strategy, groups))
         best = candidates[0]
@@ -375,7 +378,14 @@ class CostModel:
                 windows = self._windows(groups, stats, accumulate, syncs, exchange, node_share, count)
                 slowest = max(windows)
             windows = [max(w, slowest / ahead) for w in windows]
-        rate = sum(acc * s.samples / w for s, acc, w in zip(stats, accumulate, windows))
+        # Every worker runs the same number of steps per epoch (ctx.sampler: each step's batches are
+        # one block of the epoch's permutation), so a group whose steps are shorter finishes its share
+        # first and waits in ctx.finish() while the others run: over the run, every group's samples
+        # per step over the slowest group's time per step. Its own rate while running is what the
+        # launch summary measures per group.
+        step_s = [w / acc for w, acc in zip(windows, accumulate)]
+        group_rates = tuple(s.samples / t for s, t in zip(stats, step_s))
+        rate = sum(s.samples for s in stats) / max(step_s)
         total_pushes = sum(1.0 / w for w in windows)
         slowest = 1.0 / max(windows)
         staleness = self.job.staleness
@@ -385,7 +395,8 @@ class CostModel:
         # every group could be waiting for another. A lower --staleness is raised to that floor.
         staleness = max(staleness, len(groups) - 1)
         where = "a PS on every node" if count == len(self.ps_order) > 1 else f"{count} PS rank(s)"
-        return Option(strategy, groups, accumulate, ps_nodes, staleness, rate, f"{len(groups)} groups, {where}")
+        return Option(strategy, groups, accumulate, ps_nodes, staleness, rate, f"{len(groups)} groups, {where}",
+                      group_rates)
 
     def _windows(self, groups: tuple[tuple[int, ...], ...], stats: list[GroupStats], accumulate: tuple[int, ...],
                  syncs: list[float], exchange: dict[int, float], node_share: dict[int, float],

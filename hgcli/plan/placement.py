@@ -612,6 +612,7 @@ def _build_plan(option: Option, devices: list[Device], batches: list[int], node_
         ranks.append(RankPlan(rank=len(ranks), role=Role.PS, node=node_names[node], device="cpu",
                               local_rank=next_local(node)))
         shards.append(ranks[-1].rank)
+    group_rates = {str(gid): option.group_rates[g] for gid, g in enumerate(order)} if option.group_rates else {}
     return Plan(strategy=option.strategy, world_size=len(ranks), groups=tuple(groups), ranks=tuple(ranks),
-                predicted_samples_per_s=predicted, global_batch=global_batch, cluster=cluster, reason=reason,
+                predicted_samples_per_s=predicted, predicted_group_samples_per_s=group_rates, global_batch=global_batch, cluster=cluster, reason=reason,
                 staleness_bound=option.staleness if shards else 0, ps_shards=tuple(shards), model=model)

@@ -336,8 +336,9 @@ class Plan:
     ps_shards: tuple[int, ...] = ()  # PS ranks, in shard order
     model: ModelSpec | None = None
     version: int = SCHEMA_VERSION
-    # The cost model's samples/s of each group of the chosen layout, by group id ("0", "1", ...).
-    # Optional and additive: plans that do not carry it (older files, a planner that does not fill
+    # The cost model's samples/s of each group of the chosen layout while that group runs, by group
+    # id ("0", "1", ...); groups whose steps are shorter wait at the end, so these can sum to more
+    # than the strategy's figure in predicted_samples_per_s. Optional and additive: plans that do not carry it (older files, a planner that does not fill
     # it) get a figure derived from the total in the launch summary (hgcli/launch/metrics.py).
     predicted_group_samples_per_s: dict[str, float] = field(default_factory=dict)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -157,8 +158,13 @@ def test_a_low_staleness_bound_is_kept_by_pushing_larger_or_waiting():
     assert tight.predicted_samples_per_s["hybrid"] <= free.predicted_samples_per_s["hybrid"]
     ps_free = make_plan(inventory, profiles, JobSpec(strategy=Strategy.PS, global_batch=256))
     ps_tight = make_plan(inventory, profiles, JobSpec(strategy=Strategy.PS, global_batch=256, staleness=3))
-    # every ps worker pushes each step: the fast ones wait for the slow ones to stay within S
-    assert ps_tight.predicted_samples_per_s["ps"] < ps_free.predicted_samples_per_s["ps"]
+    # every ps worker pushes each step: the fast ones wait for the slow ones to stay within S, which
+    # slows their own steps; the run's rate is the slowest worker's steps either way (equal steps
+    # per epoch), so the fast ones only wait sooner
+    fast = [str(g.id) for g in ps_free.groups if ps_free.rank(g.ranks[0]).speed == 1.0]
+    assert fast and all(ps_tight.predicted_group_samples_per_s[g] < ps_free.predicted_group_samples_per_s[g]
+                        for g in fast)
+    assert ps_tight.predicted_samples_per_s["ps"] == pytest.approx(ps_free.predicted_samples_per_s["ps"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,3 +264,22 @@ def test_a_clear_four_times_difference_still_splits_one_model(data, pick, widen,
     plan = make_plan(inventory, noisy, JobSpec(strategy=Strategy.HYBRID, global_batch=global_batch))
     for g in plan.groups:
         assert len({(plan.rank(r).node, plan.rank(r).device) in slow for r in g.ranks}) == 1
+
+
+def test_groups_whose_steps_are_shorter_wait_for_the_slowest_so_the_run_is_priced_by_it():
+    """Every worker runs the same number of steps per epoch: where the slow devices' fixed cost alone
+    outlasts a fast step (the quick MLP profile), the fast group waits at the end. The run's
+    prediction is every group's samples per step over the slowest group's step; each group's own
+    rate while it runs is in the plan for the launch summary."""
+    inventory, profiles = quick_default_cluster()
+    plan = make_plan(inventory, profiles, JobSpec(strategy=Strategy.HYBRID, global_batch=128, model=EXAMPLE))
+    own = plan.predicted_group_samples_per_s
+    assert sorted(own) == [str(g.id) for g in plan.groups] and len(own) == 2
+    samples = {str(g.id): sum(plan.rank(r).batch_size for r in g.ranks) for g in plan.groups}
+    step = {g: samples[g] / own[g] for g in own}
+    assert max(step.values()) > 1.4 * min(step.values())        # the steps cannot be equalized here
+    whole = plan.predicted_samples_per_s["hybrid"]
+    assert whole == pytest.approx(sum(samples.values()) / max(step.values()))
+    assert whole < 0.75 * sum(own.values())                      # not every group busy throughout
+    allreduce = make_plan(inventory, profiles, JobSpec(strategy=Strategy.ALLREDUCE, global_batch=128, model=EXAMPLE))
+    assert allreduce.predicted_group_samples_per_s == {"0": allreduce.predicted_samples_per_s["allreduce"]}
