@@ -27,6 +27,7 @@ INSTALL = "pip install 'hgtrain[report]'"
 FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf", ".html": "html"}
 SIZE_IN = (15.0, 8.4)
 DPI = 80   # 1200 x 672 pixels: sharp on a screen, well under 200 KB as a PNG
+LOG_RATIO = 20.0   # throughput drawn on a log scale when its largest value is this many times its smallest
 
 
 def format_of(path: Path) -> str:
@@ -92,8 +93,16 @@ def _figure(record: JobRecord, points: list[Point]) -> Any:
         job_predicted = _series(points, "throughput/predicted").get("job")
         if job_predicted:
             ax.axhline(job_predicted[-1].value, color="black", linestyle="--", linewidth=1.2)
-    ax.set(title="Throughput per group (dashed: the plan's prediction)", xlabel="seconds", ylabel="samples/s")
-    ax.set_ylim(bottom=0)
+    title = "Throughput (dashed: the plan's prediction)"
+    drawn = [y for line in ax.get_lines() for y in line.get_ydata() if y > 0]
+    if drawn and max(drawn) > LOG_RATIO * min(drawn):
+        # a prediction far from the measurement (a bench of another model) would flatten the
+        # measured lines against zero: a log scale keeps both readable
+        ax.set_yscale("log")
+        title += ", log scale"
+    else:
+        ax.set_ylim(bottom=0)
+    ax.set(title=title, xlabel="seconds", ylabel="samples/s")
 
     loss = _series(points, "loss")
     by_samples = _series(points, "loss_by_samples")

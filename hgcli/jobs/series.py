@@ -12,8 +12,8 @@ in file order (the order the controller received them). A point belongs to a *ru
   ``throughput/samples_per_s`` and beside it the plan's ``throughput/predicted``; ``loss_by_samples``
   whose step is the samples the group has trained on; ``staleness`` of the group's pushes;
 * the job, at most once per second of the ranks' clocks (step = seconds since the first record):
-  the total ``throughput/samples_per_s`` with the plan's ``throughput/predicted`` and ``ideal``;
-  and every ``accuracy/<event>``.
+  the total ``throughput/samples_per_s`` (of the groups that stepped in the last ``WINDOW_S``)
+  with the plan's ``throughput/predicted`` and ``ideal``; and every ``accuracy/<event>``.
 
 Pure Python (no torch, no numpy): the controller imports it.
 """
@@ -63,7 +63,7 @@ class Series:
         self._pending: dict[str, dict[int, dict[int, tuple[float | None, float | None, float, float]]]] = {
             g: {} for g in self._members}
         self._group_samples: dict[str, float] = collections.defaultdict(float)
-        self._group_rate: dict[str, float] = {}
+        self._group_rate: dict[str, tuple[float, float]] = {}   # group -> (its last rate, when)
         self._group_predicted, _ = group_predictions(plan)
         self._predicted, self._ideal = predictions(plan)
         self._start: float | None = None
@@ -143,7 +143,7 @@ class Series:
         rates = [m[1] for m in members.values()]
         if all(r is not None for r in rates):
             rate = sum(r for r in rates if r is not None)
-            self._group_rate[group] = rate
+            self._group_rate[group] = (rate, at)
             out.append(Point(run, "throughput/samples_per_s", rate, step, at))
             predicted = self._group_predicted.get(group)
             if predicted is not None:
@@ -157,7 +157,9 @@ class Series:
         if second <= self._job_second or len(self._group_rate) < len(self._members):
             return []
         self._job_second = second
-        out = [Point("job", "throughput/samples_per_s", sum(self._group_rate.values()), second, at)]
+        # a group that has stopped stepping (done with its share, or failed) no longer adds to the total
+        total = sum(rate for rate, when in self._group_rate.values() if when >= at - WINDOW_S)
+        out = [Point("job", "throughput/samples_per_s", total, second, at)]
         for tag, value in (("throughput/predicted", self._predicted), ("throughput/ideal", self._ideal)):
             if value is not None:
                 out.append(Point("job", tag, value, second, at))

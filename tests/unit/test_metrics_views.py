@@ -34,8 +34,8 @@ def read_runs(root):
 
 @pytest.fixture
 def job(tmp_path, monkeypatch):
-    """Group 0 (ranks 0, 1) steps every 0.5 s with 8 samples each: 16/s per rank, 32/s for the group;
-    group 1 (rank 2) every 1 s: 8/s. Rank 3 is the PS; rank 0 evaluates twice."""
+    """Group 0 (ranks 0, 1) steps every 0.5 s with 8 samples each for 10 s: 16/s per rank, 32/s for
+    the group; group 1 (rank 2) every 1 s for 32 s: 8/s. Rank 3 is the PS; rank 0 evaluates twice."""
     monkeypatch.setenv("HGTRAIN_STATE_DIR", str(tmp_path / "state"))
     cluster = local_cluster(("a",))
     plan = dataclasses.replace(make_plan(cluster, (("a", "a"), ("a",)), ps=("a",), predicted=40.0),
@@ -49,6 +49,7 @@ def job(tmp_path, monkeypatch):
         for rank in (0, 1):
             rows.append((100 + 0.5 * step, rank, {"group": 0, "step": step, "loss": 2.0 - 0.05 * step + rank * 0.1,
                                                   "samples": 8}))
+    for step in range(STEPS + 12):   # group 1 goes on for 22 s after group 0 has finished
         rows.append((100 + 1.0 * step, 2, {"group": 1, "step": step, "loss": 2.5 - 0.05 * step, "samples": 8}))
     for version, staleness in enumerate(STALENESS, 1):
         rows.append((100.2 + version, 3, {"role": "ps", "event": "ps_push", "shard": 0, "group": version % 2,
@@ -78,13 +79,16 @@ def test_tensorboard_files_hold_rates_predictions_loss_accuracy_and_staleness(jo
     assert group0["loss"][3] == (3, pytest.approx(2.0 - 0.15 + 0.05))
     assert [s for s, _ in group0["loss_by_samples"]] == [16 * (s + 1) for s in range(STEPS)]
     assert runs["rank0"]["loss"][0] == (0, 2.0)
-    # the job: total rate against the plan's total and ideal, at most once per second of the run
+    # the job: total rate against the plan's total and ideal, at most once per second of the run; a
+    # group that stopped stepping 10 s ago no longer counts
     steps = [s for s, _ in job_run["throughput/samples_per_s"]]
-    assert steps == sorted(set(steps)) and {v for _, v in job_run["throughput/samples_per_s"]} == {40.0}
+    total = dict(job_run["throughput/samples_per_s"])
+    assert steps == sorted(set(steps)) and {v for v in total.values()} == {40.0, 8.0}
+    assert total[1] == 40.0 and total[19] == 40.0 and total[20] == 8.0 and total[31] == 8.0
     assert {v for _, v in job_run["throughput/predicted"]} == {40.0}
     assert {v for _, v in job_run["throughput/ideal"]} == {50.0}
     assert job_run["accuracy/eval"] == [(10, 0.5), (20, 0.75)]
-    assert job_run["accuracy/final"] == [(STEPS - 1, pytest.approx(0.8))]
+    assert job_run["accuracy/final"] == [(STEPS - 1, pytest.approx(0.8))]   # rank 0's last step
     # every push's staleness on the PS rank (stepped by version) and on the group that pushed
     assert runs["rank3"]["staleness"] == [(v, s) for v, s in enumerate(STALENESS, 1)]
     assert [v for _, v in group0["staleness"]] == STALENESS[1::2]
