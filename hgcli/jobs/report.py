@@ -165,7 +165,7 @@ def _summary(ax: Any, record: JobRecord, rates: dict[str, list[Point]], predicte
     plan = record.plan
     lines = [(f"strategy {plan.strategy.value}, {len(plan.workers)} workers, {len(plan.ps_shards)} "
               f"parameter server(s); {record.state.value}", "black"), ("", "black"), ("samples/s   measured   predicted", "black")]
-    for run in groups + (["job"] if "job" in rates else []):
+    for run in groups + (["job"] if "job" in rates and len(groups) > 1 else []):
         late = [p.value for p in rates.get(run, [])[len(rates.get(run, [])) // 2:]]
         want = predicted.get(run)
         cells = [f"{sum(late) / len(late):.1f}" if late else "-", f"{want[-1].value:.1f}" if want else "-"]
