@@ -137,3 +137,20 @@ def test_bad_outputs_are_refused_in_one_line(job, tmp_path, capsys):
     assert main(["report", JOB, "-o", str(tmp_path / "run.jpg")]) == 2
     assert ".png, .svg, .pdf or .html" in capsys.readouterr().err
     assert main(["report", "hg-nope", "-o", str(tmp_path / "run.png")]) == 6
+
+
+def test_the_controller_draws_and_writes_without_importing_torch(job, tmp_path):
+    """tensorboardX's SummaryWriter would import torch whenever it is installed (4 s): the writer used
+    is tensorboard's own, and matplotlib draws without it."""
+    import os
+    import subprocess
+
+    script = ("import sys; from hgcli.cli import main; "
+              f"assert main(['metrics', {JOB!r}, '--format', 'tensorboard', '-o', {str(tmp_path / 'tb')!r}]) == 0; "
+              f"assert main(['report', {JOB!r}, '-o', {str(tmp_path / 'run.svg')!r}]) == 0; "
+              "print(sorted(m for m in ('torch', 'tensorflow') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+    assert (tmp_path / "run.svg").read_text().lstrip().startswith("<?xml")
