@@ -6,8 +6,9 @@ in file order (the order the controller received them). A point belongs to a *ru
 ``group0``, ``job``: one TensorBoard run each) and has a *tag*:
 
 * ranks: ``loss`` and ``throughput/samples_per_s`` per training step (the rate over the rank's
-  last ``WINDOW_S`` seconds, by its own clock), ``accuracy/<event>`` for records with an accuracy,
-  and on a parameter server ``staleness`` of each push it applied (its ``ps_push`` records);
+  last ``WINDOW_S`` seconds, by its own clock), ``accuracy/<event>`` for records with an accuracy
+  (also in the rank's group and the job), and on a parameter server ``staleness`` of each push it
+  applied (its ``ps_push`` records);
 * groups, once every rank of the group has logged a step: the mean ``loss``, the summed
   ``throughput/samples_per_s`` and beside it the plan's ``throughput/predicted``; ``loss_by_samples``
   whose step is the samples the group has trained on; ``staleness`` of the group's pushes;
@@ -87,7 +88,8 @@ class Series:
             step = _number(data.get("step"))
             step_i = int(step) if step is not None else (state.step if state else 0)
             tag = f"accuracy/{data.get('event') or 'value'}"
-            out += [Point(f"rank{rank}", tag, accuracy, step_i, at), Point("job", tag, accuracy, step_i, at)]
+            runs = [f"rank{rank}", "job"] + ([group_run(state.group)] if state else [])
+            out += [Point(run, tag, accuracy, step_i, at) for run in runs]
         staleness = _number(data.get("staleness"))
         if data.get("event") == "ps_push" and staleness is not None:
             version = int(_number(data.get("version")) or 0)

@@ -87,7 +87,9 @@ def test_tensorboard_files_hold_rates_predictions_loss_accuracy_and_staleness(jo
     assert total[1] == 40.0 and total[19] == 40.0 and total[20] == 8.0 and total[31] == 8.0
     assert {v for _, v in job_run["throughput/predicted"]} == {40.0}
     assert {v for _, v in job_run["throughput/ideal"]} == {50.0}
-    assert job_run["accuracy/eval"] == [(10, 0.5), (20, 0.75)]
+    assert job_run["accuracy/eval"] == group0["accuracy/eval"] == runs["rank0"]["accuracy/eval"] == [(10, 0.5),
+                                                                                                   (20, 0.75)]
+    assert "accuracy/eval" not in group1
     assert job_run["accuracy/final"] == [(STEPS - 1, pytest.approx(0.8))]   # rank 0's last step
     # every push's staleness on the PS rank (stepped by version) and on the group that pushed
     assert runs["rank3"]["staleness"] == [(v, s) for v, s in enumerate(STALENESS, 1)]
@@ -154,3 +156,19 @@ def test_the_controller_draws_and_writes_without_importing_torch(job, tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
     assert (tmp_path / "run.svg").read_text().lstrip().startswith("<?xml")
+
+
+def test_live_files_that_cannot_be_written_are_a_notice_and_the_events_go_on(job, tmp_path):
+    from hgcli.jobs.tensorboard import LiveEvents
+    from hgcli.launch.events import Metric, Notice
+
+    (tmp_path / "file").write_text("x")
+    seen = []
+    live = LiveEvents(tmp_path / "file" / "tb", JOB)   # below a file: no directory can be made
+    on_event = live.wrap(seen.append)
+    live.begin(job.plan)
+    for step in range(3):
+        on_event(Metric(JOB, 0, "a", "worker", {"time": 100.0 + step, "step": step, "loss": 1.0, "samples": 8}))
+    assert [type(e) for e in seen] == [Notice, Metric, Metric, Metric]   # said once; every metric shown
+    assert "TensorBoard files no longer written" in seen[0].message and str(tmp_path / "file") in seen[0].message
+    live.close()
