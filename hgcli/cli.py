@@ -202,13 +202,16 @@ def plan(cluster_file: Path | None, strategy: str, global_batch: int | None, ps_
               help="PS ranks checkpoint every N updates (0: not on a count).")
 @click.option("--checkpoint-seconds", type=click.FloatRange(min=0), default=60.0, show_default=True,
               help="PS ranks checkpoint every T seconds (0: not on a clock).")
+@click.option("--tensorboard", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
+              help="Write TensorBoard event files of the metrics to DIR/JOB while the job runs "
+                   "(pip install 'hgtrain[tensorboard]').")
 @json_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def launch(ctx: click.Context, cluster_file: Path | None, plan_file: Path | None, strategy: str,
            global_batch: int | None, env: tuple[str, ...], env_file: Path | None, ranks: str | None,
            detach: bool, grace_s: float, heartbeat_timeout_s: float, restarts: int, checkpoint_every: int,
-           checkpoint_seconds: float, as_json: bool, command: tuple[str, ...]) -> None:
+           checkpoint_seconds: float, tensorboard: Path | None, as_json: bool, command: tuple[str, ...]) -> None:
     """Start the plan's ranks on the nodes and stream their logs and metrics.
 
     \b
@@ -227,7 +230,7 @@ def launch(ctx: click.Context, cluster_file: Path | None, plan_file: Path | None
         job=JobSpec(strategy=Strategy(strategy), global_batch=global_batch), env=env, env_file=env_file,
         detach=detach, grace_s=grace_s, heartbeat_timeout_s=heartbeat_timeout_s, restarts=restarts,
         checkpoint_every=checkpoint_every, checkpoint_seconds=checkpoint_seconds,
-        console_may_skip=sys.stdout.isatty() and not as_json)
+        console_may_skip=sys.stdout.isatty() and not as_json, tensorboard=tensorboard)
     result = run_launch(request, make_sink(as_json=as_json, ranks=shown))
     ctx.exit(result.exit_code)
 
@@ -306,25 +309,40 @@ def logs(job: str, follow: bool, ranks: str | None, as_json: bool) -> None:
 
 @cli.command()
 @click.argument("job")
-@click.option("--format", "fmt", type=click.Choice(["csv", "jsonl"]), default="csv", show_default=True,
-              help="CSV (one column per metric) or JSON lines as the ranks logged them.")
+@click.option("--format", "fmt", type=click.Choice(["csv", "jsonl", "tensorboard"]), default="csv",
+              show_default=True, help="CSV (one column per metric), JSON lines as the ranks logged them, or "
+                                      "TensorBoard event files (a directory: -o DIR).")
 @ranks_option("Only these ranks, e.g. 0,2-3.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write to this file (replaced whole) instead of stdout.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="Write to this file (replaced whole) instead of stdout; with --format tensorboard the "
+                   "directory to write DIR/JOB/<run>/ event files in.")
 def metrics(job: str, fmt: str, ranks: str | None, output: Path | None) -> None:
-    """Export a job's metrics (ctx.log records) as CSV or JSON lines.
+    """Export a job's metrics (ctx.log records) as CSV, JSON lines or TensorBoard event files.
 
     \b
     hgtrain metrics JOB > metrics.csv
     hgtrain metrics JOB --ranks 0 --format jsonl
+    hgtrain metrics JOB --format tensorboard -o runs && tensorboard --logdir runs
     """
     from .jobs import records as jobs
     from . import state
     from .jobs.logs import parse_ranks
     from .jobs.export import read_metrics, to_csv, to_jsonl
 
+    if fmt == "tensorboard":
+        from .jobs.tensorboard import require_writer
+
+        require_writer()   # a missing extra says so before anything is read
+        if output is None:
+            raise UsageError("--format tensorboard writes a directory of event files: give it with -o DIR")
     record = jobs.load(job)
     rows = read_metrics(record, parse_ranks(ranks, record) if ranks else None)
+    if fmt == "tensorboard":
+        from .jobs.tensorboard import export
+
+        assert output is not None
+        click.echo(f"wrote TensorBoard event files to {export(record, rows, output)}", err=True)
+        return
     text = to_csv(rows) if fmt == "csv" else to_jsonl(rows)
     if output is None:
         click.echo(text, nl=False)
@@ -333,6 +351,32 @@ def metrics(job: str, fmt: str, ranks: str | None, output: Path | None) -> None:
         state.atomic_write(output, text, mode=0o644)
     except OSError as exc:
         raise UsageError(f"cannot write {output}: {exc.strerror or exc}") from exc
+
+
+@cli.command()
+@click.argument("job")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="The picture: .png, .svg, .pdf, or .html (the PNG inside one page).")
+@ranks_option("Only these ranks' metrics, e.g. 0,2-3.")
+def report(job: str, output: Path, ranks: str | None) -> None:
+    """Draw a job's run: throughput per group against the plan, loss, accuracy, staleness.
+
+    \b
+    hgtrain report JOB -o run.png
+    Needs matplotlib: pip install 'hgtrain[report]'. See docs/cli.md.
+    """
+    from .jobs.report import format_of, require_matplotlib, write_report
+
+    fmt = format_of(output)
+    require_matplotlib()
+    from .jobs import records as jobs
+    from .jobs.logs import parse_ranks
+    from .jobs.export import read_metrics
+
+    record = jobs.load(job)
+    rows = read_metrics(record, parse_ranks(ranks, record) if ranks else None)
+    write_report(record, rows, output, fmt)
+    click.echo(f"wrote {output}", err=True)
 
 
 @cli.command()

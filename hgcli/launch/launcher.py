@@ -59,6 +59,7 @@ class LaunchRequest:
     # A human terminal cannot read a flood anyway: past a backlog it is shown a count instead of the
     # lines (all are in the rank files). Scripts, pipes and --json readers get every line.
     console_may_skip: bool = False
+    tensorboard: Path | None = None        # write TensorBoard event files of the metrics here, live
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -71,6 +72,9 @@ class LaunchRequest:
             raise UsageError("--restarts, --checkpoint-every and --checkpoint-seconds must be >= 0")
         if self.restarts and self.detach:
             raise UsageError("--restarts needs hgtrain to stay attached: it cannot be used with --detach")
+        if self.tensorboard is not None and self.detach:
+            raise UsageError("--tensorboard needs hgtrain to stay attached (a detached job's metrics reach "
+                             "no controller): it cannot be used with --detach")
 
     @property
     def heartbeat_interval_s(self) -> float:
@@ -186,13 +190,23 @@ def launch(request: LaunchRequest, on_event: Callable[[Event], None]) -> LaunchR
     environ = dict(os.environ)
     env = user_env(request, environ)
     job_id = jobs.new_job_id()
+    live = None
+    if request.tensorboard is not None:   # before anything starts: a missing package fails first
+        from ..jobs.tensorboard import LiveEvents
+
+        live = LiveEvents(request.tensorboard, job_id)
+        on_event = live.wrap(on_event)
     dispatcher = Dispatcher(on_event, may_skip=request.console_may_skip)
     try:
         plan = _plan(request, dispatcher.put, job_id)
+        if live is not None:
+            live.begin(plan)   # before the job starts, so before its first metric
         master_addr = master_address(plan, request.cluster)
         return _run(request, plan, job_id, env, master_addr, dispatcher.put)
     finally:
         dispatcher.close()
+        if live is not None:
+            live.close()
         if dispatcher.error is not None and not isinstance(dispatcher.error, BrokenPipeError):
             raise dispatcher.error
 
