@@ -49,6 +49,7 @@ class LaunchRequest:
     job: JobSpec = field(default_factory=JobSpec)
     env: tuple[str, ...] = ()              # --env NAME=VALUE, in order
     env_file: Path | None = None
+    secret_env: tuple[str, ...] = ()       # --secret-env NAME: values kept out of every record
     detach: bool = False
     grace_s: float = 10.0                  # SIGTERM -> SIGKILL on every rank when stopping
     heartbeat_timeout_s: float = 30.0      # a silent node is lost after this long (both directions)
@@ -111,6 +112,17 @@ def master_address(plan: Plan, cluster: Cluster) -> str:
                          f"{', '.join(remote)} cannot reach as 127.0.0.1: declare this machine by an "
                          "address they reach (host = \"10.0.0.5\") instead of localhost")
     return "127.0.0.1"
+
+
+def bind_address(node: NodeSpec, plan: Plan, cluster: Cluster) -> str | None:
+    """Where ``node``'s ranks listen (gloo, NCCL, TensorPipe): the address its peers reach it by.
+    All ranks on this machine: loopback. A ``localhost`` node beside remote nodes has no address
+    hgtrain knows its peers use: torch's own choice (the host name's address) stays."""
+    if not node.is_local:
+        return node.address
+    if all(cluster.node(r.node).is_local for r in plan.ranks):
+        return "127.0.0.1"
+    return None
 
 
 def _plan(request: LaunchRequest, emit: Callable[[Event], None], job_id: str) -> Plan:
@@ -248,6 +260,8 @@ class _Attempt:
     interrupt: Interrupt
     transports: dict[str, Transport]
     checkpoint_dirs: dict[str, str] = field(default_factory=dict)
+    # The job's rendezvous secret (runtime/netbind.py): in the agents' specs only, never in a record.
+    token: str = field(default_factory=lambda: os.urandom(16).hex())
 
     def run(self, number: int) -> Outcome:
         request, plan, emit = self.request, self.plan, self.emit
@@ -276,7 +290,8 @@ class _Attempt:
                                    jobs_root=request.jobs_root, grace_s=request.grace_s,
                                    heartbeat_interval_s=request.heartbeat_interval_s,
                                    heartbeat_timeout_s=request.heartbeat_timeout_s, detach=request.detach,
-                                   checkpoint=policy)
+                                   checkpoint=policy, token=self.token, secret=request.secret_env,
+                                   bind_addr=bind_address(request.cluster.node(n), plan, request.cluster))
                      for n in node_names}
             predicted, ideal = predictions(plan)
             if number == 0:
