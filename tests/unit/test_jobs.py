@@ -78,3 +78,28 @@ def test_a_record_whose_id_is_not_its_directory_is_refused(private_state_dir):
     os.rename(private_state_dir / "jobs" / "hg-a", private_state_dir / "jobs" / "hg-b")
     with pytest.raises(StateError, match="the record is of job 'hg-a', not 'hg-b'"):
         jobs.load("hg-b")
+
+
+def test_an_existing_state_dir_keeps_its_mode_and_a_shared_one_is_refused(tmp_path, monkeypatch):
+    """``HGTRAIN_STATE_DIR=/tmp`` used to chmod /tmp to 0700 (for everyone)."""
+    from hgcli import state
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    monkeypatch.setenv("HGTRAIN_STATE_DIR", str(shared))
+    with pytest.raises(StateError, match=r"writable by others \(mode 1777\)"):
+        state.state_dir()
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    os.chmod(mine, 0o755)
+    monkeypatch.setenv("HGTRAIN_STATE_DIR", str(mine / "a" / "b"))
+    assert state.state_dir() == mine / "a" / "b"
+    assert stat.S_IMODE(mine.stat().st_mode) == 0o755            # not created here: left alone
+    assert {stat.S_IMODE(d.stat().st_mode) for d in (mine / "a", mine / "a" / "b")} == {0o700}
+    if os.geteuid() == 0:
+        os.chown(mine, 65534, 65534)
+        monkeypatch.setenv("HGTRAIN_STATE_DIR", str(mine))
+        with pytest.raises(StateError, match="belongs to another user"):
+            state.state_dir()
