@@ -237,6 +237,10 @@ SSH_CONFIG = """
       HostName 10.1.0.9
       ProxyJump gpu1
 
+    Host tunnelled
+      HostName 10.1.0.7
+      ProxyCommand ssh -W %h:%p bastion
+
     Host loop1
       ProxyJump loop2
     Host loop2
@@ -276,6 +280,21 @@ def test_cluster_file_keys_win_over_ssh_config(tmp_path, ssh_config):
         """)).nodes
     assert (node.hostname, node.port, node.user, node.identity_file) == ("10.1.0.1", 22, "me", "/keys/mine")
     assert node.proxy_jump is None and node.jump is None
+
+
+def test_a_host_behind_proxy_command_is_refused_never_reached_directly(tmp_path, ssh_config):
+    """ProxyCommand used to be ignored: hgtrain connected to 10.1.0.7 itself, around the bastion."""
+    with pytest.raises(ConfigError) as info:
+        load_cluster(cluster_with(tmp_path, '[[nodes]]\nhost = "tunnelled"\n'))
+    message = str(info.value)
+    assert message.startswith(f"{tmp_path / 'c.toml'}:4: host 'tunnelled' is reached through ProxyCommand "
+                              "'ssh -W 10.1.0.7:22 bastion'"), message
+    assert str(ssh_config) in message and "ProxyJump" in message and "proxy_jump" in message
+    with pytest.raises(ConfigError, match="host 'tunnelled' is reached through ProxyCommand"):   # as a hop
+        load_cluster(cluster_with(tmp_path, '[[nodes]]\nhost = "a"\nproxy_jump = "tunnelled"\n'))
+    # The cluster file's own proxy_jump replaces the ssh config's way there, as ssh -J does.
+    node, = load_cluster(cluster_with(tmp_path, '[[nodes]]\nhost = "tunnelled"\nproxy_jump = "bastion"\n')).nodes
+    assert node.jump.host == "bastion" and node.hostname == "10.1.0.7"
 
 
 def test_defaults_count_as_written_in_the_file(tmp_path, ssh_config):
