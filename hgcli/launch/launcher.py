@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 import signal
 import threading
 import time
@@ -38,6 +39,7 @@ from .agentlink import AgentLink, Heartbeat, Inbound
 # PS checkpoints by default once a minute: cheap next to a minute of training, and bounds the work a
 # restart redoes; a count (--checkpoint-every) suits runs whose pace is known.
 DEFAULT_CHECKPOINT_S = 60.0
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RETRY_S = 2.0   # between two tries to prepare a node that failed on a restart
 
 
@@ -70,6 +72,10 @@ class LaunchRequest:
             raise UsageError("--heartbeat-timeout must be at least 1 second")
         if self.restarts < 0 or self.checkpoint_every < 0 or self.checkpoint_seconds < 0:
             raise UsageError("--restarts, --checkpoint-every and --checkpoint-seconds must be >= 0")
+        for name in self.secret_env:
+            if not _ENV_NAME.fullmatch(name):
+                raise UsageError(f"--secret-env: expected a variable name made of letters, digits and "
+                                 f"'_', got {name!r}")
         if self.restarts and self.detach:
             raise UsageError("--restarts needs hgtrain to stay attached: it cannot be used with --detach")
 
