@@ -84,14 +84,11 @@ def open_store(env: RankEnv, addr: str, port: int, timeout: datetime.timedelta) 
     """Rank 0 hosts the store on ``addr`` only: it binds the listening socket itself and gives it to
     torch (TCPStore would bind every interface). The job's keys sit under its token's prefix, so a
     client without the token sees and writes none of them."""
-    listener = netbind.listen_on(addr, port).detach() if env.rank == 0 else None
-    try:
-        base = dist.TCPStore(addr, port, env.world_size, is_master=env.rank == 0, timeout=timeout,
-                             wait_for_workers=False, multi_tenant=True, master_listen_fd=listener)
-    except BaseException:
-        if listener is not None:
-            os.close(listener)
-        raise
+    if env.rank == 0:
+        base = netbind.master_store(addr, port, env.world_size, timeout, wait_for_workers=False,
+                                    multi_tenant=True)
+    else:
+        base = dist.TCPStore(addr, port, env.world_size, is_master=False, timeout=timeout, multi_tenant=True)
     prefix = netbind.key_prefix(os.environ.get(netbind.TOKEN, ""))
     return dist.PrefixStore(prefix, base) if prefix else base
 

@@ -23,6 +23,11 @@ import ipaddress
 import os
 import socket
 import struct
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
 
 BIND_ADDR = "HGTRAIN_BIND_ADDR"
 TOKEN = "HGTRAIN_JOB_TOKEN"
@@ -89,6 +94,22 @@ def pin_interfaces(environ: dict[str, str] | None = None) -> str | None:
         if not env.get(var):
             env[var] = iface
     return iface
+
+
+def master_store(host: str, port: int, world_size: int, timeout: timedelta, **options: Any) -> "dist.TCPStore":
+    """A TCPStore master that listens on ``host`` only (``port`` 0: the kernel picks; ``store.port``
+    says which): the socket is bound here and handed over, as TCPStore has no bind address."""
+    import torch.distributed as dist
+
+    sock = listen_on(host, port)
+    port = sock.getsockname()[1]
+    fd = sock.detach()
+    try:
+        return dist.TCPStore(host, port, world_size, is_master=True, timeout=timeout, master_listen_fd=fd,
+                             **options)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def listen_on(host: str, port: int) -> socket.socket:
