@@ -190,6 +190,9 @@ def plan(cluster_file: Path | None, strategy: str, global_batch: int | None, ps_
               help="Set a variable on every rank (repeatable; beats --env-file).")
 @click.option("--env-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="NAME=VALUE lines to set on every rank.")
+@click.option("--secret-env", "secret_env", multiple=True, metavar="NAME",
+              help="This variable's value is secret: never written to a record or log (repeatable; "
+                   "names like *TOKEN*, *PASSWORD*, *KEY* and URL passwords are already).")
 @ranks_option("Show only these ranks' lines and metrics, e.g. 0,2-3 (all are saved).")
 @click.option("--detach", is_flag=True, help="Start the job and return its id at once.")
 @click.option("--grace", "grace_s", type=click.FloatRange(min=0), default=10.0, show_default=True,
@@ -209,9 +212,10 @@ def plan(cluster_file: Path | None, strategy: str, global_batch: int | None, ps_
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def launch(ctx: click.Context, cluster_file: Path | None, plan_file: Path | None, strategy: str,
-           global_batch: int | None, env: tuple[str, ...], env_file: Path | None, ranks: str | None,
-           detach: bool, grace_s: float, heartbeat_timeout_s: float, restarts: int, checkpoint_every: int,
-           checkpoint_seconds: float, tensorboard: Path | None, as_json: bool, command: tuple[str, ...]) -> None:
+           global_batch: int | None, env: tuple[str, ...], env_file: Path | None, secret_env: tuple[str, ...],
+           ranks: str | None, detach: bool, grace_s: float, heartbeat_timeout_s: float, restarts: int,
+           checkpoint_every: int, checkpoint_seconds: float, tensorboard: Path | None, as_json: bool,
+           command: tuple[str, ...]) -> None:
     """Start the plan's ranks on the nodes and stream their logs and metrics.
 
     \b
@@ -228,7 +232,7 @@ def launch(ctx: click.Context, cluster_file: Path | None, plan_file: Path | None
     request = LaunchRequest(
         cluster=load_cluster_arg(cluster_file), command=command, plan_file=plan_file,
         job=JobSpec(strategy=Strategy(strategy), global_batch=global_batch), env=env, env_file=env_file,
-        detach=detach, grace_s=grace_s, heartbeat_timeout_s=heartbeat_timeout_s, restarts=restarts,
+        secret_env=secret_env, detach=detach, grace_s=grace_s, heartbeat_timeout_s=heartbeat_timeout_s, restarts=restarts,
         checkpoint_every=checkpoint_every, checkpoint_seconds=checkpoint_seconds,
         console_may_skip=sys.stdout.isatty() and not as_json, tensorboard=tensorboard)
     result = run_launch(request, make_sink(as_json=as_json, ranks=shown))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
@@ -26,23 +27,37 @@ def state_dir() -> Path:
 
 
 def ensure_private_dir(path: Path) -> Path:
-    """``path`` and every directory this call creates on the way to it are 0700; existing parents
-    (``~``, ``~/.cache``) are left as they are."""
+    """``path``, with every directory this call creates on the way to it 0700. An existing directory
+    keeps its mode (``HGTRAIN_STATE_DIR=/tmp`` must not take /tmp from everyone, nor ``$HOME`` from a
+    web server), but one that another user owns or that group or others may write is refused: they
+    could replace the records hgtrain reads (a record names the cluster status and stop contact)."""
     try:
         missing = []
         here = path
         while not here.is_dir():
             missing.append(here)
             here = here.parent
+        if not missing:
+            _check_not_shared(path)
         # mkdir's mode is filtered by the umask (a umask of 000 would leave 0777 parents, as
         # mkdir(parents=True) and os.makedirs do) and ignored for existing dirs: set it explicitly.
         for directory in reversed(missing):
             directory.mkdir(mode=0o700, exist_ok=True)
             os.chmod(directory, 0o700)
-        os.chmod(path, 0o700)
     except OSError as exc:
         raise StateError(f"state directory {path}: {exc.strerror or exc}") from exc
     return path
+
+
+def _check_not_shared(path: Path) -> None:
+    st = path.stat()
+    if st.st_uid != os.geteuid():
+        raise StateError(f"state directory {path} belongs to another user (uid {st.st_uid}): hgtrain "
+                         "keeps its records in a directory of its own user only")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise StateError(f"state directory {path} is writable by others (mode {stat.S_IMODE(st.st_mode):04o}): "
+                         "hgtrain keeps its records in a private directory; point HGTRAIN_STATE_DIR "
+                         "at a directory of your own (it is created 0700)")
 
 
 def write_private(path: Path, text: str) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from ..errors import ConfigError
+from ..schema.names import RULE as NAME_RULE, valid_name
 from ..schema.stages import Cluster, EmulateSpec, HostKeyPolicy, NodeSpec, SshSettings
 from .nodelists import HostEntry, expand_nodelist, parse_hostfile, valid_host
 from .tomllines import TomlLines
@@ -205,9 +206,14 @@ def _read_private_text(path: Path, what: str) -> str:
         raise ConfigError(f"cannot read {what}: {exc.strerror or exc}", source=str(path)) from exc
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{what} is not UTF-8 text: {exc.reason}", source=str(path)) from exc
-    if st.st_mode & stat.S_IWOTH:
-        raise ConfigError(f"refusing a world-writable {what}: anyone on this machine could choose "
-                          f"the hosts hgtrain connects to; run: chmod o-w {path}", source=str(path))
+    if st.st_uid not in (os.geteuid(), 0):
+        raise ConfigError(f"refusing a {what} owned by another user (uid {st.st_uid}): whoever owns it "
+                          "chooses the hosts hgtrain connects to and what it runs there; use a copy of "
+                          "your own", source=str(path))
+    if st.st_mode & (stat.S_IWOTH | stat.S_IWGRP):
+        who = "world" if st.st_mode & stat.S_IWOTH else "group"
+        raise ConfigError(f"refusing a {who}-writable {what}: others could choose the hosts hgtrain "
+                          f"connects to; run: chmod go-w {path}", source=str(path))
     if parent.st_mode & stat.S_IWOTH and not parent.st_mode & stat.S_ISVTX:
         raise ConfigError(f"refusing a {what} in a world-writable directory ({path.resolve().parent}) "
                           "without the sticky bit: anyone could replace it", source=str(path))
@@ -282,6 +288,9 @@ def _finish(decls: list[_Decl], ssh: SshSettings, *, source: str) -> Cluster:
     nodes = []
     for decl in decls:
         name = decl.fields.get("name", decl.fields["host"])
+        if not valid_name(name):   # a host that is no valid name ("gpu:1", an IPv6 literal)
+            raise ConfigError(f"node name {name!r} is not a valid name ({NAME_RULE}); give the node "
+                              "a name = \"...\"", source=decl.source)
         if name in first_seen:
             raise ConfigError(f"duplicate node name {name!r} (first declared at {first_seen[name]}); "
                               "give one of them another name = \"...\"", source=decl.source)
@@ -386,8 +395,8 @@ def _host(f: _File, value: Any, at: KeyPath) -> str:
 
 def _name(f: _File, value: Any, at: KeyPath) -> str:
     name = _string(f, value, at)
-    if re.search(r"[\s/]", name):
-        raise f.error(at, f"{_keyname(at)}: {name!r} must not contain spaces or '/'")
+    if not valid_name(name):   # the node agent checks the same pattern (job directories, arguments)
+        raise f.error(at, f"{_keyname(at)}: {name!r} is not a valid node name ({NAME_RULE})")
     return name
 
 

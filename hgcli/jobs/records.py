@@ -9,7 +9,8 @@ import os
 import time
 from pathlib import Path
 
-from ..errors import JobError, StateError
+from ..errors import JobError, StateError, UsageError
+from ..schema.names import RULE as NAME_RULE, valid_name
 from ..schema.stages import JobRecord, from_dict, to_dict
 from ..state import ensure_private_dir, read_json, state_dir, write_json
 
@@ -24,10 +25,16 @@ def jobs_root() -> Path:
     return ensure_private_dir(state_dir() / "jobs")
 
 
+def check_job_id(job_id: str) -> str:
+    """A job id from the command line or a record: the node agent's name pattern, so an id is never a
+    path (``../../tmp/x``, ``/tmp/x``) whose record would choose the cluster that status/stop contact."""
+    if not valid_name(job_id):
+        raise UsageError(f"invalid job id {job_id!r}: job ids are {NAME_RULE} (see 'hgtrain status')")
+    return job_id
+
+
 def job_dir(job_id: str) -> Path:
-    if not job_id or "/" in job_id or job_id.startswith("."):
-        raise JobError(f"invalid job id {job_id!r}")
-    return ensure_private_dir(jobs_root() / job_id)
+    return ensure_private_dir(jobs_root() / check_job_id(job_id))
 
 
 def save(record: JobRecord) -> None:
@@ -35,14 +42,17 @@ def save(record: JobRecord) -> None:
 
 
 def load(job_id: str) -> JobRecord:
-    path = jobs_root() / job_id / "job.json"
+    path = jobs_root() / check_job_id(job_id) / "job.json"
     data = read_json(path)
     if data is None:
         raise JobError(f"no job {job_id!r} (see 'hgtrain status' for the jobs there are)")
     try:
-        return from_dict(JobRecord, data)
+        record = from_dict(JobRecord, data)
     except ValueError as exc:
         raise StateError(f"{path}: {exc}") from exc
+    if record.id != job_id:
+        raise StateError(f"{path}: the record is of job {record.id!r}, not {job_id!r}")
+    return record
 
 
 def list_jobs() -> list[JobRecord]:
@@ -51,7 +61,7 @@ def list_jobs() -> list[JobRecord]:
     for name in sorted(os.listdir(jobs_root()), reverse=True):
         try:
             records.append(load(name))
-        except (JobError, StateError):
+        except (JobError, StateError, UsageError):   # not a job's directory
             continue
     return records
 

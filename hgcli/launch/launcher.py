@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 import signal
 import threading
 import time
@@ -38,6 +39,7 @@ from .agentlink import AgentLink, Heartbeat, Inbound
 # PS checkpoints by default once a minute: cheap next to a minute of training, and bounds the work a
 # restart redoes; a count (--checkpoint-every) suits runs whose pace is known.
 DEFAULT_CHECKPOINT_S = 60.0
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RETRY_S = 2.0   # between two tries to prepare a node that failed on a restart
 
 
@@ -49,6 +51,7 @@ class LaunchRequest:
     job: JobSpec = field(default_factory=JobSpec)
     env: tuple[str, ...] = ()              # --env NAME=VALUE, in order
     env_file: Path | None = None
+    secret_env: tuple[str, ...] = ()       # --secret-env NAME: values kept out of every record
     detach: bool = False
     grace_s: float = 10.0                  # SIGTERM -> SIGKILL on every rank when stopping
     heartbeat_timeout_s: float = 30.0      # a silent node is lost after this long (both directions)
@@ -70,6 +73,10 @@ class LaunchRequest:
             raise UsageError("--heartbeat-timeout must be at least 1 second")
         if self.restarts < 0 or self.checkpoint_every < 0 or self.checkpoint_seconds < 0:
             raise UsageError("--restarts, --checkpoint-every and --checkpoint-seconds must be >= 0")
+        for name in self.secret_env:
+            if not _ENV_NAME.fullmatch(name):
+                raise UsageError(f"--secret-env: expected a variable name made of letters, digits and "
+                                 f"'_', got {name!r}")
         if self.restarts and self.detach:
             raise UsageError("--restarts needs hgtrain to stay attached: it cannot be used with --detach")
         if self.tensorboard is not None and self.detach:
@@ -115,6 +122,17 @@ def master_address(plan: Plan, cluster: Cluster) -> str:
                          f"{', '.join(remote)} cannot reach as 127.0.0.1: declare this machine by an "
                          "address they reach (host = \"10.0.0.5\") instead of localhost")
     return "127.0.0.1"
+
+
+def bind_address(node: NodeSpec, plan: Plan, cluster: Cluster) -> str | None:
+    """Where ``node``'s ranks listen (gloo, NCCL, TensorPipe): the address its peers reach it by.
+    All ranks on this machine: loopback. A ``localhost`` node beside remote nodes has no address
+    hgtrain knows its peers use: torch's own choice (the host name's address) stays."""
+    if not node.is_local:
+        return node.address
+    if all(cluster.node(r.node).is_local for r in plan.ranks):
+        return "127.0.0.1"
+    return None
 
 
 def _plan(request: LaunchRequest, emit: Callable[[Event], None], job_id: str) -> Plan:
@@ -262,6 +280,8 @@ class _Attempt:
     interrupt: Interrupt
     transports: dict[str, Transport]
     checkpoint_dirs: dict[str, str] = field(default_factory=dict)
+    # The job's rendezvous secret (runtime/netbind.py): in the agents' specs only, never in a record.
+    token: str = field(default_factory=lambda: os.urandom(16).hex())
 
     def run(self, number: int) -> Outcome:
         request, plan, emit = self.request, self.plan, self.emit
@@ -290,7 +310,8 @@ class _Attempt:
                                    jobs_root=request.jobs_root, grace_s=request.grace_s,
                                    heartbeat_interval_s=request.heartbeat_interval_s,
                                    heartbeat_timeout_s=request.heartbeat_timeout_s, detach=request.detach,
-                                   checkpoint=policy)
+                                   checkpoint=policy, token=self.token, secret=request.secret_env,
+                                   bind_addr=bind_address(request.cluster.node(n), plan, request.cluster))
                      for n in node_names}
             predicted, ideal = predictions(plan)
             if number == 0:

@@ -109,8 +109,12 @@ def rank_argv(plan: Plan, rank: RankPlan, command: Sequence[str], node: NodeLaun
 def agent_spec(*, plan: Plan, job_id: str, node: NodeLaunch, command: Sequence[str],
                user_env: Mapping[str, str], master_addr: str, master_port: int, jobs_root: str,
                grace_s: float, heartbeat_interval_s: float, heartbeat_timeout_s: float,
-               detach: bool, checkpoint: CheckpointPolicy = CheckpointPolicy()) -> AgentSpec:
-    """The spec of ``node``'s agent. ``user_env`` = forwarded allowlist + env file + ``--env``."""
+               detach: bool, checkpoint: CheckpointPolicy = CheckpointPolicy(),
+               bind_addr: str | None = None, token: str | None = None,
+               secret: Sequence[str] = ()) -> AgentSpec:
+    """The spec of ``node``'s agent. ``user_env`` = forwarded allowlist + env file + ``--env``;
+    ``bind_addr``: the node's cluster address, where its ranks listen; ``token``: the job's rendezvous
+    secret (only ever in this spec, on the agent's stdin); ``secret``: ``--secret-env`` names."""
     from ..runtime.env import rank_env
 
     env = dict(user_env)
@@ -120,9 +124,10 @@ def agent_spec(*, plan: Plan, job_id: str, node: NodeLaunch, command: Sequence[s
         if rp.node != node.name:
             continue
         renv = rank_env(plan, rp.rank, master_addr=master_addr, master_port=master_port,
-                        plan_path=node.plan_path, job_id=job_id)
+                        plan_path=node.plan_path, job_id=job_id, bind_addr=bind_addr, token=token)
         ranks.append(RankSpec(rank=rp.rank, argv=rank_argv(plan, rp, command, node, checkpoint), env=renv))
-    return AgentSpec(job_id=job_id, node=node.name, ranks=tuple(ranks), env=env, jobs_root=jobs_root,
+    return AgentSpec(job_id=job_id, node=node.name, ranks=tuple(ranks), env=env, secret=tuple(secret),
+                     jobs_root=jobs_root,
                      grace_s=grace_s, heartbeat_interval_s=heartbeat_interval_s,
                      heartbeat_timeout_s=heartbeat_timeout_s, detach=detach,
                      raw_logs=True)   # AgentLink reads raw log payloads (frames.read_stream)

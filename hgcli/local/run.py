@@ -65,6 +65,7 @@ def run_plan(plan: m.Plan, worker_argv: Sequence[str], *, workdir: Path,
     plan_path = workdir / "plan.json"
     plan_path.write_text(m.to_json(plan), encoding="utf-8")
     port = free_port()
+    token = os.urandom(16).hex()
     base = {**os.environ, **(extra_env or {})}
     # Subprocesses import this checkout, whatever the caller's working directory.
     root = str(Path(__file__).resolve().parents[2])
@@ -80,7 +81,9 @@ def run_plan(plan: m.Plan, worker_argv: Sequence[str], *, workdir: Path,
             env = {**base, **(node_env or {}).get(rp.node, {}),
                    **rank_env(plan, rp.rank, master_addr=master_addr, master_port=port,
                               plan_path=str(plan_path), job_id=f"local-{os.getpid()}",
-                              metrics_fd=write_fd, timeout_s=rank_timeout_s)}
+                              metrics_fd=write_fd, timeout_s=rank_timeout_s, token=token,
+                              # a node run elsewhere (a namespace) listens where its prefix says
+                              bind_addr=None if rp.node in (node_prefix or {}) else master_addr)}
             argv = list(worker_argv) if rp.role is m.Role.WORKER else list(ps_argv or default_ps_argv())
             argv = (node_prefix or {}).get(rp.node, []) + argv
             log = workdir / f"rank{rp.rank}.log"

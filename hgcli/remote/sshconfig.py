@@ -3,7 +3,9 @@
 Users already describe their cluster there (aliases, bastions); hgtrain honours it so a host that
 works with ``ssh gpu1`` works in the cluster file. Values written in the cluster file win over the ssh
 config, as a command-line ``-o`` wins in OpenSSH. paramiko's parser is used (no ``Include``), and only
-the five keys above are applied. ProxyJump is resolved here, hop by hop through the same config, into
+the five keys above are applied. A host reached through ``ProxyCommand`` is refused with a message
+rather than connected to directly: that would bypass the bastion the user configured. ProxyJump is
+resolved here, hop by hop through the same config, into
 ``NodeSpec.jump`` so the transport can connect without reading the config again.
 """
 from __future__ import annotations
@@ -35,6 +37,7 @@ class HostConfig:
     user: str | None = None
     identity_file: str | None = None
     proxy_jump: str | None = None
+    proxy_command: str | None = None   # never run (paramiko connects): a host that needs it is refused
 
 
 @dataclass(frozen=True)
@@ -66,12 +69,14 @@ class SshConfig:
             raise ConfigError(f"host {alias!r}: Port {port!r} is not a port number", source=str(self.path))
         identity = found.get("identityfile") or [None]
         jump = found.get("proxyjump")
+        command = found.get("proxycommand")
         return HostConfig(
             hostname=hostname if hostname and hostname != alias else None,
             port=int(port) if port is not None else None,
             user=found.get("user"),
             identity_file=identity[0],
             proxy_jump=None if jump is None or jump.lower() == "none" else jump,
+            proxy_command=None if command is None or command.lower() == "none" else command,
         )
 
 
@@ -131,6 +136,8 @@ def resolve_node(node: NodeSpec, config: SshConfig | None, explicit: frozenset[s
         proxy_jump = None
     changes["proxy_jump"] = proxy_jump
     where = node.source or node.name
+    if "proxy_jump" not in explicit:   # proxy_jump in the cluster file (even "none") replaces it
+        _refuse_proxy_command(node.host, found, config, where)
     changes["jump"] = _resolve_chain(proxy_jump, config, where, seen=(node.host,)) if proxy_jump else None
     return dataclasses.replace(node, **changes)
 
@@ -149,6 +156,8 @@ def _resolve_chain(spec: str, config: SshConfig | None, where: str, seen: tuple[
         found = config.lookup(hop.host) if config is not None else HostConfig()
         if position == 0 and found.proxy_jump:
             previous = _resolve_chain(found.proxy_jump, config, where, seen=chain + (hop.host,))
+        elif position == 0:
+            _refuse_proxy_command(hop.host, found, config, where)
         previous = NodeSpec(
             name=hop.host,
             host=hop.host,
@@ -163,3 +172,14 @@ def _resolve_chain(spec: str, config: SshConfig | None, where: str, seen: tuple[
     if previous is None:
         raise ConfigError(f"ProxyJump {spec!r} names no host", source=where)
     return previous
+
+
+def _refuse_proxy_command(host: str, found: HostConfig, config: SshConfig | None, where: str) -> None:
+    """hgtrain cannot run a ProxyCommand; connecting straight to the host instead would silently
+    bypass the bastion (or tunnel) the user put in front of it."""
+    if found.proxy_command is None or config is None:
+        return
+    raise ConfigError(f"host {host!r} is reached through ProxyCommand {found.proxy_command!r} in "
+                      f"{config.path}, which hgtrain cannot run (it connects with paramiko) and will not "
+                      "bypass: write the bastion as ProxyJump there, or proxy_jump = \"[user@]bastion\" "
+                      "for this node in the cluster file", source=where)

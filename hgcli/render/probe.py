@@ -67,8 +67,8 @@ def _gpu_line(gpu: GpuInfo) -> Text:
 
 
 def _gpus_cell(node: NodeInfo) -> Text:
-    if not node.ok:
-        return Text(f"FAILED: {node.error}", style="bold red")
+    if not node.ok:   # the reason goes below the table, whole: a cell would cut it to the column
+        return Text("FAILED (reason below)", style="bold red")
     if not node.gpus:
         return Text("none (CPU only)", style="dim")
     return Text("\n").join(_gpu_line(g) for g in node.gpus)
@@ -127,6 +127,11 @@ def render_inventory(inventory: Inventory, console: Console | None = None) -> No
     console = console or Console()
     console.print(inventory_table(inventory))
     failed = inventory.failed
+    for node in failed:
+        # Folded, never cut: the reason often ends in what to do (a host key's fingerprint and the
+        # ssh-keyscan line to add it), and a pipe or a log file has no terminal width to spare.
+        console.print(Text(f"{node.name} ({node.host}) FAILED: {node.error}", style="red", overflow="fold"),
+                      soft_wrap=False)
     summary = f"{len(inventory.succeeded)}/{len(inventory.nodes)} node(s) answered"
     if failed:
         console.print(Text(f"{summary}; failed: {', '.join(n.name for n in failed)}", style="bold red"))

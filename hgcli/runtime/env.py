@@ -61,8 +61,11 @@ class RankEnv:
 
 
 def rank_env(plan: model.Plan, rank: int, *, master_addr: str, master_port: int, plan_path: str,
-             job_id: str, metrics_fd: int | None = None, timeout_s: float | None = None) -> dict[str, str]:
-    """The variables a launcher sets for ``rank`` (added to the inherited environment)."""
+             job_id: str, metrics_fd: int | None = None, timeout_s: float | None = None,
+             bind_addr: str | None = None, token: str | None = None) -> dict[str, str]:
+    """The variables a launcher sets for ``rank`` (added to the inherited environment). ``bind_addr``:
+    the address this rank's node is known by, where its listeners bind (``netbind``; None: torch's
+    choice); ``token``: the job's rendezvous secret."""
     rp = plan.rank(rank)
     node_ranks = [r for r in plan.ranks if r.node == rp.node]
     env = {
@@ -80,6 +83,10 @@ def rank_env(plan: model.Plan, rank: int, *, master_addr: str, master_port: int,
         env["HGTRAIN_METRICS_FD"] = str(metrics_fd)
     if timeout_s is not None:
         env["HGTRAIN_TIMEOUT"] = repr(timeout_s)
+    if bind_addr:
+        env["HGTRAIN_BIND_ADDR"] = bind_addr
+    if token:
+        env["HGTRAIN_JOB_TOKEN"] = token
     return env
 
 

@@ -6,6 +6,9 @@ TensorPipe's TCP transport only: its shared-memory transport failed with spuriou
 machine, and PS tensors are CPU tensors anyway. A group whose
 ranks are all real GPUs uses NCCL; otherwise gloo. RPC (TensorPipe) is started only when the plan
 has parameter-server ranks. Every collective and RPC gets the job's timeout.
+
+Every listener binds to one address, and every key lives under the job's secret prefix
+(``netbind``): the store on MASTER_ADDR, gloo/NCCL/TensorPipe on this node's cluster address.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import warnings
 import torch.distributed as dist
 
 from ..schema import stages as model
+from . import netbind
 from .env import RankEnv
 from .errors import TrainingError
 
@@ -76,21 +80,33 @@ def check_rpc_needs(env: RankEnv) -> None:
                         f"'{sys.executable} -m pip install numpy' on node {node}")
 
 
-def join(env: RankEnv, timeout: datetime.timedelta) -> dist.TCPStore:
+def open_store(env: RankEnv, addr: str, port: int, timeout: datetime.timedelta) -> dist.Store:
+    """Rank 0 hosts the store on ``addr`` only: it binds the listening socket itself and gives it to
+    torch (TCPStore would bind every interface). The job's keys sit under its token's prefix, so a
+    client without the token sees and writes none of them."""
+    if env.rank == 0:
+        base = netbind.master_store(addr, port, env.world_size, timeout, wait_for_workers=False,
+                                    multi_tenant=True)
+    else:
+        base = dist.TCPStore(addr, port, env.world_size, is_master=False, timeout=timeout, multi_tenant=True)
+    prefix = netbind.key_prefix(os.environ.get(netbind.TOKEN, ""))
+    return dist.PrefixStore(prefix, base) if prefix else base
+
+
+def join(env: RankEnv, timeout: datetime.timedelta) -> dist.Store:
     """The rendezvous, done so that a rank that never joins is *named* after the timeout (torch's own
     only counts clients: "1/2 clients joined"). Rank 0 hosts the store on MASTER_ADDR:MASTER_PORT
-    (multi-tenant, so RPC's env:// rendezvous shares it); every rank checks in under its own key and
+    (multi-tenant, so RPC's rendezvous shares it); every rank checks in under its own key and
     waits for all the others' keys."""
     addr, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500"))
     start = time.monotonic()
     try:
-        store = dist.TCPStore(addr, port, env.world_size, is_master=env.rank == 0, timeout=timeout,
-                              wait_for_workers=False, multi_tenant=True)
-    except (RuntimeError, ValueError) as exc:
+        store = open_store(env, addr, port, timeout)
+    except (RuntimeError, ValueError, OSError) as exc:
         what = (f"cannot open the rendezvous at {addr}:{port}" if env.rank == 0 else
                 f"{_who(env, [0])} did not open the rendezvous at {addr}:{port}")
         raise TrainingError(f"rank {env.rank}: cannot join the job: {what}: failed {_after(start, env)}: "
-                            f"{exc}") from exc
+                            f"{getattr(exc, 'strerror', None) or exc}") from exc
     store.set(f"{JOINED}{env.rank}", "1")
     waiting = time.monotonic()
     missing = [r for r in range(env.world_size) if r != env.rank]
@@ -116,6 +132,10 @@ def init_distributed(env: RankEnv, plan: model.Plan) -> dict[int, dist.ProcessGr
     timeout = datetime.timedelta(seconds=env.timeout_s)
     if plan.ps_shards:
         check_rpc_needs(env)
+    try:
+        netbind.pin_interfaces()
+    except ValueError as exc:
+        raise TrainingError(f"rank {env.rank} (node {_node(env)}): {exc}") from None
     store = join(env, timeout)
     step, start = "the default process group (gloo)", time.monotonic()
     try:
@@ -135,12 +155,31 @@ def init_distributed(env: RankEnv, plan: model.Plan) -> dict[int, dist.ProcessGr
                 warnings.simplefilter("ignore", UserWarning)
                 rpc.init_rpc(rpc_name(env.rank), rank=env.rank, world_size=env.world_size,
                              rpc_backend_options=rpc.TensorPipeRpcBackendOptions(
-                                 init_method="env://", rpc_timeout=env.timeout_s,
+                                 init_method=_rpc_rendezvous(store), rpc_timeout=env.timeout_s,
                                  num_worker_threads=8, _transports=["uv"], _channels=["basic"]))
     except (RuntimeError, ValueError) as exc:
         raise TrainingError(f"rank {env.rank}: cannot set up {step} of the job (rendezvous at MASTER_ADDR/"
                             f"MASTER_PORT): failed {_after(start, env)}: {exc}") from exc
     return mine
+
+
+_RPC_STORES: dict[str, dist.Store] = {}
+
+
+def _rpc_rendezvous(store: dist.Store) -> str:
+    """An init_method for RPC that hands it the job's (prefixed) store: "env://" would open a second,
+    unprefixed connection to the store, outside the job's key space."""
+    if "hgtrain" not in _RPC_STORES:
+        dist.register_rendezvous_handler("hgtrain", _rpc_handler)
+    _RPC_STORES["hgtrain"] = store
+    return "hgtrain://"
+
+
+def _rpc_handler(url: str, **kwargs: object):  # type: ignore[no-untyped-def]
+    from urllib.parse import parse_qs, urlparse
+
+    query = parse_qs(urlparse(url).query)
+    yield _RPC_STORES["hgtrain"], int(query["rank"][0]), int(query["world_size"][0])
 
 
 def shutdown(plan: model.Plan, timeout_s: float) -> None:

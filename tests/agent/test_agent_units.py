@@ -30,6 +30,15 @@ def test_redact_env_hides_named_and_listed_values():
         {"HF_TOKEN": REDACTED, "DB_URL": REDACTED, "RANK": "0"}
 
 
+def test_redact_env_hides_url_passwords_whatever_the_name():
+    """``DB_URL=postgres://u:pass@...`` used to land in agent.json as it was."""
+    env = {"DB_URL": "postgres://u:p@ss%2Fw@db:5432/x", "CACHE": "redis://:pw@r/0",
+           "MIRRORS": "https://a:1@x https://y/z", "SITE": "http://host:8080/u:p@x", "PLAIN": "a:b@c"}
+    assert redact_env(env) == {"DB_URL": f"postgres://u:{REDACTED}@db:5432/x", "CACHE": f"redis://:{REDACTED}@r/0",
+                               "MIRRORS": f"https://a:{REDACTED}@x https://y/z", "SITE": "http://host:8080/u:p@x",
+                               "PLAIN": "a:b@c"}
+
+
 def test_split_lines_keeps_the_unfinished_line_and_reports_offsets():
     buf = bytearray(b"one\ntwo\nthr")
     assert list(split_lines(buf, 100, final=False)) == [(b"one", 104, False), (b"two", 108, False)]

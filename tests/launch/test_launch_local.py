@@ -197,21 +197,30 @@ def test_secret_env_values_never_reach_logs_records_or_command_lines(hg, tmp_pat
     secret = "s3cr3t-" + os.urandom(8).hex()
     script = ("import os, time; assert os.environ['API_TOKEN'] == os.environ['CHECK'][::-1]; "
               "assert os.environ['HGTRAIN_WANDB_KEY'] == os.environ['CHECK'][::-1]; "
-              "print('token ok', flush=True); time.sleep(600)")
+              "assert os.environ['PLAIN'] == os.environ['CHECK'][::-1]; "
+              "assert os.environ['DB_URL'] == 'postgres://u:' + os.environ['CHECK'][::-1] + '@db/x'; "
+              "print('token ok', os.environ['HGTRAIN_JOB_TOKEN'][::-1], flush=True); time.sleep(600)")
     # from an env file and from the forwarded environment: on hgtrain's own command line (--env) a
-    # value would be visible in its /proc/<pid>/cmdline before hgtrain even runs
-    (tmp_path / "secret.env").write_text(f"API_TOKEN={secret}\n")
+    # value would be visible in its /proc/<pid>/cmdline before hgtrain even runs. PLAIN's name says
+    # nothing (--secret-env says it); DB_URL's password is found by its shape.
+    (tmp_path / "secret.env").write_text(f"API_TOKEN={secret}\nPLAIN={secret}\nDB_URL=postgres://u:{secret}@db/x\n")
     run = hg.start("-c", str(ctoml), "--plan", str(pfile), "--grace", "2", "--json", "--env-file",
-                   str(tmp_path / "secret.env"), "--env", f"CHECK={secret[::-1]}", "--", PY, "-c", script,
-                   env=hg.env(HGTRAIN_WANDB_KEY=secret))
+                   str(tmp_path / "secret.env"), "--secret-env", "PLAIN", "--env", f"CHECK={secret[::-1]}",
+                   "--", PY, "-c", script, env=hg.env(HGTRAIN_WANDB_KEY=secret))
     run.wait_all_started(3)
-    run.wait_event(lambda ev: sum(e["event"] == "log" and e["line"] == "token ok" for e in ev) == 3)
+    run.wait_event(lambda ev: sum(e["event"] == "log" and e["line"].startswith("token ok") for e in ev) == 3)
     assert_not_in_any_cmdline(secret)     # while the job runs
     run.proc.send_signal(signal.SIGINT)
     assert run.finish() == 130
     (tmp_path / "secret.env").unlink()
     seen = "\n".join(run.lines) + run.stderr + text_under(hg.state_dir, hg.home)
     assert "token ok" in seen and secret not in seen
+    assert "postgres://u:<redacted>@db/x" in seen             # agent.json keeps the rest of the URL
+    # The job's rendezvous secret reached every rank (the same one) and no file: only the spec carried it.
+    tokens = {e["line"].split()[-1][::-1] for e in run.events() if e["event"] == "log" and "token ok" in e["line"]}
+    assert len(tokens) == 1
+    token = tokens.pop()
+    assert len(token) == 32 and token not in seen
 
 
 def test_detach_returns_at_once_and_the_agent_stop_ends_only_that_job(hg, tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from hgcli.errors import ConfigError, UsageError
-from hgcli.launch.launcher import LaunchRequest, master_address, user_env
+from hgcli.launch.launcher import LaunchRequest, bind_address, master_address, user_env
 from hgcli.launch.loop import rank_exit_code
 from hgcli.launch.metrics import MetricsBoard
 from hgcli.launch.spec import CheckpointPolicy, NodeLaunch, agent_spec, forwarded_env, read_env_file
@@ -93,6 +93,32 @@ def test_agent_spec_puts_the_package_first_and_each_rank_on_its_node():
     assert (r2.env["RANK"], r2.env["LOCAL_RANK"], r2.env["LOCAL_WORLD_SIZE"], r2.env["MASTER_PORT"]) == (
         "2", "1", "2", "1234")
     assert r2.env["HGTRAIN_PLAN"] == "/j/plan.json" and "CUDA_VISIBLE_DEVICES" not in r2.env
+
+
+def test_each_node_listens_on_its_cluster_address_and_every_rank_gets_the_job_token():
+    """Listeners bind where the peers reach a node (docs/security.md); the token travels in the spec only."""
+    from hgcli.node.agent.secrets import REDACTED, redact_env
+
+    local = NodeSpec(name="me", host="localhost")
+    far = NodeSpec(name="far", host="gpu7", hostname="10.0.0.7")
+    both = Cluster(nodes=(local, far))
+    mixed = make_plan(both, [["far", "me"]])
+    assert bind_address(far, mixed, both) == "10.0.0.7"
+    assert bind_address(local, mixed, both) is None          # no address known that "far" uses for it
+    alone = Cluster(nodes=(local,))
+    assert bind_address(local, make_plan(alone, [["me", "me"]]), alone) == "127.0.0.1"
+    node = NodeLaunch(name="far", python="py", package_root="/pkg", job_dir="/j", plan_path="/j/plan.json",
+                      checkpoint_dir="/j/ps-checkpoint")
+    spec = agent_spec(plan=mixed, job_id="j-1", node=node, command=("train",), user_env={"DSN": "x"},
+                      master_addr="10.0.0.7", master_port=1234, jobs_root="/r", grace_s=1,
+                      heartbeat_interval_s=1, heartbeat_timeout_s=4, detach=False, bind_addr="10.0.0.7",
+                      token="t" * 32, secret=("DSN",))
+    env = spec.ranks[0].env
+    assert (env["HGTRAIN_BIND_ADDR"], env["HGTRAIN_JOB_TOKEN"]) == ("10.0.0.7", "t" * 32)
+    assert redact_env(env, spec.secret)["HGTRAIN_JOB_TOKEN"] == REDACTED     # what agent.json keeps
+    assert spec.secret == ("DSN",) and redact_env(spec.env, spec.secret)["DSN"] == REDACTED
+    with pytest.raises(UsageError, match="--secret-env: expected a variable name"):
+        LaunchRequest(cluster=alone, command=("x",), secret_env=("DB-URL",))
 
 
 def test_master_address_refuses_a_local_rank0_with_remote_nodes():

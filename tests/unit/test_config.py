@@ -125,7 +125,12 @@ BAD_FILES = [
     ('[[nodes]]\nhost = "a"\ngpus = [1, 1]\n', 3, ["nodes[0].gpus", "twice"]),
     ('[[nodes]]\nhost = 5\n', 2, ["nodes[0].host", "string"]),
     ('[[nodes]]\nhost = "-oProxyCommand=sh"\n', 2, ["nodes[0].host", "not a host name"]),
-    ('[[nodes]]\nhost = "a"\nname = "my node"\n', 3, ["nodes[0].name", "spaces"]),
+    ('[[nodes]]\nhost = "a"\nname = "my node"\n', 3, ["nodes[0].name", "not a valid node name"]),
+    # The node agent's own pattern, checked at load: these used to fail later, on the node.
+    ('[[nodes]]\nhost = "a"\nname = "-x"\n', 3, ["nodes[0].name", "'-x' is not a valid node name"]),
+    ('[[nodes]]\nhost = "a"\nname = "gpu:1"\n', 3, ["nodes[0].name", "'gpu:1'"]),
+    ('[[nodes]]\nhost = "a"\nname = "über"\n', 3, ["nodes[0].name", "'über'"]),
+    ('[[nodes]]\nhost = "a"\n\n[[nodes]]\nhost = "gpu:1"\n', 4, ["node name 'gpu:1'", "give the node a name"]),
     ('[[nodes]]\nhost = "a"\nuser = ""\n', 3, ["nodes[0].user", "non-empty"]),
     ('[[nodes]]\nhost = "a"\n\n[[nodes]]\nhost = "b"\nname = "a"\n', 4, ["duplicate node name 'a'", ":1"]),
     ('[[nodes]]\nhost = "a"\n\n# second\n[[nodes]]\nname = "b"\n', 5, ["nodes[1]", "missing required key 'host'"]),
@@ -173,10 +178,25 @@ def test_bad_file_names_file_line_and_key(tmp_path, text, line, words):
 
 def test_world_writable_file_is_refused(tmp_path):
     path = write(tmp_path / "c.toml", '[[nodes]]\nhost = "evil"\n', mode=0o666)
-    with pytest.raises(ConfigError, match="world-writable.*chmod o-w"):
+    with pytest.raises(ConfigError, match="world-writable.*chmod go-w"):
         load_cluster(path)
     os.chmod(path, 0o644)
     assert load_cluster(path).nodes[0].host == "evil"
+
+
+def test_group_writable_or_foreign_cluster_files_and_hostfiles_are_refused(tmp_path):
+    """Whoever can write a cluster file or hostfile chooses the hosts and the ``python`` hgtrain runs."""
+    path = write(tmp_path / "c.toml", '[[nodes]]\nhost = "evil"\n', mode=0o664)
+    with pytest.raises(ConfigError, match="group-writable cluster file.*chmod go-w"):
+        load_cluster(path)
+    hostfile = write(tmp_path / "hosts", "w1\n", mode=0o660)
+    with pytest.raises(ConfigError, match="group-writable hostfile"):
+        load_hostfile(hostfile)
+    if os.geteuid() == 0:               # only root can give a file away
+        os.chmod(path, 0o644)
+        os.chown(path, 65534, 65534)
+        with pytest.raises(ConfigError, match=r"cluster file owned by another user \(uid 65534\)"):
+            load_cluster(path)
 
 
 def test_file_in_world_writable_directory_without_sticky_bit_is_refused(tmp_path):
@@ -217,6 +237,10 @@ SSH_CONFIG = """
       HostName 10.1.0.9
       ProxyJump gpu1
 
+    Host tunnelled
+      HostName 10.1.0.7
+      ProxyCommand ssh -W %h:%p bastion
+
     Host loop1
       ProxyJump loop2
     Host loop2
@@ -256,6 +280,21 @@ def test_cluster_file_keys_win_over_ssh_config(tmp_path, ssh_config):
         """)).nodes
     assert (node.hostname, node.port, node.user, node.identity_file) == ("10.1.0.1", 22, "me", "/keys/mine")
     assert node.proxy_jump is None and node.jump is None
+
+
+def test_a_host_behind_proxy_command_is_refused_never_reached_directly(tmp_path, ssh_config):
+    """ProxyCommand used to be ignored: hgtrain connected to 10.1.0.7 itself, around the bastion."""
+    with pytest.raises(ConfigError) as info:
+        load_cluster(cluster_with(tmp_path, '[[nodes]]\nhost = "tunnelled"\n'))
+    message = str(info.value)
+    assert message.startswith(f"{tmp_path / 'c.toml'}:4: host 'tunnelled' is reached through ProxyCommand "
+                              "'ssh -W 10.1.0.7:22 bastion'"), message
+    assert str(ssh_config) in message and "ProxyJump" in message and "proxy_jump" in message
+    with pytest.raises(ConfigError, match="host 'tunnelled' is reached through ProxyCommand"):   # as a hop
+        load_cluster(cluster_with(tmp_path, '[[nodes]]\nhost = "a"\nproxy_jump = "tunnelled"\n'))
+    # The cluster file's own proxy_jump replaces the ssh config's way there, as ssh -J does.
+    node, = load_cluster(cluster_with(tmp_path, '[[nodes]]\nhost = "tunnelled"\nproxy_jump = "bastion"\n')).nodes
+    assert node.jump.host == "bastion" and node.hostname == "10.1.0.7"
 
 
 def test_defaults_count_as_written_in_the_file(tmp_path, ssh_config):
@@ -358,6 +397,7 @@ def test_hostfile(tmp_path):
     ("a max_slots=8\n", 1, ["'max_slots=8'"]),
     ("a\n# c\na slots=2\n", 3, ["listed twice", "line 1"]),
     ("-oProxyCommand=x\n", 1, ["not a host name"]),
+    ("w1\ngpu:1\n", 2, ["node name 'gpu:1'"]),
 ])
 def test_bad_hostfile(tmp_path, text, line, words):
     path = write(tmp_path / "hostfile", text)

@@ -58,8 +58,27 @@ def test_table_marks_emulated_devices_and_failed_nodes():
     render_inventory(inventory, console)
     text = console.export_text()
     assert "EMULATED x0.25" in text and "CPU only" in text
-    assert "FAILED: connection refused by b1:22" in text
+    assert "bad (b1) FAILED: connection refused by b1:22" in text
     assert "2/3 node(s) answered; failed: bad" in text
+
+
+def test_a_failed_nodes_whole_reason_is_shown_folded_on_a_narrow_non_terminal():
+    """Piped (no terminal: 80 columns), the reason was cut in its table cell with '…': the host key's
+    fingerprint and the ssh-keyscan line that fixes it were lost."""
+    import io
+
+    reason = ("host key of 127.0.0.5 is unknown (SHA256:Qm9vYmFyYmF6cXV4cXV1eGNvcmdlZ3JhdWx0Z2FycGx5d2FsZG8x): "
+              "refused (strict_host_key_checking = yes); if this is the right host, add it: "
+              "ssh-keyscan -p 2222 127.0.0.5 >> /root/.ssh/known_hosts")
+    inventory = Inventory(cluster="x", nodes=(
+        NodeInfo(name="gpu-node-with-a-long-name", host="127.0.0.5", ok=False, error=reason),
+        NodeInfo(name="cpu", host="c1", ok=True)))
+    out = io.StringIO()
+    render_inventory(inventory, Console(file=out, width=60))
+    text = out.getvalue()
+    assert "…" not in text, text
+    assert "add it: ssh-keyscan -p 2222 127.0.0.5 >> /root/.ssh/known_hosts" in " ".join(text.split()), text
+    assert "SHA256:Qm9vYmFyYmF6cXV4cXV1eGNvcmdlZ3JhdWx0Z2FycGx5d2FsZG8x" in text.replace("\n", ""), text
 
 
 def test_cli_probe_local_json_only_and_light():

@@ -6,23 +6,16 @@ first line of the agent's stdin, and the agent parses it back with ``parse_spec`
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..protocol import FrameType, frame_type
 from ...schema.codec import from_dict
+from ...schema.names import check_name
 
-# Job ids and node names become directory names on the node: no separators, no leading dot.
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+__all__ = ["AgentSpec", "RankSpec", "check_name", "job_dir", "parse_spec"]
 DEFAULT_JOBS_ROOT = "~/.cache/hgtrain/jobs"
-
-
-def check_name(kind: str, value: str) -> str:
-    if not _NAME.fullmatch(value):
-        raise ValueError(f"{kind} {value!r} is not a valid name (letters, digits, '.', '_', '-')")
-    return value
 
 
 @dataclass(frozen=True)

@@ -35,11 +35,11 @@ _LOCK = threading.Lock()
 def measure_exchange(torch: Any, parameters: int, *, warmup: int, repeats: int,
                      timeout_s: float = 60.0) -> ExchangeProfile:
     """Start the PS child, time pushes of ``parameters`` float32 values and of one value."""
-    import torch.distributed as dist
     from torch.distributed import rpc
 
-    store = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False, multi_tenant=True,
-                          timeout=_delta(timeout_s))
+    from ...runtime.netbind import master_store
+
+    store = master_store("127.0.0.1", 0, 2, _delta(timeout_s), wait_for_workers=False, multi_tenant=True)
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port)}
     child = subprocess.Popen([sys.executable, "-m", "hgcli.node.bench.exchange", "--serve", "--parameters",
                               str(parameters), "--timeout", repr(timeout_s)],

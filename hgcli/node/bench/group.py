@@ -57,9 +57,10 @@ def measure_group_sync(torch: Any, spec: str, parameters: int, *, ranks: int, ba
     import torch.distributed as dist
 
     from ...runtime.hybrid import sync_buffer_numel   # the runtime's own buffer (imports torch)
+    from ...runtime.netbind import master_store
 
-    store = dist.TCPStore("127.0.0.1", 0, ranks + 1, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=timeout_s))
+    store = master_store("127.0.0.1", 0, ranks + 1, datetime.timedelta(seconds=timeout_s),
+                         wait_for_workers=False)
     argv = [sys.executable, "-m", "hgcli.node.bench.group", "--serve", "--ranks", str(ranks),
             "--port", str(store.port), "--model", spec, "--batch", str(batch), "--speed", repr(speed),
             "--pairs", str(warmup + repeats), "--timeout", repr(timeout_s)]

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import fcntl
 import os
 import socket
-import struct
 import sys
 import threading
 from typing import Any
 
+from ...runtime.netbind import interface_for, master_store
 from ...schema.stages import to_dict
 from .failure import first_line
 from ..frames import emit
@@ -34,7 +33,6 @@ MIB = 1 << 20
 QUICK = (8 * MIB, 1, 4, 20)
 FULL = (64 * MIB, 2, 10, 100)
 EXIT_HUNG = 3
-SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -71,7 +69,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     timeout = datetime.timedelta(seconds=args.timeout)
     if args.rank == 0:
-        store = dist.TCPStore(args.addr, 0, 2, True, timeout=timeout, wait_for_workers=False)
+        store = master_store(args.addr, 0, 2, timeout, wait_for_workers=False)
         emit({"type": FrameType.LISTENING, "port": store.port})
         _bind_interface(args.addr, args.backend)
     else:
@@ -116,18 +114,11 @@ def _bind_interface(local_addr: str, backend: str) -> None:
     if os.environ.get(var):
         return
     try:
-        wanted = socket.inet_aton(socket.gethostbyname(local_addr))
+        name = interface_for(local_addr)
     except OSError:
         return
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for _, name in socket.if_nameindex():
-            try:
-                info = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
-            except OSError:
-                continue
-            if info[20:24] == wanted:
-                os.environ[var] = name
-                return
+    if name is not None:
+        os.environ[var] = name
 
 
 def _watchdog(seconds: float) -> None:
