@@ -221,6 +221,7 @@ def ensure_profiles(cluster: Cluster, inventory: Inventory, *, quick: bool = Tru
 def prepare_plan(cluster: Cluster, job: JobSpec, *, quick: bool = True, skip_failed: bool = False,
                  on_stage: OnStage | None = None) -> Plan:
     """Inventory (stored or probed), profiles (stored or benched), then the pure planner."""
+    from .contention import contention_note
     from .placement import make_plan
 
     say = on_stage or _quiet
@@ -230,4 +231,7 @@ def prepare_plan(cluster: Cluster, job: JobSpec, *, quick: bool = True, skip_fai
     plan = make_plan(inventory, profiles, job)
     refuse_unrunnable(plan, inventory)
     say("plan", f"{plan.strategy.value}: {plan.world_size} rank(s), {len(plan.groups)} group(s)")
+    crowded = contention_note(plan, inventory)
+    if crowded:
+        say("plan", crowded)
     return plan

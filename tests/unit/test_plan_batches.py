@@ -283,3 +283,16 @@ def test_groups_whose_steps_are_shorter_wait_for_the_slowest_so_the_run_is_price
     assert whole < 0.75 * sum(own.values())                      # not every group busy throughout
     allreduce = make_plan(inventory, profiles, JobSpec(strategy=Strategy.ALLREDUCE, global_batch=128, model=EXAMPLE))
     assert allreduce.predicted_group_samples_per_s == {"0": allreduce.predicted_samples_per_s["allreduce"]}
+
+
+def test_emulated_devices_that_crowd_their_nodes_cores_are_named_and_small_ones_are_not():
+    from hgcli.plan.contention import contention_note
+
+    inventory, profiles = quick_default_cluster()          # speeds 1, 1, 0.25, 0.25 on 2 cores
+    plan = make_plan(inventory, profiles, JobSpec(global_batch=128, model=EXAMPLE))
+    note = contention_note(plan, inventory)
+    assert note is not None and "local ask 2.5 of its 2 cores" in note
+    slower = dataclasses.replace(plan, ranks=tuple(dataclasses.replace(r, speed=r.speed * 0.4) for r in plan.ranks))
+    assert contention_note(slower, inventory) is None       # 1.0 of 2 cores: a small share
+    many = dataclasses.replace(inventory, nodes=tuple(dataclasses.replace(n, cpu_cores=16) for n in inventory.nodes))
+    assert contention_note(plan, many) is None
