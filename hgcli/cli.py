@@ -178,7 +178,33 @@ def plan(cluster_file: Path | None, strategy: str, global_batch: int | None, ps_
         render_plan(result)
 
 
-@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+class LaunchCommand(click.Command):
+    """``launch``: everything from the first word that is not an option is the command. Click takes an
+    unknown option there for that first word (``--restart 1 -- true`` would run ``--restart`` on
+    every node), so a command whose first word starts with ``-`` must follow ``--``."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        raw = list(args)
+        rest = super().parse_args(ctx, args)
+        command = ctx.params.get("command") or ()
+        if command and command[0].startswith("-") and command[0] != "-":
+            after_separator = len(raw) > len(command) and raw[-len(command) - 1] == "--"
+            if not after_separator:
+                raise UsageError(unknown_option_message(self, ctx, command[0]))
+        return rest
+
+
+def unknown_option_message(command: click.Command, ctx: click.Context, word: str) -> str:
+    import difflib
+
+    names = sorted({n for p in command.get_params(ctx) if isinstance(p, click.Option) for n in p.opts + p.secondary_opts})
+    close = difflib.get_close_matches(word.split("=", 1)[0], names, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return (f"no such option: {word}{hint}; a command that starts with '-' goes after '--': "
+            f"hgtrain {command.name} [OPTIONS] -- COMMAND [ARGS]...")
+
+
+@cli.command(cls=LaunchCommand, context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @cluster_option
 @click.option("--plan", "plan_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="A plan file from 'hgtrain plan -o'. Default: probe, bench and plan as needed.")
