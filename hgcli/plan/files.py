@@ -8,6 +8,7 @@ from pathlib import Path
 from .. import state
 from ..errors import ConfigError
 from ..schema.stages import SCHEMA_VERSION, Cluster, Plan, from_dict, to_json
+from .check import PlanProblem, check_plan
 
 
 def write_plan(path: Path, plan: Plan) -> None:
@@ -33,6 +34,10 @@ def load_plan(path: Path, cluster: Cluster) -> Plan:
         plan = from_dict(Plan, data)
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"not a valid plan: {exc}", source=str(path)) from exc
+    try:
+        plan = check_plan(plan)
+    except PlanProblem as exc:
+        raise ConfigError(f"not a valid plan: {exc}; nothing was started", source=str(path)) from exc
     if plan.cluster != cluster.fingerprint():
         raise ConfigError(f"this plan was made for cluster {plan.cluster}, not this cluster "
                           f"({cluster.fingerprint()}); run 'hgtrain plan' for it", source=str(path))
