@@ -142,8 +142,9 @@ def bench(cluster_file: Path | None, as_json: bool, quick: bool, model_spec: str
 @click.option("--params", type=click.IntRange(min=1), default=None,
               help="Model parameter count, when the profiles were benched without --model.")
 @json_option
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Also write the plan as JSON to this file (mode 0644).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path), default=None,
+              help="Also write the plan as JSON to this file ('-': stdout; then the table goes to stderr). "
+                   "A new file is 0644; an existing one keeps its mode.")
 @click.option("--skip-failed", is_flag=True,
               help="Plan on the healthy nodes/devices when some fail to probe or bench (default: exit 4).")
 def plan(cluster_file: Path | None, strategy: str, global_batch: int | None, ps_ranks: int | None,
@@ -170,12 +171,15 @@ def plan(cluster_file: Path | None, strategy: str, global_batch: int | None, ps_
     result = prepare_plan(cluster, job, quick=True, skip_failed=skip_failed, on_stage=on_stage)
     if output is not None:
         write_plan(output, result)
-    if as_json:
+    to_stdout = output is not None and str(output) == "-"
+    if as_json and not to_stdout:
         click.echo(to_json(result))
-    else:
+    elif not as_json:
+        from rich.console import Console
+
         from .render.plan import render_plan
 
-        render_plan(result)
+        render_plan(result, Console(stderr=to_stdout))   # stdout holds the plan file's JSON
 
 
 class LaunchCommand(click.Command):
@@ -335,8 +339,9 @@ def logs(job: str, follow: bool, ranks: str | None, as_json: bool) -> None:
 @click.option("--format", "fmt", type=click.Choice(["csv", "jsonl"]), default="csv", show_default=True,
               help="CSV (one column per metric) or JSON lines as the ranks logged them.")
 @ranks_option("Only these ranks, e.g. 0,2-3.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write to this file (replaced whole) instead of stdout.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path), default=None,
+              help="Write to this file instead of stdout ('-': stdout). A new file is 0644; an existing "
+                   "one is replaced whole but keeps its mode; a device or pipe is written in place.")
 def metrics(job: str, fmt: str, ranks: str | None, output: Path | None) -> None:
     """Export a job's metrics (ctx.log records) as CSV or JSON lines.
 
@@ -345,8 +350,8 @@ def metrics(job: str, fmt: str, ranks: str | None, output: Path | None) -> None:
     hgtrain metrics JOB --ranks 0 --format jsonl
     """
     from .jobs import records as jobs
-    from . import state
     from .jobs.logs import parse_ranks
+    from .userfile import write_user_file
     from .jobs.export import read_metrics, to_csv, to_jsonl
 
     record = jobs.load(job)
@@ -356,7 +361,7 @@ def metrics(job: str, fmt: str, ranks: str | None, output: Path | None) -> None:
         click.echo(text, nl=False)
         return
     try:
-        state.atomic_write(output, text, mode=0o644)
+        write_user_file(output, text)
     except OSError as exc:
         raise UsageError(f"cannot write {output}: {exc.strerror or exc}") from exc
 

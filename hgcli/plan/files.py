@@ -5,16 +5,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .. import state
+from ..userfile import write_user_file
 from ..errors import ConfigError
 from ..schema.stages import SCHEMA_VERSION, Cluster, Plan, from_dict, to_json
 from .check import PlanProblem, check_plan
 
 
 def write_plan(path: Path, plan: Plan) -> None:
-    """Write a plan file atomically. It is the user's file, not state: mode 0644 like any output."""
+    """Write a plan file as any ``-o`` output (``userfile``: ``-`` is stdout, a new file 0644, an
+    existing one keeps its mode, a device is written in place)."""
     try:
-        state.atomic_write(path, to_json(plan) + "\n", mode=0o644)
+        write_user_file(path, to_json(plan) + "\n")
     except OSError as exc:
         raise ConfigError(f"cannot write plan file: {exc.strerror or exc}", source=str(path)) from exc
 
