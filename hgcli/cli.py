@@ -47,6 +47,12 @@ def json_option(f: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print only JSON on stdout.")(f)
 
 
+def raw_option(f: F) -> F:
+    return click.option("--raw", is_flag=True,
+                        help="On a terminal, pass the ranks' control characters (colours, escape "
+                             "sequences) through as they are; by default they are shown as ^[ etc.")(f)
+
+
 def ranks_option(help: str) -> Callable[[F], F]:
     """``--ranks 0,2-3`` (parsed by config.ranklist): one declaration for launch, logs and metrics."""
     return click.option("--ranks", "ranks", default=None, metavar="LIST", help=help)
@@ -233,12 +239,13 @@ def unknown_option_message(command: click.Command, ctx: click.Context, word: str
 @click.option("--checkpoint-seconds", type=click.FloatRange(min=0), default=60.0, show_default=True,
               help="PS ranks checkpoint every T seconds (0: not on a clock).")
 @json_option
+@raw_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def launch(ctx: click.Context, cluster_file: Path | None, plan_file: Path | None, strategy: str,
            global_batch: int | None, env: tuple[str, ...], env_file: Path | None, ranks: str | None,
            detach: bool, grace_s: float, heartbeat_timeout_s: float, restarts: int, checkpoint_every: int,
-           checkpoint_seconds: float, as_json: bool, command: tuple[str, ...]) -> None:
+           checkpoint_seconds: float, as_json: bool, raw: bool, command: tuple[str, ...]) -> None:
     """Start the plan's ranks on the nodes and stream their logs and metrics.
 
     \b
@@ -258,7 +265,7 @@ def launch(ctx: click.Context, cluster_file: Path | None, plan_file: Path | None
         detach=detach, grace_s=grace_s, heartbeat_timeout_s=heartbeat_timeout_s, restarts=restarts,
         checkpoint_every=checkpoint_every, checkpoint_seconds=checkpoint_seconds,
         console_may_skip=sys.stdout.isatty() and not as_json)
-    result = run_launch(request, make_sink(as_json=as_json, ranks=shown))
+    result = run_launch(request, make_sink(as_json=as_json, ranks=shown, raw=raw))
     ctx.exit(result.exit_code)
 
 
@@ -298,7 +305,8 @@ def status(job: str | None, as_json: bool) -> None:
 @click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends (Ctrl-C: stop watching).")
 @ranks_option("Only these ranks, e.g. 0,2-3.")
 @json_option
-def logs(job: str, follow: bool, ranks: str | None, as_json: bool) -> None:
+@raw_option
+def logs(job: str, follow: bool, ranks: str | None, as_json: bool, raw: bool) -> None:
     """Print or follow a job's logs (also of a detached job), tagged node:rank.
 
     Ctrl-C while following exits 130 and leaves the job running.
@@ -314,10 +322,14 @@ def logs(job: str, follow: bool, ranks: str | None, as_json: bool) -> None:
         def show(item: LogLine) -> None:
             click.echo(json.dumps({"event": "log", "job_id": record.id, "node": item.node, "rank": item.rank,
                                    "stream": item.stream, "line": item.line, "partial": item.partial}))
-    else:
+    elif sys.stdout.isatty() and not raw:
         from .render.logs import LogPrinter
 
-        show = LogPrinter()
+        show = LogPrinter()   # control characters shown visibly
+    else:
+        from .render.logs import PlainLogPrinter
+
+        show = PlainLogPrinter()
     if not follow and has_local_logs(record, chosen):
         for item in local_lines(record, chosen):
             show(item)

@@ -40,18 +40,6 @@ def visible(text: str, *, keep_newlines: bool = False) -> str:
     return pattern.sub(_show, text)
 
 
-def visible_bytes(data: bytes) -> bytes:
-    """``visible`` for UTF-8 (or ASCII) bytes, without decoding when there is nothing to show."""
-    if CONTROL_BYTES.search(data) is None:
-        return data
-    return visible(data.decode("utf-8", "backslashreplace"), keep_newlines=True).encode("utf-8")
-
-
-# Bytes that may be (or start) a control character: C0 but tab/newline, DEL, and 0xc2, the lead byte
-# of U+0080-U+00BF in UTF-8 (C1 is U+0080-U+009F); a false alarm only costs the exact check.
-CONTROL_BYTES = re.compile(b"[\x00-\x08\x0b-\x1f\x7f\xc2]")
-
-
 def cell(value: Any, style: str = "") -> Text:
     """A value from a node, a rank or a file as a rich ``Text``: never read as markup, control
     characters shown visibly (multi-line values keep their lines)."""
