@@ -186,7 +186,8 @@ def launch(request: LaunchRequest, on_event: Callable[[Event], None]) -> LaunchR
     environ = dict(os.environ)
     env = user_env(request, environ)
     job_id = jobs.new_job_id()
-    dispatcher = Dispatcher(on_event, may_skip=request.console_may_skip)
+    # Past its memory bound the console's backlog waits in an unlinked file of the state directory.
+    dispatcher = Dispatcher(on_event, may_skip=request.console_may_skip, spill_dir=str(jobs.jobs_root()))
     try:
         plan = _plan(request, dispatcher.put, job_id)
         master_addr = master_address(plan, request.cluster)
