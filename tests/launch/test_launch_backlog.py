@@ -3,7 +3,8 @@
 The real CLI (``python -m hgcli launch``) on a local node, its stdout a pipe the test reads slowly; the
 controller's peak RSS from the kernel (``wait4``). The console's backlog is bounded by
 ``Dispatcher.MAX_BACKLOG_BYTES`` (16 MiB) in memory, the rest waits in the spill file; the inbox from
-the agents by ``agentlink.INBOX_BYTES`` (8 MiB).
+the agents by ``agentlink.INBOX_BYTES`` (8 MiB). The spill file's order is tested in
+test_launch_render.py.
 """
 from __future__ import annotations
 
@@ -12,8 +13,6 @@ import subprocess
 import sys
 import threading
 import time
-
-from hgcli.launch.events import Dispatcher, JobEnded, LogLines, Metric, RankExited
 
 from .hg import cluster_toml
 from .plans import local_cluster, make_plan, plan_file
@@ -71,31 +70,3 @@ def test_flood_into_a_slow_pipe_loses_nothing_and_memory_stays_bounded(hg, tmp_p
     # Held in memory it was the whole backlog: 90 MB peak here. Bounded: 16 MiB for the console and
     # 8 MiB for the controller's inbox beyond its own ~30 MB (47 MB measured, 55 MB at load 13).
     assert usage.ru_maxrss < 64 * 1024, usage.ru_maxrss
-
-
-def test_a_slow_pipe_reader_gets_lines_and_metrics_in_order_through_the_spill_file():
-    gate = threading.Event()
-    seen = []
-
-    def slow_sink(event):
-        gate.wait(30)
-        seen.append(event)
-
-    d = Dispatcher(slow_sink, may_skip=False)
-    d.MAX_BACKLOG_BYTES = 64
-    for i in range(0, 100, 4):
-        d.put(LogLines("j", 0, "n", "worker", "out", "".join(f"line {j}\n" for j in range(i, i + 4)).encode()))
-        d.put(Metric("j", 0, "n", "worker", {"step": i}))
-        if i == 48:
-            d.put(RankExited("j", 1, "n", "worker", "failed", 1, None, "exit 1", None))
-    d.put(JobEnded("j", "succeeded", 0, None, None, "/x"))
-    gate.set()
-    d.close(30)
-    assert d.spilled_bytes > 0
-    order = [line for e in seen if isinstance(e, LogLines) for line in e.lines]
-    assert order == [f"line {j}" for j in range(100)]
-    assert [e.data["step"] for e in seen if isinstance(e, Metric)] == list(range(0, 100, 4))
-    kinds = [type(e).__name__ for e in seen]
-    exited = kinds.index("RankExited")
-    assert kinds[exited - 1] == "Metric" and seen[exited - 1].data["step"] == 48   # in its place
-    assert isinstance(seen[-1], JobEnded)
