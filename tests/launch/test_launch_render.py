@@ -135,8 +135,6 @@ def test_a_pipe_or_json_reader_gets_every_line_however_slow():
 
 
 def test_a_slow_pipe_reader_gets_lines_and_metrics_in_order_through_the_spill_file():
-    from hgcli.launch.events import Metric, RankExited
-
     d, gate, seen = _gated(may_skip=False)
     d.MAX_BACKLOG_BYTES = 64   # past 64 bytes in memory: the spill file (launch/spill.py)
     for i in range(0, 100, 4):
