@@ -47,6 +47,12 @@ def json_option(f: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print only JSON on stdout.")(f)
 
 
+def raw_option(f: F) -> F:
+    return click.option("--raw", is_flag=True,
+                        help="On a terminal, pass the ranks' control characters (colours, escape "
+                             "sequences) through as they are; by default they are shown as ^[ etc.")(f)
+
+
 def ranks_option(help: str) -> Callable[[F], F]:
     """``--ranks 0,2-3`` (parsed by config.ranklist): one declaration for launch, logs and metrics."""
     return click.option("--ranks", "ranks", default=None, metavar="LIST", help=help)
@@ -142,8 +148,9 @@ def bench(cluster_file: Path | None, as_json: bool, quick: bool, model_spec: str
 @click.option("--params", type=click.IntRange(min=1), default=None,
               help="Model parameter count, when the profiles were benched without --model.")
 @json_option
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Also write the plan as JSON to this file (mode 0644).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path), default=None,
+              help="Also write the plan as JSON to this file ('-': stdout; then the table goes to stderr). "
+                   "A new file is 0644; an existing one keeps its mode.")
 @click.option("--skip-failed", is_flag=True,
               help="Plan on the healthy nodes/devices when some fail to probe or bench (default: exit 4).")
 def plan(cluster_file: Path | None, strategy: str, global_batch: int | None, ps_ranks: int | None,
@@ -170,15 +177,44 @@ def plan(cluster_file: Path | None, strategy: str, global_batch: int | None, ps_
     result = prepare_plan(cluster, job, quick=True, skip_failed=skip_failed, on_stage=on_stage)
     if output is not None:
         write_plan(output, result)
-    if as_json:
+    to_stdout = output is not None and str(output) == "-"
+    if as_json and not to_stdout:
         click.echo(to_json(result))
-    else:
+    elif not as_json:
+        from rich.console import Console
+
         from .render.plan import render_plan
 
-        render_plan(result)
+        render_plan(result, Console(stderr=to_stdout))   # stdout holds the plan file's JSON
 
 
-@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+class LaunchCommand(click.Command):
+    """``launch``: everything from the first word that is not an option is the command. Click takes an
+    unknown option there for that first word (``--restart 1 -- true`` would run ``--restart`` on
+    every node), so a command whose first word starts with ``-`` must follow ``--``."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        raw = list(args)
+        rest = super().parse_args(ctx, args)
+        command = ctx.params.get("command") or ()
+        if command and command[0].startswith("-") and command[0] != "-":
+            after_separator = len(raw) > len(command) and raw[-len(command) - 1] == "--"
+            if not after_separator:
+                raise UsageError(unknown_option_message(self, ctx, command[0]))
+        return rest
+
+
+def unknown_option_message(command: click.Command, ctx: click.Context, word: str) -> str:
+    import difflib
+
+    names = sorted({n for p in command.get_params(ctx) if isinstance(p, click.Option) for n in p.opts + p.secondary_opts})
+    close = difflib.get_close_matches(word.split("=", 1)[0], names, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return (f"no such option: {word}{hint}; a command that starts with '-' goes after '--': "
+            f"hgtrain {command.name} [OPTIONS] -- COMMAND [ARGS]...")
+
+
+@cli.command(cls=LaunchCommand, context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @cluster_option
 @click.option("--plan", "plan_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="A plan file from 'hgtrain plan -o'. Default: probe, bench and plan as needed.")
@@ -209,12 +245,13 @@ def plan(cluster_file: Path | None, strategy: str, global_batch: int | None, ps_
               help="Write TensorBoard event files of the metrics to DIR/JOB while the job runs "
                    "(pip install 'hgtrain[tensorboard]').")
 @json_option
+@raw_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def launch(ctx: click.Context, cluster_file: Path | None, plan_file: Path | None, strategy: str,
            global_batch: int | None, env: tuple[str, ...], env_file: Path | None, secret_env: tuple[str, ...],
            ranks: str | None, detach: bool, grace_s: float, heartbeat_timeout_s: float, restarts: int,
-           checkpoint_every: int, checkpoint_seconds: float, tensorboard: Path | None, as_json: bool,
+           checkpoint_every: int, checkpoint_seconds: float, tensorboard: Path | None, as_json: bool, raw: bool,
            command: tuple[str, ...]) -> None:
     """Start the plan's ranks on the nodes and stream their logs and metrics.
 
@@ -235,7 +272,7 @@ def launch(ctx: click.Context, cluster_file: Path | None, plan_file: Path | None
         secret_env=secret_env, detach=detach, grace_s=grace_s, heartbeat_timeout_s=heartbeat_timeout_s, restarts=restarts,
         checkpoint_every=checkpoint_every, checkpoint_seconds=checkpoint_seconds,
         console_may_skip=sys.stdout.isatty() and not as_json, tensorboard=tensorboard)
-    result = run_launch(request, make_sink(as_json=as_json, ranks=shown))
+    result = run_launch(request, make_sink(as_json=as_json, ranks=shown, raw=raw))
     ctx.exit(result.exit_code)
 
 
@@ -275,7 +312,8 @@ def status(job: str | None, as_json: bool) -> None:
 @click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends (Ctrl-C: stop watching).")
 @ranks_option("Only these ranks, e.g. 0,2-3.")
 @json_option
-def logs(job: str, follow: bool, ranks: str | None, as_json: bool) -> None:
+@raw_option
+def logs(job: str, follow: bool, ranks: str | None, as_json: bool, raw: bool) -> None:
     """Print or follow a job's logs (also of a detached job), tagged node:rank.
 
     Ctrl-C while following exits 130 and leaves the job running.
@@ -291,10 +329,14 @@ def logs(job: str, follow: bool, ranks: str | None, as_json: bool) -> None:
         def show(item: LogLine) -> None:
             click.echo(json.dumps({"event": "log", "job_id": record.id, "node": item.node, "rank": item.rank,
                                    "stream": item.stream, "line": item.line, "partial": item.partial}))
-    else:
+    elif sys.stdout.isatty() and not raw:
         from .render.logs import LogPrinter
 
-        show = LogPrinter()
+        show = LogPrinter()   # control characters shown visibly
+    else:
+        from .render.logs import PlainLogPrinter
+
+        show = PlainLogPrinter()
     if not follow and has_local_logs(record, chosen):
         for item in local_lines(record, chosen):
             show(item)
@@ -317,9 +359,10 @@ def logs(job: str, follow: bool, ranks: str | None, as_json: bool) -> None:
               show_default=True, help="CSV (one column per metric), JSON lines as the ranks logged them, or "
                                       "TensorBoard event files (a directory: -o DIR).")
 @ranks_option("Only these ranks, e.g. 0,2-3.")
-@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
-              help="Write to this file (replaced whole) instead of stdout; with --format tensorboard the "
-                   "directory to write DIR/JOB/<run>/ event files in.")
+@click.option("-o", "--output", type=click.Path(allow_dash=True, path_type=Path), default=None,
+              help="Write to this file instead of stdout ('-': stdout). A new file is 0644; an existing "
+                   "one is replaced whole but keeps its mode; a device or pipe is written in place. With "
+                   "--format tensorboard: the directory to write DIR/JOB/<run>/ event files in.")
 def metrics(job: str, fmt: str, ranks: str | None, output: Path | None) -> None:
     """Export a job's metrics (ctx.log records) as CSV, JSON lines or TensorBoard event files.
 
@@ -329,15 +372,15 @@ def metrics(job: str, fmt: str, ranks: str | None, output: Path | None) -> None:
     hgtrain metrics JOB --format tensorboard -o runs && tensorboard --logdir runs
     """
     from .jobs import records as jobs
-    from . import state
     from .jobs.logs import parse_ranks
+    from .userfile import write_user_file
     from .jobs.export import read_metrics, to_csv, to_jsonl
 
     if fmt == "tensorboard":
         from .jobs.tensorboard import require_writer
 
         require_writer()   # a missing extra says so before anything is read
-        if output is None:
+        if output is None or str(output) == "-":
             raise UsageError("--format tensorboard writes a directory of event files: give it with -o DIR")
     record = jobs.load(job)
     rows = read_metrics(record, parse_ranks(ranks, record) if ranks else None)
@@ -352,7 +395,7 @@ def metrics(job: str, fmt: str, ranks: str | None, output: Path | None) -> None:
         click.echo(text, nl=False)
         return
     try:
-        state.atomic_write(output, text, mode=0o644)
+        write_user_file(output, text)
     except OSError as exc:
         raise UsageError(f"cannot write {output}: {exc.strerror or exc}") from exc
 

@@ -69,13 +69,20 @@ def write_private(path: Path, text: str) -> None:
         raise StateError(f"cannot write {path}: {exc.strerror or exc}") from exc
 
 
-def atomic_write(path: Path, content: str | Callable[[BinaryIO], None], *, mode: int) -> None:
+def atomic_write(path: Path, content: str | Callable[[BinaryIO], None], *, mode: int,
+                 owner: tuple[int, int] | None = None) -> None:
     """Replace ``path`` with ``content`` (text, or a function writing bytes to the file): a temp file in
     the same directory, fsync, rename, fsync of the directory; a reader never sees half a file and a
     crash at any moment leaves the old file or the new one. Raises OSError for the caller to word
-    (state vs user file). Also used on nodes (PS checkpoints): imports nothing beyond the stdlib."""
+    (state vs user file). Also used on nodes (PS checkpoints): imports nothing beyond the stdlib.
+    ``owner`` (uid, gid): given to the new file where allowed (root replacing a user's file)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        if owner is not None:
+            try:
+                os.fchown(fd, *owner)
+            except PermissionError:
+                pass   # not ours to give away: the new file is the writer's, as any file it creates
         os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as fh:
             if isinstance(content, str):

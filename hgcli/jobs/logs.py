@@ -2,7 +2,8 @@
 
 - The controller's copy: launch writes every rank's output to ``jobs.job_dir(id)/rank<N>.log``. When
   that exists for every rank asked for and we are not following, it is printed as is (it survives
-  the nodes).
+  the nodes), read READ_SIZE bytes at a time and cut as the node side cuts (``split_lines``: a line
+  over 64 KiB comes in ``partial`` pieces), so memory does not grow with the log.
 - Otherwise (a detached job has no controller copy, and ``-f`` follows a running job) the lines come
   from the nodes: ``agent --tail JOB --node NODE [--follow]`` on every node of the job at once, each
   over its own connection. A follow ends when the job ends on every node, or when the caller closes
@@ -28,11 +29,13 @@ from . import records as jobs
 from ..errors import UsageError
 from .nodes import AgentTail, JobNodes, job_nodes
 from ..schema.stages import JobRecord, NodeSpec
-from ..node.agent.logs import frame_lines
+from ..node.agent.logs import READ_SIZE, frame_lines, split_lines, text
 from ..node.protocol import FrameType, LogsFrame, frame_type
 from ..config.ranklist import parse_rank_list
 
 POLL_S = 0.5     # how often the main thread wakes while waiting for lines (keeps Ctrl-C prompt)
+QUEUED_FRAMES = 16   # frames (each at most 1 MiB) waiting for the printer; a full queue holds the
+                     # tails (and through them the nodes' --tail) back instead of growing
 RECONNECT_PAUSES_S = (0.5, 1.0, 2.0, 4.0, 8.0)   # a follow's pauses before each reconnect in a row
 NEXT_ATTEMPT_WAIT_S = 60.0   # how long an ended attempt's follow waits for the record to say what
                              # comes next (the controller stops every node before it restarts)
@@ -91,16 +94,19 @@ def has_local_logs(record: JobRecord, ranks: tuple[int, ...]) -> bool:
 
 
 def local_lines(record: JobRecord, ranks: tuple[int, ...]) -> Iterator[LogLine]:
-    """The controller's copy, rank by rank (each file is one rank's output in order)."""
+    """The controller's copy, rank by rank (each file is one rank's output in order), streamed: at
+    most READ_SIZE bytes and one 64 KiB piece of a line are held at a time."""
     nodes = _rank_nodes(record)
     for rank in ranks:
-        data = local_log(record, rank).read_bytes()
-        text = data.decode("utf-8", "backslashreplace")
-        lines = text.split("\n")
-        if lines and lines[-1] == "":
-            lines.pop()
-        for line in lines:
-            yield LogLine(nodes[rank], rank, "log", line)
+        buf = bytearray()
+        with open(local_log(record, rank), "rb") as fh:
+            while True:
+                data = fh.read(READ_SIZE)
+                buf += data
+                for piece, _end, partial in split_lines(buf, 0, final=not data):
+                    yield LogLine(nodes[rank], rank, "log", text(piece), partial)
+                if not data:
+                    break
 
 
 class NodeLogs:
@@ -119,7 +125,7 @@ class NodeLogs:
         self.failed: dict[str, str] = {n: "no longer declared in the cluster's node source"
                                        for n in self.where.missing if n in wanted}
         self._nodes = [n for n in self.where.nodes if n.name in wanted]
-        self._queue: queue.Queue[_Batch | _NodeDone] = queue.Queue()
+        self._queue: queue.Queue[_Batch | _NodeDone] = queue.Queue(maxsize=QUEUED_FRAMES)
         self._tails: list[AgentTail] = []
         self._lock = threading.Lock()
         self._hung_up = threading.Event()   # close(): no more tails, no more waiting

@@ -1,8 +1,10 @@
 """One node's agent as the controller sees it: a connection, a reader thread per stream, heartbeats.
 
-Readers never wait for anyone: each frame goes straight into the controller's inbox (an unbounded
-mailbox), so a busy controller or a slow terminal never stops the agent's output from being drained
-(the agent paces its sends to the connection; a stalled reader would make it fall back to files).
+Readers hand each frame straight to the controller's inbox. The inbox is bounded by the bytes of
+rank output it holds (``INBOX_BYTES``): past that a reader stops reading until the controller has
+caught up, and the agent keeps the rest (it paces its sends to the connection; its node-local files
+hold everything). The controller never waits for the console (``events.Dispatcher``), so the inbox
+fills only while the controller itself is starved of CPU, and briefly.
 Protocol: docs/agent.md.
 """
 from __future__ import annotations
@@ -30,6 +32,14 @@ def without_site(argv: list[str]) -> list[str]:
 
 
 ANSWERS = (FrameType.PREPARED, FrameType.ERROR)   # to prepare(): not frames of the job
+INBOX_BYTES = 8 << 20   # rank output waiting for the controller, over every node's reader
+
+
+def frame_bytes(frame: Mapping[str, Any]) -> int:
+    """What a frame weighs in the inbox: a log batch's bytes (released by the controller once it
+    has handled them); other frames are small and count 0."""
+    data = frame.get("data")
+    return len(data) if isinstance(data, bytes) else 0
 
 
 class Inbound(NamedTuple):
@@ -113,7 +123,7 @@ class AgentLink:
                     self._answer = frame   # prepare()'s answer, not the job's
                     self._answered.set()
                     continue
-                put(Inbound(node, frame))
+                put(Inbound(node, frame), frame_bytes(frame))
         except (OSError, ValueError, EOFError):
             pass   # the connection was dropped under us: that is the EOF below
         self._answered.set()

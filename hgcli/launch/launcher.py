@@ -34,7 +34,7 @@ from ..schema.stages import Cluster, JobRecord, JobSpec, JobState, NodeSpec, Pla
 from ..node.agent.spec import DEFAULT_JOBS_ROOT
 from ..remote.fanout import NodeResult, fanout, open_transport
 from ..remote.transport import Transport, node_module_argv
-from .agentlink import AgentLink, Heartbeat, Inbound
+from .agentlink import INBOX_BYTES, AgentLink, Heartbeat, Inbound
 
 # PS checkpoints by default once a minute: cheap next to a minute of training, and bounds the work a
 # restart redoes; a count (--checkpoint-every) suits runs whose pace is known.
@@ -214,7 +214,8 @@ def launch(request: LaunchRequest, on_event: Callable[[Event], None]) -> LaunchR
 
         live = LiveEvents(request.tensorboard, job_id)
         on_event = live.wrap(on_event)
-    dispatcher = Dispatcher(on_event, may_skip=request.console_may_skip)
+    # Past its memory bound the console's backlog waits in an unlinked file of the state directory.
+    dispatcher = Dispatcher(on_event, may_skip=request.console_may_skip, spill_dir=str(jobs.jobs_root()))
     try:
         plan = _plan(request, dispatcher.put, job_id)
         if live is not None:
@@ -289,7 +290,7 @@ class _Attempt:
         agent_id = jobs.attempt_job_id(job_id, number)
         node_names = list(self.transports)
         nodes = [request.cluster.node(n) for n in node_names]
-        inbox: Mailbox[Inbound] = Mailbox()
+        inbox: Mailbox[Inbound] = Mailbox(limit_bytes=INBOX_BYTES)
         prepared, failed = self._prepare(nodes, agent_id, number, inbox)
         links = [prepared[n].link for n in node_names if n in prepared]
         try:
@@ -336,6 +337,7 @@ class _Attempt:
                 _stop_detached(links, agent_id, request.jobs_root)
             return outcome
         finally:
+            inbox.unblock()   # nobody takes from it any more: a reader must not wait for room
             for link in links:
                 link.close()
 

@@ -33,7 +33,7 @@ from ..node.protocol import (
     DetachedFrame, EndFrame, ErrorFrame, ExitFrame, FrameType, LogsFrame, MetricFrame, RankState, StartedFrame,
     WarningFrame, frame_type,
 )
-from .agentlink import AgentLink, Inbound
+from .agentlink import AgentLink, Inbound, frame_bytes
 
 REAP_EXTRA_S = 30.0    # beyond the grace period: connect, the agent's --stop waits, SIGKILL
 STOP_EXTRA_S = 20.0     # beyond the grace period: the agent's 5 s after SIGKILL, draining its logs
@@ -193,6 +193,7 @@ class JobController:
 
     def _logs(self, node: str, frame: LogsFrame) -> None:
         """A batch of lines: one file write, one event, no per-line step whatever their number."""
+        self.inbox.release(frame_bytes(frame))   # as its reader weighed it: room for the next
         rank, data, partial = int(frame["rank"]), frame["data"], bool(frame.get("partial"))
         if not partial and not data.endswith(b"\n"):
             data += b"\n"   # the stream's last line, unterminated: it ends here all the same

@@ -5,15 +5,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .. import state
+from ..userfile import write_user_file
 from ..errors import ConfigError
 from ..schema.stages import SCHEMA_VERSION, Cluster, Plan, from_dict, to_json
+from .check import PlanProblem, check_plan
 
 
 def write_plan(path: Path, plan: Plan) -> None:
-    """Write a plan file atomically. It is the user's file, not state: mode 0644 like any output."""
+    """Write a plan file as any ``-o`` output (``userfile``: ``-`` is stdout, a new file 0644, an
+    existing one keeps its mode, a device is written in place)."""
     try:
-        state.atomic_write(path, to_json(plan) + "\n", mode=0o644)
+        write_user_file(path, to_json(plan) + "\n")
     except OSError as exc:
         raise ConfigError(f"cannot write plan file: {exc.strerror or exc}", source=str(path)) from exc
 
@@ -33,6 +35,10 @@ def load_plan(path: Path, cluster: Cluster) -> Plan:
         plan = from_dict(Plan, data)
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"not a valid plan: {exc}", source=str(path)) from exc
+    try:
+        plan = check_plan(plan)
+    except PlanProblem as exc:
+        raise ConfigError(f"not a valid plan: {exc}; nothing was started", source=str(path)) from exc
     if plan.cluster != cluster.fingerprint():
         raise ConfigError(f"this plan was made for cluster {plan.cluster}, not this cluster "
                           f"({cluster.fingerprint()}); run 'hgtrain plan' for it", source=str(path))

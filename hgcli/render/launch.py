@@ -9,6 +9,8 @@ Three sinks for the same events (``launch_events``):
   live view (per group step, loss, samples/s; the cluster total against the plan's prediction).
   Only a terminal imports rich: scripts and pipes do not pay its start-up.
 ``--ranks`` filters which ranks' lines and metrics are shown; every line is in the job's files anyway.
+On a terminal, control characters in what came from ranks and nodes are shown visibly (``^[``:
+render/safe.py); ``--raw`` opts out (and uses the plain sink: exact bytes, no live view).
 The ending puts the root cause first: host, rank, code or signal, its last lines, out of memory.
 """
 from __future__ import annotations
@@ -18,6 +20,7 @@ import json
 import sys
 from typing import Callable, TextIO
 
+from .safe import visible
 from ..launch.events import (
     Event, JobEnded, JobStarted, JobRestarted, LogLines, Metric, Notice, Progress, RankExited,
     RankStarted, RootCause, Stage, Stopping, Summary, event_dict,
@@ -157,10 +160,13 @@ class JsonSink:
 
 class PlainSink:
     def __init__(self, ranks: frozenset[int] | None, out: TextIO | None = None,
-                 err: TextIO | None = None) -> None:
+                 err: TextIO | None = None, *, raw: bool = False) -> None:
         self.ranks = ranks
         self.out = out or sys.stdout
         self.err = err or sys.stderr
+        # stdout is a pipe or a file here (exact bytes), but stderr may still be the user's terminal,
+        # and hgtrain's own lines carry node text (a root cause's last lines, agent warnings).
+        self.err_visible = not raw and self.err.isatty()
 
     def __call__(self, event: Event) -> None:
         if not _shown(event, self.ranks):
@@ -174,7 +180,7 @@ class PlainSink:
         lines = ending_lines(event) if isinstance(event, JobEnded) else [status_line(event)]
         for line in lines:
             if line is not None:
-                self.err.write(f"hgtrain: {line}\n")
+                self.err.write(f"hgtrain: {visible(line) if self.err_visible else line}\n")
         self.err.flush()
 
     def _lines(self, event: LogLines) -> None:
@@ -204,11 +210,11 @@ class PlainSink:
             raw.write(b"\n")
 
 
-def make_sink(*, as_json: bool, ranks: frozenset[int] | None) -> Callable[[Event], None]:
+def make_sink(*, as_json: bool, ranks: frozenset[int] | None, raw: bool = False) -> Callable[[Event], None]:
     if as_json:
         return JsonSink(ranks)
-    if sys.stdout.isatty():
+    if sys.stdout.isatty() and not raw:
         from .launch_live import RichSink
 
         return RichSink(ranks)
-    return PlainSink(ranks)
+    return PlainSink(ranks, raw=raw)

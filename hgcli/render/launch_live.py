@@ -12,6 +12,7 @@ from rich.text import Text
 
 from ..launch.events import BoardView, Event, JobEnded, JobRestarted, LogLines, Progress, RankExited, Stopping
 from .launch import COLOURS, _rate, _ratio, _shown, ending_lines, status_line, tag
+from .safe import visible
 
 
 class RichSink:
@@ -36,15 +37,15 @@ class RichSink:
         line = status_line(event)
         if line is not None:
             style = "bold red" if isinstance(event, (RankExited, Stopping, JobRestarted)) else "dim"
-            self.console.print(Text(f"hgtrain: {line}", style=style), soft_wrap=True)
+            self.console.print(Text(f"hgtrain: {visible(line)}", style=style), soft_wrap=True)
 
     def _lines(self, event: LogLines) -> None:
         colour = COLOURS[event.rank % len(COLOURS)]
-        prefix = f"{tag(event.node, event.rank, event.role)} │ "
+        prefix = visible(f"{tag(event.node, event.rank, event.role)} │ ")
         style = "red" if event.stream == "err" else None
         for line in event.lines:   # a terminal is slow anyway; the Dispatcher bounds the backlog
             text = Text(prefix, style=colour)
-            text.append(line, style=style)
+            text.append(visible(line), style=style)   # a rank's ESC never reaches the terminal
             self.console.print(text, soft_wrap=True)
 
     def _progress(self, event: Progress) -> None:
@@ -61,7 +62,7 @@ class RichSink:
         lines = ending_lines(event)
         for i, line in enumerate(lines):
             bad = event.root_cause is not None and i == 0
-            self.console.print(Text(line, style="bold red" if bad else ("bold" if i == len(lines) - 1 else "")),
+            self.console.print(Text(visible(line), style="bold red" if bad else ("bold" if i == len(lines) - 1 else "")),
                                soft_wrap=True)
 
 

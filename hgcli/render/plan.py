@@ -3,9 +3,14 @@ from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 from rich.tree import Tree
 
 from ..schema.stages import Plan, RankPlan, Role, Strategy
+from .safe import cell, visible
+
+# A plan may be a hand-edited file and names nodes and devices from the cluster file and the probe:
+# its strings reach rich only as Text (never markup), control characters shown (render/safe.py).
 
 STRATEGIES = tuple(s.value for s in Strategy if s is not Strategy.AUTO)
 
@@ -14,35 +19,36 @@ def render_plan(plan: Plan, console: Console | None = None) -> None:
     console = console or Console()
     console.print(plan_tree(plan))
     console.print(prediction_table(plan))
-    console.print(f"[bold]why:[/bold] {plan.reason}")
+    console.print(Text.assemble(("why:", "bold"), " ", visible(plan.reason)))
 
 
 def plan_tree(plan: Plan) -> Tree:
-    model = f" · model {plan.model.name} ({plan.model.parameters:,} parameters)" if plan.model else ""
-    root = Tree(f"[bold]plan[/bold] {plan.strategy.value} · world size {plan.world_size} · "
-                f"global batch {plan.global_batch}{model}")
+    model = f" · model {visible(plan.model.name)} ({plan.model.parameters:,} parameters)" if plan.model else ""
+    root = Tree(Text.assemble(("plan", "bold"), f" {plan.strategy.value} · world size {plan.world_size} · "
+                              f"global batch {plan.global_batch}{model}"))
     accumulate = {g.id: g.accumulate for g in plan.groups}
     shard = {rank: i for i, rank in enumerate(plan.ps_shards)}
     nodes: dict[str, Tree] = {}
     for r in plan.ranks:
         if r.node not in nodes:
-            nodes[r.node] = root.add(f"[bold cyan]{r.node}[/bold cyan]")
+            nodes[r.node] = root.add(cell(r.node, style="bold cyan"))
         nodes[r.node].add(_rank_label(r, accumulate, shard))
     if plan.ps_shards:
-        root.add(f"staleness bound {plan.staleness_bound} versions · parameters in "
-                 f"{len(plan.ps_shards)} PS shard(s)")
+        root.add(Text(f"staleness bound {plan.staleness_bound} versions · parameters in "
+                      f"{len(plan.ps_shards)} PS shard(s)"))
     return root
 
 
-def _rank_label(r: RankPlan, accumulate: dict[int, int], shard: dict[int, int]) -> str:
+def _rank_label(r: RankPlan, accumulate: dict[int, int], shard: dict[int, int]) -> Text:
+    device = visible(r.device)
     if r.role is Role.PS:
-        return f"{r.device}  rank {r.rank} · [magenta]ps[/magenta] · shard {shard.get(r.rank, '?')}"
+        return Text.assemble(f"{device}  rank {r.rank} · ", ("ps", "magenta"), f" · shard {shard.get(r.rank, '?')}")
     acc = accumulate.get(r.group, 1) if r.group is not None else 1
-    text = f"{r.device}  rank {r.rank} · group {r.group} · worker · batch {r.batch_size}"
+    text = Text(f"{device}  rank {r.rank} · group {r.group} · worker · batch {r.batch_size}")
     if acc > 1:
-        text += f" x {acc} accumulated"
+        text.append(f" x {acc} accumulated")
     if r.emulated:
-        text += f" [yellow]EMULATED (speed {r.speed:g})[/yellow]"
+        text.append(f" EMULATED (speed {r.speed:g})", style="yellow")
     return text
 
 
@@ -59,5 +65,5 @@ def prediction_table(plan: Plan) -> Table:
         ratio = f"{value / ideal:.2f}" if ideal > 0 else "-"
         chosen = name == plan.strategy.value
         style = "bold green" if chosen else None
-        table.add_row(name + (" (chosen)" if chosen else ""), f"{value:,.1f}", ratio, style=style)
+        table.add_row(cell(name + (" (chosen)" if chosen else "")), f"{value:,.1f}", ratio, style=style)
     return table

@@ -11,6 +11,10 @@ from rich.table import Table
 from rich.text import Text
 
 from ..schema.stages import PLAN_NEEDS, GpuInfo, Inventory, NodeInfo, PythonRuntime
+from .safe import cell, visible
+
+# Everything a node reports (GPU and CPU names, OS, errors) is its own text: it reaches rich as Text
+# with control characters shown (render/safe.py), never as markup.
 
 EMULATED = "EMULATED"
 
@@ -41,9 +45,9 @@ def probe_progress(names: Sequence[str], console: Console | None = None
                 if info.name in waiting:
                     waiting.remove(info.name)
                 line = Text.assemble(("ok  " if info.ok else "FAIL", "green" if info.ok else "bold red"),
-                                     f" {info.name} ({info.elapsed_s or 0:.1f} s)")
+                                     f" {visible(info.name)} ({info.elapsed_s or 0:.1f} s)")
                 if not info.ok:
-                    line.append(f": {info.error}", style="red")
+                    line.append(f": {visible(str(info.error))}", style="red")
                 progress.console.print(line)
                 progress.update(task, advance=1, description=waiting_text())
 
@@ -57,9 +61,9 @@ def _mib(value: int | None) -> str:
 
 
 def _gpu_line(gpu: GpuInfo) -> Text:
-    text = Text(f"{gpu.index}: {gpu.name}  {_mib(gpu.memory_total_mib)}")
+    text = cell(f"{gpu.index}: {gpu.name}  {_mib(gpu.memory_total_mib)}")
     if gpu.compute_capability:
-        text.append(f"  cc {gpu.compute_capability}")
+        text.append(f"  cc {visible(gpu.compute_capability)}")
     if gpu.emulated:
         speed = f" x{gpu.speed:g}" if gpu.speed is not None else ""
         text.append(f"  {EMULATED}{speed}", style="bold reverse magenta")
@@ -74,7 +78,7 @@ def _gpus_cell(node: NodeInfo) -> Text:
     return Text("\n").join(_gpu_line(g) for g in node.gpus)
 
 
-def _system_cell(node: NodeInfo) -> str:
+def _system_cell(node: NodeInfo) -> Text | str:
     """CPU, RAM, OS, Python and torch stacked in one cell, so the GPU column keeps its width."""
     if not node.ok:
         return ""
@@ -82,8 +86,8 @@ def _system_cell(node: NodeInfo) -> str:
     torch = node.torch_version or "not installed"
     if node.torch_version and node.torch_cuda:
         torch += f" (CUDA {node.torch_cuda})"
-    return "\n".join([f"CPU {cpu or '?'}", f"RAM {_mib(node.memory_total_mib)}", f"OS {node.os or '?'}",
-                      f"Python {node.python_version or '?'}, torch {torch}", _plans_line(node.runtime)])
+    return cell("\n".join([f"CPU {cpu or '?'}", f"RAM {_mib(node.memory_total_mib)}", f"OS {node.os or '?'}",
+                           f"Python {node.python_version or '?'}, torch {torch}", _plans_line(node.runtime)]))
 
 
 def _plans_line(runtime: PythonRuntime | None) -> str:
@@ -105,15 +109,15 @@ def _plans_line(runtime: PythonRuntime | None) -> str:
 
 
 def _node_cell(node: NodeInfo) -> Text:
-    text = Text(node.name, style="bold")
-    text.append(f"\n{node.host}", style="dim")
+    text = cell(node.name, style="bold")
+    text.append(f"\n{visible(node.host)}", style="dim")
     if node.elapsed_s is not None:
         text.append(f"\n{node.elapsed_s:.1f} s", style="dim")
     return text
 
 
 def inventory_table(inventory: Inventory) -> Table:
-    table = Table(title=f"hgtrain probe: {len(inventory.nodes)} node(s)", title_justify="left")
+    table = Table(title=Text(f"hgtrain probe: {len(inventory.nodes)} node(s)"), title_justify="left")
     table.add_column("node", overflow="fold")
     table.add_column("GPUs", no_wrap=True)
     table.add_column("system", overflow="fold")
@@ -130,11 +134,12 @@ def render_inventory(inventory: Inventory, console: Console | None = None) -> No
     for node in failed:
         # Folded, never cut: the reason often ends in what to do (a host key's fingerprint and the
         # ssh-keyscan line to add it), and a pipe or a log file has no terminal width to spare.
-        console.print(Text(f"{node.name} ({node.host}) FAILED: {node.error}", style="red", overflow="fold"),
-                      soft_wrap=False)
+        reason = cell(f"{node.name} ({node.host}) FAILED: {node.error}", style="red")
+        reason.overflow = "fold"
+        console.print(reason, soft_wrap=False)
     summary = f"{len(inventory.succeeded)}/{len(inventory.nodes)} node(s) answered"
     if failed:
-        console.print(Text(f"{summary}; failed: {', '.join(n.name for n in failed)}", style="bold red"))
+        console.print(cell(f"{summary}; failed: {', '.join(n.name for n in failed)}", style="bold red"))
     else:
         console.print(Text(summary, style="green"))
     if any(g.emulated for n in inventory.nodes for g in n.gpus):

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from ..schema.stages import JobRecord, RankState
 from ..jobs.status import JobLive, JobStatus, LiveRank, NodeLive
+from .safe import cell, visible
 
 STATE_STYLE = {"running": "bold green", "starting": "green", "pending": "green", "succeeded": "blue",
                "failed": "bold red", "stopped": "yellow", "unknown": "bold magenta",
@@ -19,7 +20,7 @@ METRIC_KEYS = ("step", "loss", "samples_per_s")
 
 
 def _styled(state: str) -> Text:
-    return Text(state, style=STATE_STYLE.get(state, ""))
+    return cell(state, STATE_STYLE.get(state, ""))
 
 
 def _when(t: float | None) -> str:
@@ -53,10 +54,12 @@ def jobs_table(statuses: list[JobStatus]) -> Table:
     for s in statuses:
         r = s.record
         nodes = list(dict.fromkeys(x.node for x in (r.ranks or r.plan.ranks)))
-        table.add_row(r.id, _styled(r.state.value), r.plan.strategy.value, str(r.plan.world_size),
-                      ", ".join(nodes[:3]) + (f" +{len(nodes) - 3}" if len(nodes) > 3 else ""),
-                      _when(r.started_at), _duration(r), "-" if r.exit_code is None else str(r.exit_code),
-                      *((_live_summary(s.live) if s.live else "",) if live else ()))
+        # Every cell is Text: a record is a file and node names come from one; rich must not read
+        # "[...]" in them as markup.
+        table.add_row(cell(r.id), _styled(r.state.value), cell(r.plan.strategy.value), cell(r.plan.world_size),
+                      cell(", ".join(nodes[:3]) + (f" +{len(nodes) - 3}" if len(nodes) > 3 else "")),
+                      cell(_when(r.started_at)), cell(_duration(r)), cell("-" if r.exit_code is None else r.exit_code),
+                      *((cell(_live_summary(s.live) if s.live else ""),) if live else ()))
     return table
 
 
@@ -72,26 +75,27 @@ def _metrics(metrics: dict[str, Any] | None) -> str:
 
 
 def _rank_row(rank: int, node: str, role: str, live: LiveRank | None, fallback: RankState,
-              exit_code: int | None, metrics: dict[str, Any] | None) -> list[Any]:
+              exit_code: int | None, metrics: dict[str, Any] | None) -> list[Text]:
     state = live.state if live else fallback
     code = live.exit_code if live else exit_code
     signal = live.signal if live else None
     ended = "" if code is None and signal is None else (f"signal {signal}" if signal else str(code))
-    return [str(rank), node, role, _styled(state.value), str(live.pid) if live and live.pid else "",
-            ended, _metrics((live.metrics if live else None) or metrics)]
+    # Metrics are whatever a rank logged ("[/oops]" included): Text cells, never markup.
+    return [cell(rank), cell(node), cell(role), _styled(state.value), cell(live.pid if live and live.pid else ""),
+            cell(ended), cell(_metrics((live.metrics if live else None) or metrics))]
 
 
 def job_detail(status: JobStatus) -> list[Any]:
     """Renderables for one job: a header, its ranks, and a line per node that is not plainly fine."""
     r = status.record
     live = {x.rank: x for n in status.live.nodes for x in n.ranks} if status.live else {}
-    header = Text.assemble((r.id, "bold"), "  ", _styled(r.state.value),
+    header = Text.assemble((visible(r.id), "bold"), "  ", _styled(r.state.value),
                            f"  {r.plan.strategy.value} · {r.plan.world_size} ranks · started {_when(r.started_at)}"
                            f" · {_duration(r)}" + (f" · exit {r.exit_code}" if r.exit_code is not None else ""))
-    out: list[Any] = [header, Text(f"command: {' '.join(r.command)}"),
-                      Text(f"cluster: {r.cluster_source or 'embedded local cluster'}" + (" · detached" if r.detached else ""))]
+    out: list[Any] = [header, cell(f"command: {' '.join(r.command)}"),
+                      cell(f"cluster: {r.cluster_source or 'embedded local cluster'}" + (" · detached" if r.detached else ""))]
     if r.root_cause:
-        out.append(Text(f"root cause: {r.root_cause}", style="red"))
+        out.append(cell(f"root cause: {r.root_cause}", style="red"))
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for column in ("rank", "node", "role", "state", "pid", "exit", "last metrics"):
         table.add_column(column)
@@ -110,12 +114,12 @@ def job_detail(status: JobStatus) -> list[Any]:
 
 def _node_note(node: NodeLive) -> Text | None:
     if not node.reachable:
-        return Text(f"{node.node}: unreachable ({node.error}); its ranks are shown as unknown", style="magenta")
+        return cell(f"{node.node}: unreachable ({node.error}); its ranks are shown as unknown", style="magenta")
     if node.state == "orphaned":
-        return Text(f"{node.node}: the agent is gone but ranks still run; 'hgtrain stop' ends them",
+        return cell(f"{node.node}: the agent is gone but ranks still run; 'hgtrain stop' ends them",
                     style="magenta")
     if node.state in ("lost", "absent"):
-        return Text(f"{node.node}: {node.state}" + (f" ({node.error})" if node.error else ""), style="red")
+        return cell(f"{node.node}: {node.state}" + (f" ({node.error})" if node.error else ""), style="red")
     return None
 
 

@@ -83,7 +83,8 @@ def test_rich_sink_shows_coloured_lines_the_live_table_and_the_ending():
     assert "job j succeeded (exit code 0)" in text
 
 
-def test_a_console_that_cannot_keep_up_skips_lines_never_other_events():
+def _gated(may_skip: bool):
+    """A Dispatcher whose console takes nothing until the gate opens; (dispatcher, gate, seen)."""
     import threading
 
     from hgcli.launch.events import Dispatcher
@@ -95,14 +96,27 @@ def test_a_console_that_cannot_keep_up_skips_lines_never_other_events():
         gate.wait(30)
         seen.append(event)
 
-    d = Dispatcher(slow_sink)
+    return Dispatcher(slow_sink, may_skip=may_skip), gate, seen
+
+
+def _four_lines(i: int) -> LogLines:
+    """Lines i..i+3 in one batch: the bounds count lines and bytes, not events."""
+    return LogLines("j", 0, "n", "worker", "out", "".join(f"line {j}\n" for j in range(i, i + 4)).encode())
+
+
+def _shown_lines(seen) -> list[str]:
+    return [line for e in seen if isinstance(e, LogLines) for line in e.lines]
+
+
+def test_a_console_that_cannot_keep_up_skips_lines_never_other_events():
+    d, gate, seen = _gated(may_skip=True)
     d.MAX_BACKLOG = 10
-    for i in range(0, 100, 4):   # batches of 4 lines: the bound counts lines, not events
-        d.put(LogLines("j", 0, "n", "worker", "out", "".join(f"line {j}\n" for j in range(i, i + 4)).encode()))
+    for i in range(0, 100, 4):
+        d.put(_four_lines(i))
     d.put(ended(cause=None, state="succeeded", code=0))
     gate.set()
     d.close(30)
-    lines = [line for e in seen if isinstance(e, LogLines) for line in e.lines]
+    lines = _shown_lines(seen)
     assert 10 <= len(lines) <= 16 and lines == sorted(lines, key=lambda s: int(s.split()[1]))
     notice = next(e for e in seen if type(e).__name__ == "Notice")
     assert f"{100 - len(lines)} log lines not shown" in notice.message
@@ -110,26 +124,34 @@ def test_a_console_that_cannot_keep_up_skips_lines_never_other_events():
 
 
 def test_a_pipe_or_json_reader_gets_every_line_however_slow():
-    import threading
-
-    from hgcli.launch.events import Dispatcher
-
-    gate = threading.Event()
-    seen = []
-
-    def slow_sink(event):
-        gate.wait(30)
-        seen.append(event)
-
-    d = Dispatcher(slow_sink, may_skip=False)
+    d, gate, seen = _gated(may_skip=False)
     d.MAX_BACKLOG = 10
     for i in range(0, 100, 4):
-        d.put(LogLines("j", 0, "n", "worker", "out", "".join(f"line {j}\n" for j in range(i, i + 4)).encode()))
+        d.put(_four_lines(i))
     gate.set()
     d.close(30)
-    lines = [line for e in seen if isinstance(e, LogLines) for line in e.lines]
-    assert lines == [f"line {j}" for j in range(100)]
+    assert _shown_lines(seen) == [f"line {j}" for j in range(100)]
     assert not [e for e in seen if type(e).__name__ == "Notice"]
+
+
+def test_a_slow_pipe_reader_gets_lines_and_metrics_in_order_through_the_spill_file():
+    d, gate, seen = _gated(may_skip=False)
+    d.MAX_BACKLOG_BYTES = 64   # past 64 bytes in memory: the spill file (launch/spill.py)
+    for i in range(0, 100, 4):
+        d.put(_four_lines(i))
+        d.put(Metric("j", 0, "n", "worker", {"step": i}))
+        if i == 48:
+            d.put(RankExited("j", 1, "n", "worker", "failed", 1, None, "exit 1", None))
+    d.put(ended(cause=None, state="succeeded", code=0))
+    gate.set()
+    d.close(30)
+    assert d.spilled_bytes > 0
+    assert _shown_lines(seen) == [f"line {j}" for j in range(100)]
+    assert [e.data["step"] for e in seen if isinstance(e, Metric)] == list(range(0, 100, 4))
+    kinds = [type(e).__name__ for e in seen]
+    exited = kinds.index("RankExited")
+    assert kinds[exited - 1] == "Metric" and seen[exited - 1].data["step"] == 48   # in its place
+    assert isinstance(seen[-1], JobEnded)
 
 
 def test_plain_lines_on_a_byte_stream_are_tagged_in_the_streams_encoding_after_what_it_holds():

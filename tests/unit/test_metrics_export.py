@@ -76,3 +76,44 @@ def test_a_detached_job_has_no_metrics_here_and_says_why(tmp_path, monkeypatch, 
     jobs.save(dataclasses.replace(record))
     assert main(["metrics", "hg-metrics-d"]) == 6
     assert "--detach" in capsys.readouterr().err
+
+
+def test_output_dash_is_stdout_and_an_existing_file_keeps_its_mode(book, tmp_path, capsys):
+    import os
+
+    assert main(["metrics", "hg-metrics-1", "--format", "jsonl", "-o", "-"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 3 and not (tmp_path / "-").exists()
+    private = tmp_path / "private.csv"
+    private.write_text("old\n")
+    private.chmod(0o600)
+    assert main(["metrics", "hg-metrics-1", "-o", str(private)]) == 0
+    assert os.stat(private).st_mode & 0o777 == 0o600 and private.read_text().startswith("time,")
+    fresh = tmp_path / "fresh.csv"
+    assert main(["metrics", "hg-metrics-1", "-o", str(fresh)]) == 0
+    assert os.stat(fresh).st_mode & 0o777 == 0o644
+
+
+def test_output_to_a_link_a_device_or_a_pipe_is_written_in_place(book, tmp_path):
+    import os
+    import stat
+
+    target = tmp_path / "real.csv"
+    target.write_text("")
+    link = tmp_path / "link.csv"
+    link.symlink_to(target)
+    assert main(["metrics", "hg-metrics-1", "-o", str(link)]) == 0
+    assert link.is_symlink() and target.read_text().startswith("time,")
+    to_null = tmp_path / "stdout"          # as /dev/stdout is: a link to a device
+    to_null.symlink_to(os.devnull)
+    assert main(["metrics", "hg-metrics-1", "-o", str(to_null)]) == 0
+    assert to_null.is_symlink() and stat.S_ISCHR(os.stat(os.devnull).st_mode)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        assert main(["metrics", "hg-metrics-1", "--format", "jsonl", "-o", str(fifo)]) == 0
+        assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+        assert len(os.read(reader, 65536).splitlines()) == 3
+    finally:
+        os.close(reader)
+    assert main(["metrics", "hg-metrics-1", "-o", str(tmp_path)]) == 2
