@@ -23,12 +23,14 @@ from typing import Callable, Iterator, Mapping
 
 from ..jobs import records as jobs
 from ..errors import EXIT_JOB, ConfigError, HgError, UsageError
-from .events import Dispatcher, Event, JobEnded, JobRestarted, JobStarted, RootCause, Stage
+from .events import Dispatcher, Event, JobEnded, JobRestarted, JobStarted, Notice, RootCause, Stage
 from .loop import Interrupt, JobController, Outcome
 from .metrics import MetricsBoard, predictions
 from .record import JobBook
 from .mailbox import Mailbox
-from .spec import CheckpointPolicy, NodeLaunch, agent_spec, forwarded_env, parse_assignment, read_env_file
+from .spec import (
+    CheckpointPolicy, NodeLaunch, RunAttempt, agent_spec, env_flag, forwarded_env, read_env_file, unforwarded_names,
+)
 from ..schema.stages import Cluster, JobRecord, JobSpec, JobState, NodeSpec, Plan, RankRecord, Role, to_json
 from ..node.agent.spec import DEFAULT_JOBS_ROOT
 from ..remote.fanout import NodeResult, fanout, open_transport
@@ -87,14 +89,36 @@ class LaunchResult:
 
 
 def user_env(request: LaunchRequest, environ: Mapping[str, str]) -> dict[str, str]:
-    """Forwarded allowlist, then the env file, then --env (later wins); checked before any contact."""
+    """Forwarded allowlist, then the env file, then --env (later wins); checked before any contact.
+    A bare ``--env NAME`` takes this machine's value (nothing when NAME is not set here)."""
     env = forwarded_env(environ)
     if request.env_file is not None:
         env.update(read_env_file(request.env_file))
     for item in request.env:
-        name, value = parse_assignment(item, "--env")
-        env[name] = value
+        name, value = env_flag(item, environ)
+        if value is not None:
+            env[name] = value
     return env
+
+
+def forwarding_note(request: LaunchRequest, plan: Plan, environ: Mapping[str, str],
+                    env: Mapping[str, str]) -> str | None:
+    """The one line that names what an SSH node will not get: variables set here that look relevant
+    and are not forwarded, and bare ``--env NAME``s not set here. None when nothing is missing or
+    every node of the plan is this machine (whose ranks inherit hgtrain's environment)."""
+    remote = sorted({r.node for r in plan.ranks if not request.cluster.node(r.node).is_local})
+    if not remote:
+        return None
+    parts = []
+    missing = unforwarded_names(environ, env)
+    if missing:
+        parts.append(f"set here but not forwarded: {', '.join(missing)} (forward one with --env NAME)")
+    unset = [item for item in request.env if "=" not in item and item not in environ]
+    if unset:
+        parts.append(f"--env {', '.join(unset)}: not set here, so not set there either")
+    if not parts:
+        return None
+    return f"environment of the ranks on {', '.join(remote)}: " + "; ".join(parts)
 
 
 def master_address(plan: Plan, cluster: Cluster) -> str:
@@ -190,6 +214,9 @@ def launch(request: LaunchRequest, on_event: Callable[[Event], None]) -> LaunchR
     try:
         plan = _plan(request, dispatcher.put, job_id)
         master_addr = master_address(plan, request.cluster)
+        note = forwarding_note(request, plan, environ, env)
+        if note is not None:
+            dispatcher.put(Notice(job_id, None, note))
         return _run(request, plan, job_id, env, master_addr, dispatcher.put)
     finally:
         dispatcher.close()
@@ -276,7 +303,8 @@ class _Attempt:
                                    jobs_root=request.jobs_root, grace_s=request.grace_s,
                                    heartbeat_interval_s=request.heartbeat_interval_s,
                                    heartbeat_timeout_s=request.heartbeat_timeout_s, detach=request.detach,
-                                   checkpoint=policy)
+                                   checkpoint=policy,
+                                   attempt=RunAttempt(run_id=job_id, number=number, max_restarts=request.restarts))
                      for n in node_names}
             predicted, ideal = predictions(plan)
             if number == 0:
