@@ -63,7 +63,7 @@ def recorded_error(data: Any) -> tuple[str | None, tuple[str, ...]]:
     the rank wrote them, and they go to a terminal."""
     if not isinstance(data, dict) or not isinstance(data.get("message"), str):
         return None, ()
-    message = " ".join(printable(data["message"]).split())
+    message = printable(" ".join(data["message"].split()))
     if len(message) > ERROR_CHARS:
         message = message[:ERROR_CHARS - 3] + "..."
     stack = data.get("traceback")
