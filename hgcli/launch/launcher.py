@@ -215,9 +215,7 @@ def launch(request: LaunchRequest, on_event: Callable[[Event], None]) -> LaunchR
         plan = _plan(request, dispatcher.put, job_id)
         master_addr = master_address(plan, request.cluster)
         note = forwarding_note(request, plan, environ, env)
-        if note is not None:
-            dispatcher.put(Notice(job_id, None, note))
-        return _run(request, plan, job_id, env, master_addr, dispatcher.put)
+        return _run(request, plan, job_id, env, master_addr, dispatcher.put, note)
     finally:
         dispatcher.close()
         if dispatcher.error is not None and not isinstance(dispatcher.error, BrokenPipeError):
@@ -225,7 +223,7 @@ def launch(request: LaunchRequest, on_event: Callable[[Event], None]) -> LaunchR
 
 
 def _run(request: LaunchRequest, plan: Plan, job_id: str, env: dict[str, str], master_addr: str,
-         emit: Callable[[Event], None]) -> LaunchResult:
+         emit: Callable[[Event], None], note: str | None = None) -> LaunchResult:
     record = JobRecord(id=job_id, cluster=request.cluster.fingerprint(), cluster_source=_source(request.cluster),
                        command=request.command, plan=plan, started_at=time.time(), detached=request.detach,
                        ranks=_fresh_ranks(plan))
@@ -235,7 +233,7 @@ def _run(request: LaunchRequest, plan: Plan, job_id: str, env: dict[str, str], m
     nodes = [request.cluster.node(n) for n in dict.fromkeys(r.node for r in plan.ranks)]
     transports = {n.name: open_transport(n, request.cluster.ssh) for n in nodes}
     interrupt = Interrupt()
-    attempt = _Attempt(request, plan, env, master_addr, emit, book, board, interrupt, transports)
+    attempt = _Attempt(request, plan, env, master_addr, emit, book, board, interrupt, transports, note)
     try:
         with _signals_to(interrupt):
             outcome = attempt.run(0)
@@ -274,6 +272,7 @@ class _Attempt:
     board: MetricsBoard
     interrupt: Interrupt
     transports: dict[str, Transport]
+    note: str | None = None        # forwarding_note: shown once, after job_started
     checkpoint_dirs: dict[str, str] = field(default_factory=dict)
 
     def run(self, number: int) -> Outcome:
@@ -312,6 +311,8 @@ class _Attempt:
                                 nodes=tuple(node_names), command=request.command, job_dir=str(self.book.dir),
                                 master=f"{self.master_addr}:{port}", detached=request.detach,
                                 predicted_samples_per_s=predicted, ideal_samples_per_s=ideal))
+                if self.note is not None:
+                    emit(Notice(job_id, None, self.note))
             start_links = fanout(nodes, lambda n: prepared[n.name].link.send_spec(specs[n.name]))
             heartbeat = Heartbeat(links, request.heartbeat_interval_s).start()
             controller = JobController(job_id=job_id, plan=plan, links=links, inbox=inbox, book=self.book,
