@@ -58,12 +58,20 @@ def ranks_option(help: str) -> Callable[[F], F]:
     return click.option("--ranks", "ranks", default=None, metavar="LIST", help=help)
 
 
-def load_cluster_arg(cluster_file: Path | None) -> Cluster:
-    """Nodes from -c, else --hostfile, else SLURM_JOB_NODELIST, else the embedded local cluster."""
+def load_cluster_arg(cluster_file: Path | None, nproc_per_node: int | None = None) -> Cluster:
+    """Nodes from -c, else --hostfile, else SLURM_JOB_NODELIST, else the embedded local cluster
+    (``--nproc-per-node`` devices of it)."""
     from .config.cluster import load_node_source
 
     hostfile = click.get_current_context().meta.get("hgtrain.hostfile")
-    return load_node_source(cluster_file, hostfile=hostfile)
+    return load_node_source(cluster_file, hostfile=hostfile, nproc_per_node=nproc_per_node)
+
+
+def nproc_option(f: F) -> F:
+    return click.option(
+        "--nproc-per-node", "nproc_per_node", type=click.IntRange(min=1), default=None, metavar="N",
+        help="Embedded local cluster only: its first N GPUs, or N identical emulated devices on a "
+             "machine without GPUs (as torchrun's --nproc-per-node).")(f)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -137,6 +145,7 @@ def bench(cluster_file: Path | None, as_json: bool, quick: bool, model_spec: str
 
 @cli.command()
 @cluster_option
+@nproc_option
 @click.option("--strategy", type=click.Choice([s.value for s in Strategy]), default="auto",
               show_default=True, help="auto predicts every strategy and picks the fastest.")
 @click.option("--global-batch", type=click.IntRange(min=1), default=None,
@@ -153,7 +162,7 @@ def bench(cluster_file: Path | None, as_json: bool, quick: bool, model_spec: str
                    "A new file is 0644; an existing one keeps its mode.")
 @click.option("--skip-failed", is_flag=True,
               help="Plan on the healthy nodes/devices when some fail to probe or bench (default: exit 4).")
-def plan(cluster_file: Path | None, strategy: str, global_batch: int | None, ps_ranks: int | None,
+def plan(cluster_file: Path | None, nproc_per_node: int | None, strategy: str, global_batch: int | None, ps_ranks: int | None,
          staleness: int | None, params: int | None, as_json: bool, output: Path | None,
          skip_failed: bool) -> None:
     """Build a heterogeneous placement plan and predict its throughput.
@@ -165,7 +174,7 @@ def plan(cluster_file: Path | None, strategy: str, global_batch: int | None, ps_
     from .plan.pipeline import prepare_plan
     from .plan.files import write_plan
 
-    cluster = load_cluster_arg(cluster_file)
+    cluster = load_cluster_arg(cluster_file, nproc_per_node)
     model = ModelSpec(name=f"{params:,} parameters", parameters=params) if params else None
     job = JobSpec(strategy=Strategy(strategy), global_batch=global_batch, ps_ranks=ps_ranks,
                   staleness=staleness, model=model)
@@ -216,14 +225,16 @@ def unknown_option_message(command: click.Command, ctx: click.Context, word: str
 
 @cli.command(cls=LaunchCommand, context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @cluster_option
+@nproc_option
 @click.option("--plan", "plan_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="A plan file from 'hgtrain plan -o'. Default: probe, bench and plan as needed.")
 @click.option("--strategy", type=click.Choice([s.value for s in Strategy]), default="auto",
               show_default=True, help="Strategy to plan for (without --plan).")
 @click.option("--global-batch", type=click.IntRange(min=1), default=None,
               help="Samples per step over all workers (without --plan).")
-@click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
-              help="Set a variable on every rank (repeatable; beats --env-file).")
+@click.option("--env", "env", multiple=True, metavar="NAME[=VALUE]",
+              help="Set a variable on every rank (repeatable; beats --env-file); a bare NAME forwards "
+                   "this machine's value.")
 @click.option("--env-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="NAME=VALUE lines to set on every rank.")
 @click.option("--secret-env", "secret_env", multiple=True, metavar="NAME",
@@ -248,11 +259,11 @@ def unknown_option_message(command: click.Command, ctx: click.Context, word: str
 @raw_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
-def launch(ctx: click.Context, cluster_file: Path | None, plan_file: Path | None, strategy: str,
-           global_batch: int | None, env: tuple[str, ...], env_file: Path | None, secret_env: tuple[str, ...],
-           ranks: str | None, detach: bool, grace_s: float, heartbeat_timeout_s: float, restarts: int,
-           checkpoint_every: int, checkpoint_seconds: float, tensorboard: Path | None, as_json: bool, raw: bool,
-           command: tuple[str, ...]) -> None:
+def launch(ctx: click.Context, cluster_file: Path | None, nproc_per_node: int | None, plan_file: Path | None,
+           strategy: str, global_batch: int | None, env: tuple[str, ...], env_file: Path | None,
+           secret_env: tuple[str, ...], ranks: str | None, detach: bool, grace_s: float,
+           heartbeat_timeout_s: float, restarts: int, checkpoint_every: int, checkpoint_seconds: float,
+           tensorboard: Path | None, as_json: bool, raw: bool, command: tuple[str, ...]) -> None:
     """Start the plan's ranks on the nodes and stream their logs and metrics.
 
     \b
@@ -267,7 +278,7 @@ def launch(ctx: click.Context, cluster_file: Path | None, plan_file: Path | None
 
     shown = parse_rank_list(ranks) if ranks else None
     request = LaunchRequest(
-        cluster=load_cluster_arg(cluster_file), command=command, plan_file=plan_file,
+        cluster=load_cluster_arg(cluster_file, nproc_per_node), command=command, plan_file=plan_file,
         job=JobSpec(strategy=Strategy(strategy), global_batch=global_batch), env=env, env_file=env_file,
         secret_env=secret_env, detach=detach, grace_s=grace_s, heartbeat_timeout_s=heartbeat_timeout_s, restarts=restarts,
         checkpoint_every=checkpoint_every, checkpoint_seconds=checkpoint_seconds,

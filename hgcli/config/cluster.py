@@ -52,13 +52,28 @@ SSH_OVERRIDABLE = frozenset({"port", "user", "identity_file", "proxy_jump"})
 KeyPath = tuple[str | int, ...]
 
 
-def default_cluster() -> Cluster:
+def default_cluster(nproc_per_node: int | None = None) -> Cluster:
     """This machine alone: its GPUs, or on a machine without nvidia-smi an emulated set. Its Python is
     the controller's own (where hgtrain and its dependencies are installed, a virtual environment
-    say), not whichever ``python3`` comes first on PATH."""
-    emulate = None if shutil.which("nvidia-smi") else DEFAULT_EMULATION
-    return Cluster(nodes=(NodeSpec(name="local", host="localhost", python=sys.executable, emulate=emulate),),
-                   source=None)
+    say), not whichever ``python3`` comes first on PATH.
+
+    ``nproc_per_node`` (``--nproc-per-node N``, as torchrun users type it): the first N GPUs, or on a
+    machine without GPUs N identical emulated devices (the fast device of the default set), so a
+    2-rank script needs no cluster file."""
+    has_gpus = bool(shutil.which("nvidia-smi"))
+    emulate = None if has_gpus else DEFAULT_EMULATION
+    gpus = None
+    if nproc_per_node is not None:
+        if nproc_per_node < 1:
+            raise ConfigError(f"--nproc-per-node must be at least 1, got {nproc_per_node}")
+        if has_gpus:
+            gpus = tuple(range(nproc_per_node))
+        else:
+            emulate = EmulateSpec(devices=DEFAULT_EMULATION.devices[:1] * nproc_per_node,
+                                  speed=DEFAULT_EMULATION.speed[:1] * nproc_per_node,
+                                  memory_mib=DEFAULT_EMULATION.memory_mib[:1] * nproc_per_node)
+    node = NodeSpec(name="local", host="localhost", python=sys.executable, gpus=gpus, emulate=emulate)
+    return Cluster(nodes=(node,), source=None)
 
 
 def load_cluster(path: str | Path) -> Cluster:
@@ -86,15 +101,22 @@ def cluster_from_slurm(nodelist: str, *, settings_from: str | Path | None = None
 
 
 def load_node_source(cluster_file: str | Path | None = None, *, hostfile: str | Path | None = None,
-                     environ: Mapping[str, str] | None = None) -> Cluster:
+                     environ: Mapping[str, str] | None = None, nproc_per_node: int | None = None) -> Cluster:
     """The cluster a command works on. Nodes come from exactly one source, the first that applies:
 
     1. the cluster file, when it declares nodes (then ``hostfile`` must not be given as well);
     2. ``hostfile``; 3. ``SLURM_JOB_NODELIST`` in ``environ`` (inside a Slurm allocation);
     4. without a cluster file, the embedded local cluster.
     For 2 and 3 a cluster file that declares no nodes supplies [ssh] and [defaults].
+    ``nproc_per_node`` sizes the embedded cluster only: a declared node says its devices itself.
     """
     environ = os.environ if environ is None else environ
+    if nproc_per_node is not None and (cluster_file is not None or hostfile is not None
+                                       or environ.get(SLURM_SOURCE)):
+        source = cluster_file or hostfile or SLURM_SOURCE
+        raise ConfigError("--nproc-per-node sizes the embedded local cluster only; a declared node "
+                          "chooses its devices with gpus = [...] (or emulate) in the cluster file",
+                          source=str(source))
     if cluster_file is not None:
         settings = _read_cluster_file(Path(cluster_file))
         if settings.nodes:
@@ -109,7 +131,7 @@ def load_node_source(cluster_file: str | Path | None = None, *, hostfile: str | 
     if cluster_file is not None:
         raise ConfigError("no nodes declared: add [[nodes]] tables or hostfile = \"...\", or pass "
                           "--hostfile", source=str(cluster_file))
-    return default_cluster()
+    return default_cluster(nproc_per_node)
 
 
 # ---------------------------------------------------------------------------------------------

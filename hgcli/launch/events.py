@@ -162,10 +162,14 @@ class RootCause:
     reason: str
     oom: bool | None
     last_lines: tuple[str, ...] = ()
+    # The exception the rank's ``@record`` wrote to its TORCHELASTIC_ERROR_FILE ("ValueError: ...",
+    # one line) and that file's Python call stack; None / () without one.
+    error: str | None = None
+    traceback: tuple[str, ...] = ()
 
     def sentence(self) -> str:
         who = f"{self.node}:{self.rank}" if self.rank is not None else f"node {self.node}"
-        return f"{who} {self.reason}"
+        return f"{who} {self.reason}" + (f": {self.error}" if self.error else "")
 
 
 @dataclass(frozen=True)

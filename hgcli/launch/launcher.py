@@ -24,12 +24,14 @@ from typing import Callable, Iterator, Mapping
 
 from ..jobs import records as jobs
 from ..errors import EXIT_JOB, ConfigError, HgError, UsageError
-from .events import Dispatcher, Event, JobEnded, JobRestarted, JobStarted, RootCause, Stage
+from .events import Dispatcher, Event, JobEnded, JobRestarted, JobStarted, Notice, RootCause, Stage
 from .loop import Interrupt, JobController, Outcome
 from .metrics import MetricsBoard, predictions
 from .record import JobBook
 from .mailbox import Mailbox
-from .spec import CheckpointPolicy, NodeLaunch, agent_spec, forwarded_env, parse_assignment, read_env_file
+from .spec import (
+    CheckpointPolicy, NodeLaunch, RunAttempt, agent_spec, env_flag, forwarded_env, read_env_file, unforwarded_names,
+)
 from ..schema.stages import Cluster, JobRecord, JobSpec, JobState, NodeSpec, Plan, RankRecord, Role, to_json
 from ..node.agent.spec import DEFAULT_JOBS_ROOT
 from ..remote.fanout import NodeResult, fanout, open_transport
@@ -98,14 +100,36 @@ class LaunchResult:
 
 
 def user_env(request: LaunchRequest, environ: Mapping[str, str]) -> dict[str, str]:
-    """Forwarded allowlist, then the env file, then --env (later wins); checked before any contact."""
+    """Forwarded allowlist, then the env file, then --env (later wins); checked before any contact.
+    A bare ``--env NAME`` takes this machine's value (nothing when NAME is not set here)."""
     env = forwarded_env(environ)
     if request.env_file is not None:
         env.update(read_env_file(request.env_file))
     for item in request.env:
-        name, value = parse_assignment(item, "--env")
-        env[name] = value
+        name, value = env_flag(item, environ)
+        if value is not None:
+            env[name] = value
     return env
+
+
+def forwarding_note(request: LaunchRequest, plan: Plan, environ: Mapping[str, str],
+                    env: Mapping[str, str]) -> str | None:
+    """The one line that names what an SSH node will not get: variables set here that look relevant
+    and are not forwarded, and bare ``--env NAME``s not set here. None when nothing is missing or
+    every node of the plan is this machine (whose ranks inherit hgtrain's environment)."""
+    remote = sorted({r.node for r in plan.ranks if not request.cluster.node(r.node).is_local})
+    if not remote:
+        return None
+    parts = []
+    missing = unforwarded_names(environ, env)
+    if missing:
+        parts.append(f"set here but not forwarded: {', '.join(missing)} (forward one with --env NAME)")
+    unset = [item for item in request.env if "=" not in item and item not in environ]
+    if unset:
+        parts.append(f"--env {', '.join(unset)}: not set here, so not set there either")
+    if not parts:
+        return None
+    return f"environment of the ranks on {', '.join(remote)}: " + "; ".join(parts)
 
 
 def master_address(plan: Plan, cluster: Cluster) -> str:
@@ -221,7 +245,8 @@ def launch(request: LaunchRequest, on_event: Callable[[Event], None]) -> LaunchR
         if live is not None:
             live.begin(plan)   # before the job starts, so before its first metric
         master_addr = master_address(plan, request.cluster)
-        return _run(request, plan, job_id, env, master_addr, dispatcher.put)
+        note = forwarding_note(request, plan, environ, env)
+        return _run(request, plan, job_id, env, master_addr, dispatcher.put, note)
     finally:
         dispatcher.close()
         if live is not None:
@@ -231,7 +256,7 @@ def launch(request: LaunchRequest, on_event: Callable[[Event], None]) -> LaunchR
 
 
 def _run(request: LaunchRequest, plan: Plan, job_id: str, env: dict[str, str], master_addr: str,
-         emit: Callable[[Event], None]) -> LaunchResult:
+         emit: Callable[[Event], None], note: str | None = None) -> LaunchResult:
     record = JobRecord(id=job_id, cluster=request.cluster.fingerprint(), cluster_source=_source(request.cluster),
                        command=request.command, plan=plan, started_at=time.time(), detached=request.detach,
                        ranks=_fresh_ranks(plan))
@@ -241,7 +266,7 @@ def _run(request: LaunchRequest, plan: Plan, job_id: str, env: dict[str, str], m
     nodes = [request.cluster.node(n) for n in dict.fromkeys(r.node for r in plan.ranks)]
     transports = {n.name: open_transport(n, request.cluster.ssh) for n in nodes}
     interrupt = Interrupt()
-    attempt = _Attempt(request, plan, env, master_addr, emit, book, board, interrupt, transports)
+    attempt = _Attempt(request, plan, env, master_addr, emit, book, board, interrupt, transports, note)
     try:
         with _signals_to(interrupt):
             outcome = attempt.run(0)
@@ -280,6 +305,7 @@ class _Attempt:
     board: MetricsBoard
     interrupt: Interrupt
     transports: dict[str, Transport]
+    note: str | None = None        # forwarding_note: shown once, after job_started
     checkpoint_dirs: dict[str, str] = field(default_factory=dict)
     # The job's rendezvous secret (runtime/netbind.py): in the agents' specs only, never in a record.
     token: str = field(default_factory=lambda: os.urandom(16).hex())
@@ -312,7 +338,8 @@ class _Attempt:
                                    heartbeat_interval_s=request.heartbeat_interval_s,
                                    heartbeat_timeout_s=request.heartbeat_timeout_s, detach=request.detach,
                                    checkpoint=policy, token=self.token, secret=request.secret_env,
-                                   bind_addr=bind_address(request.cluster.node(n), plan, request.cluster))
+                                   bind_addr=bind_address(request.cluster.node(n), plan, request.cluster),
+                                   attempt=RunAttempt(run_id=job_id, number=number, max_restarts=request.restarts))
                      for n in node_names}
             predicted, ideal = predictions(plan)
             if number == 0:
@@ -320,6 +347,8 @@ class _Attempt:
                                 nodes=tuple(node_names), command=request.command, job_dir=str(self.book.dir),
                                 master=f"{self.master_addr}:{port}", detached=request.detach,
                                 predicted_samples_per_s=predicted, ideal_samples_per_s=ideal))
+                if self.note is not None:
+                    emit(Notice(job_id, None, self.note))
             start_links = fanout(nodes, lambda n: prepared[n.name].link.send_spec(specs[n.name]))
             heartbeat = Heartbeat(links, request.heartbeat_interval_s).start()
             controller = JobController(job_id=job_id, plan=plan, links=links, inbox=inbox, book=self.book,

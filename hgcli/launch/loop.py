@@ -38,6 +38,7 @@ from .agentlink import AgentLink, Inbound, frame_bytes
 REAP_EXTRA_S = 30.0    # beyond the grace period: connect, the agent's --stop waits, SIGKILL
 STOP_EXTRA_S = 20.0     # beyond the grace period: the agent's 5 s after SIGKILL, draining its logs
 TAIL_LINES = 10         # last lines of the root-cause rank shown with it
+ERROR_CHARS = 500       # of the root-cause rank's @record exception message
 POLL_S = 0.2
 PROGRESS_EVERY_S = 1.0
 
@@ -54,6 +55,25 @@ def last_lines(data: bytes, n: int) -> list[str]:
         if start < 0:
             break
     return data[start + 1:cut].decode("utf-8", "backslashreplace").split("\n")
+
+
+def recorded_error(data: Any) -> tuple[str | None, tuple[str, ...]]:
+    """A failed rank's ``@record`` exception from its exit frame: the message as one printable line
+    (at most ``ERROR_CHARS``) and the call stack's last ``TAIL_LINES`` lines, each made printable:
+    the rank wrote them, and they go to a terminal."""
+    if not isinstance(data, dict) or not isinstance(data.get("message"), str):
+        return None, ()
+    message = printable(" ".join(data["message"].split()))
+    if len(message) > ERROR_CHARS:
+        message = message[:ERROR_CHARS - 3] + "..."
+    stack = data.get("traceback")
+    lines = stack.rstrip("\n").split("\n")[-TAIL_LINES:] if isinstance(stack, str) and stack.strip() else []
+    return message or None, tuple(printable(line) for line in lines)
+
+
+def printable(text: str) -> str:
+    """Control characters (escape sequences, carriage returns) as ``\\xNN``; tabs as spaces."""
+    return "".join(c if c.isprintable() else ("    " if c == "\t" else f"\\x{ord(c):02x}") for c in text)
 
 
 def rank_exit_code(frame: Mapping[str, Any]) -> int | None:
@@ -231,8 +251,9 @@ class JobController:
         self.emit(RankExited(self.job_id, rank, node, self.role.get(rank, "?"), state, code,
                              frame.get("signal_name"), reason, frame.get("oom")))
         if rank_state is RankState.FAILED and self.root_cause is None and self.stop_reason is None:
+            error, stack = recorded_error(frame.get("error"))
             self.root_cause = RootCause(node=node, rank=rank, exit_code=code, signal=frame.get("signal_name"),
-                                        reason=reason, oom=frame.get("oom"))
+                                        reason=reason, oom=frame.get("oom"), error=error, traceback=stack)
             self.root_code = code if code else 1
             self._begin_stop(f"{node}:{rank} {reason}")
 

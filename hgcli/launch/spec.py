@@ -1,6 +1,8 @@
 """What each node agent is told to run: the ranks' argv and environment (pure, no I/O but the env file).
 
 The environment a rank gets is built in layers, later layers winning:
+0. torchrun's defaults (``runtime.env.torchrun_defaults``: PYTHONUNBUFFERED, OMP_NUM_THREADS, ...),
+   set by the agent only where no later layer has the name;
 1. the agent's own environment on the node (sshd's, or the controller's for a local node);
 2. the forwarded allowlist of the controller's environment: ``NCCL_*``, ``HGTRAIN_*``, ``PYTHONPATH``;
 3. ``--env-file`` then ``--env K=V`` (in that order, so the command line beats the file);
@@ -69,6 +71,31 @@ def forwarded_env(environ: Mapping[str, str]) -> dict[str, str]:
             if (k.startswith(FORWARD_PREFIXES) or k in FORWARD_NAMES) and k not in NOT_FORWARDED}
 
 
+def env_flag(text: str, environ: Mapping[str, str]) -> tuple[str, str | None]:
+    """One ``--env``: ``NAME=VALUE`` literally, or a bare ``NAME``: this machine's value of NAME, as
+    ``docker run -e NAME`` does (None when NAME is not set here: nothing is forwarded). A bare name
+    also keeps a secret's value off every command line."""
+    if "=" in text:
+        return parse_assignment(text, "--env")
+    if not _NAME.fullmatch(text):
+        raise UsageError(f"--env: expected NAME=VALUE or NAME (letters, digits and '_'), got {text!r}")
+    return text, environ.get(text)
+
+
+# Variables that change what a training script does, which a user may have exported here and expect
+# on every node (a script gated on ACCELERATE_USE_CPU=1 ran as separate non-distributed copies).
+RELEVANT_PREFIXES = ("ACCELERATE_", "CUDA_", "CUBLAS_", "DEEPSPEED_", "GLOO_", "HF_", "HUGGINGFACE_",
+                     "KMP_", "MKL_", "MLFLOW_", "OMP_", "PL_", "PYTORCH_", "TOKENIZERS_", "TORCH_",
+                     "TORCHINDUCTOR_", "TRANSFORMERS_", "WANDB_", "XLA_")
+
+
+def unforwarded_names(environ: Mapping[str, str], env: Mapping[str, str]) -> list[str]:
+    """Names set here that look relevant to training (``RELEVANT_PREFIXES``, ``*_USE_*``) and that do
+    not reach SSH nodes (not in ``env``, what is forwarded). Names only: values may be secret."""
+    return sorted(k for k in environ if k not in env and k not in NOT_FORWARDED
+                  and (k.startswith(RELEVANT_PREFIXES) or "_USE_" in k))
+
+
 @dataclass(frozen=True)
 class NodeLaunch:
     """What the controller learned of one node before its agent gets its spec (``hgcli.node.agent.prelaunch``)."""
@@ -106,17 +133,28 @@ def rank_argv(plan: Plan, rank: RankPlan, command: Sequence[str], node: NodeLaun
     return tuple(command)
 
 
+@dataclass(frozen=True)
+class RunAttempt:
+    """Which start of the job this is, for torchrun's TORCHELASTIC_* variables."""
+
+    run_id: str                    # the job's id, the same for every attempt
+    number: int = 0                # 0: the first start; N: the N-th restart
+    max_restarts: int = 0          # launch --restarts
+
+
 def agent_spec(*, plan: Plan, job_id: str, node: NodeLaunch, command: Sequence[str],
                user_env: Mapping[str, str], master_addr: str, master_port: int, jobs_root: str,
                grace_s: float, heartbeat_interval_s: float, heartbeat_timeout_s: float,
                detach: bool, checkpoint: CheckpointPolicy = CheckpointPolicy(),
                bind_addr: str | None = None, token: str | None = None,
-               secret: Sequence[str] = ()) -> AgentSpec:
+               secret: Sequence[str] = (), attempt: RunAttempt | None = None) -> AgentSpec:
     """The spec of ``node``'s agent. ``user_env`` = forwarded allowlist + env file + ``--env``;
     ``bind_addr``: the node's cluster address, where its ranks listen; ``token``: the job's rendezvous
-    secret (only ever in this spec, on the agent's stdin); ``secret``: ``--secret-env`` names."""
-    from ..runtime.env import rank_env
+    secret (only ever in this spec, on the agent's stdin); ``secret``: ``--secret-env`` names;
+    ``attempt``: which run of ``--restarts`` this is (torchrun's restart variables)."""
+    from ..runtime.env import rank_env, torchrun_defaults
 
+    attempt = attempt or RunAttempt(run_id=job_id)
     env = dict(user_env)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (node.package_root, env.get("PYTHONPATH")) if p)
     ranks = []
@@ -124,10 +162,11 @@ def agent_spec(*, plan: Plan, job_id: str, node: NodeLaunch, command: Sequence[s
         if rp.node != node.name:
             continue
         renv = rank_env(plan, rp.rank, master_addr=master_addr, master_port=master_port,
-                        plan_path=node.plan_path, job_id=job_id, bind_addr=bind_addr, token=token)
+                        plan_path=node.plan_path, job_id=job_id, bind_addr=bind_addr, token=token,
+                        run_id=attempt.run_id, restart_count=attempt.number, max_restarts=attempt.max_restarts)
         ranks.append(RankSpec(rank=rp.rank, argv=rank_argv(plan, rp, command, node, checkpoint), env=renv))
     return AgentSpec(job_id=job_id, node=node.name, ranks=tuple(ranks), env=env, secret=tuple(secret),
-                     jobs_root=jobs_root,
+                     env_defaults=torchrun_defaults(len(ranks)), jobs_root=jobs_root,
                      grace_s=grace_s, heartbeat_interval_s=heartbeat_interval_s,
                      heartbeat_timeout_s=heartbeat_timeout_s, detach=detach,
                      raw_logs=True)   # AgentLink reads raw log payloads (frames.read_stream)

@@ -214,6 +214,13 @@ class StoppingFrame(TypedDict):
     reason: str
 
 
+class RankError(TypedDict):
+    """The exception a failed rank's ``@record`` wrote to its ``TORCHELASTIC_ERROR_FILE``."""
+
+    message: str                   # "ValueError: bad batch"
+    traceback: str                 # the Python call stack, "" when the file had none
+
+
 class ExitFrame(TypedDict):
     """One rank ended."""
 
@@ -225,6 +232,7 @@ class ExitFrame(TypedDict):
     state: str                     # a RankState: succeeded, failed, stopped, unknown
     reason: str                    # a sentence: "exited with code 3", "killed by SIGKILL: ..."
     oom: bool | None               # the OOM killer's verdict; None when not readable
+    error: RankError | None        # a failed rank's @record error file; None without one
 
 
 class EndFrame(TypedDict):

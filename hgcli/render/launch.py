@@ -3,8 +3,9 @@
 Three sinks for the same events (``launch_events``):
 - ``JsonSink``: one JSON object per line on stdout, nothing else (``progress`` is left out: the
   ``metric`` events carry the same figures);
-- ``PlainSink`` (stdout not a terminal): rank lines on stdout, hgtrain's own lines on stderr, no
-  colour, no rich per line (a flood of lines must not be slowed by formatting);
+- ``PlainSink`` (stdout not a terminal): ranks' stdout lines on stdout, their stderr lines and
+  hgtrain's own lines on stderr, no colour, no rich per line (a flood of lines must not be slowed by
+  formatting);
 - ``RichSink`` (a terminal, ``render/launch_live.py``): lines coloured per rank and, below them, the
   live view (per group step, loss, samples/s; the cluster total against the plan's prediction).
   Only a terminal imports rich: scripts and pipes do not pay its start-up.
@@ -73,6 +74,10 @@ def root_cause_lines(cause: RootCause) -> list[str]:
     if cause.last_lines:
         lines.append(f"  last lines of {cause.node}:{cause.rank}:")
         lines += [f"    {line}" for line in cause.last_lines]
+    if cause.traceback and not any(cause.error and cause.error in line for line in cause.last_lines):
+        # The rank's own stderr did not end with it (redirected, or buried under later lines).
+        lines.append(f"  call stack in the error file of {cause.node}:{cause.rank} (@record):")
+        lines += [f"    {line}" for line in cause.traceback]
     return lines
 
 
@@ -159,6 +164,9 @@ class JsonSink:
 
 
 class PlainSink:
+    """Rank lines tagged ``host:rank | line``: a rank's stdout on ``out``, its stderr on ``err`` (as
+    torchrun keeps them apart), hgtrain's own lines on ``err`` too."""
+
     def __init__(self, ranks: frozenset[int] | None, out: TextIO | None = None,
                  err: TextIO | None = None, *, raw: bool = False) -> None:
         self.ranks = ranks
@@ -172,42 +180,51 @@ class PlainSink:
         if not _shown(event, self.ranks):
             return
         if isinstance(event, LogLines):
-            self._lines(event)
+            if event.stream == "err" and self.err_visible:
+                # stdout is redirected but stderr is the user's terminal: a rank's ESC must not reach it
+                prefix = f"{tag(event.node, event.rank, event.role)} | "
+                self.err.write("".join(f"{prefix}{visible(line)}\n" for line in event.lines))
+                self.err.flush()
+                return
+            write_tagged(self.err if event.stream == "err" else self.out, event)
             return
         if isinstance(event, (Metric, Progress, RankStarted)):
             return
-        self.out.flush()
         lines = ending_lines(event) if isinstance(event, JobEnded) else [status_line(event)]
         for line in lines:
             if line is not None:
                 self.err.write(f"hgtrain: {visible(line) if self.err_visible else line}\n")
         self.err.flush()
 
-    def _lines(self, event: LogLines) -> None:
-        """One batch: every line tagged, in one write and no Python step per line. The tagging runs
-        on bytes where the stream has them (``bytes.replace`` is several times faster than building
-        the tagged ``str`` and having the text layer encode it, which was most of the console's
-        share of a flood), encoded as the stream itself would; ASCII lines as they came."""
-        prefix = f"{tag(event.node, event.rank, event.role)} | "
-        raw = getattr(self.out, "buffer", None)
-        if raw is None:   # a text-only stream
-            text = event.text
-            body = text[:-1] if text.endswith("\n") else text
-            self.out.write(prefix + body.replace("\n", "\n" + prefix) + "\n")
-            return
-        encoding, errors = self.out.encoding or "utf-8", self.out.errors or "strict"
-        tag_bytes = prefix.encode(encoding, errors)
-        data = event.data
-        if not data.isascii() or codecs.lookup(encoding).name not in ASCII_SUPERSETS:
-            data = event.text.encode(encoding, errors)
-        self.out.flush()   # anything the text layer holds goes first
-        raw.write(tag_bytes)
-        tagged = data.replace(b"\n", b"\n" + tag_bytes)
-        if data.endswith(b"\n"):
-            raw.write(memoryview(tagged)[:-len(tag_bytes)])   # no tag after the last line, no copy
-        else:
-            raw.write(tagged)
-            raw.write(b"\n")
+
+def write_tagged(stream: TextIO, event: LogLines) -> None:
+    """One batch: every line tagged, in one write and no Python step per line, flushed (a reader of a
+    pipe sees each line when the rank wrote it, and ``2>&1`` keeps the streams in arrival order).
+    The tagging runs on bytes where the stream has them (``bytes.replace`` is several times faster
+    than building the tagged ``str`` and having the text layer encode it, which was most of the
+    console's share of a flood), encoded as the stream itself would; ASCII lines as they came."""
+    prefix = f"{tag(event.node, event.rank, event.role)} | "
+    raw = getattr(stream, "buffer", None)
+    if raw is None:   # a text-only stream
+        text = event.text
+        body = text[:-1] if text.endswith("\n") else text
+        stream.write(prefix + body.replace("\n", "\n" + prefix) + "\n")
+        stream.flush()
+        return
+    encoding, errors = stream.encoding or "utf-8", stream.errors or "strict"
+    tag_bytes = prefix.encode(encoding, errors)
+    data = event.data
+    if not data.isascii() or codecs.lookup(encoding).name not in ASCII_SUPERSETS:
+        data = event.text.encode(encoding, errors)
+    stream.flush()   # anything the text layer holds goes first
+    raw.write(tag_bytes)
+    tagged = data.replace(b"\n", b"\n" + tag_bytes)
+    if data.endswith(b"\n"):
+        raw.write(memoryview(tagged)[:-len(tag_bytes)])   # no tag after the last line, no copy
+    else:
+        raw.write(tagged)
+        raw.write(b"\n")
+    raw.flush()
 
 
 def make_sink(*, as_json: bool, ranks: frozenset[int] | None, raw: bool = False) -> Callable[[Event], None]:
@@ -216,5 +233,6 @@ def make_sink(*, as_json: bool, ranks: frozenset[int] | None, raw: bool = False)
     if sys.stdout.isatty() and not raw:
         from .launch_live import RichSink
 
-        return RichSink(ranks)
+        # stderr redirected away from the terminal (2> file) gets the ranks' stderr lines, plain
+        return RichSink(ranks, err=None if sys.stderr.isatty() else sys.stderr)
     return PlainSink(ranks, raw=raw)

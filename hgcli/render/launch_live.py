@@ -3,7 +3,7 @@ metrics table (per group step, loss, samples/s; the cluster total against the pl
 Apart from ``render/launch.py`` so that only a terminal imports rich."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, TextIO
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -11,16 +11,18 @@ from rich.table import Table
 from rich.text import Text
 
 from ..launch.events import BoardView, Event, JobEnded, JobRestarted, LogLines, Progress, RankExited, Stopping
-from .launch import COLOURS, _rate, _ratio, _shown, ending_lines, status_line, tag
+from .launch import COLOURS, _rate, _ratio, _shown, ending_lines, status_line, tag, write_tagged
 from .safe import visible
 
 
 class RichSink:
     """A terminal: coloured lines scrolling above a live metrics table."""
 
-    def __init__(self, ranks: frozenset[int] | None, console: Console | None = None) -> None:
+    def __init__(self, ranks: frozenset[int] | None, console: Console | None = None,
+                 err: TextIO | None = None) -> None:
         self.ranks = ranks
         self.console = console or Console(highlight=False)
+        self.err = err   # where ranks' stderr lines go when that is not this terminal (2> file)
         self.live: Live | None = None
         # Each handler takes the event type it is keyed by.
         self.handlers: dict[type, Callable[[Any], None]] = {
@@ -40,6 +42,9 @@ class RichSink:
             self.console.print(Text(f"hgtrain: {visible(line)}", style=style), soft_wrap=True)
 
     def _lines(self, event: LogLines) -> None:
+        if event.stream == "err" and self.err is not None:
+            write_tagged(self.err, event)
+            return
         colour = COLOURS[event.rank % len(COLOURS)]
         prefix = visible(f"{tag(event.node, event.rank, event.role)} │ ")
         style = "red" if event.stream == "err" else None

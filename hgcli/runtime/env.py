@@ -62,16 +62,34 @@ class RankEnv:
 
 def rank_env(plan: model.Plan, rank: int, *, master_addr: str, master_port: int, plan_path: str,
              job_id: str, metrics_fd: int | None = None, timeout_s: float | None = None,
-             bind_addr: str | None = None, token: str | None = None) -> dict[str, str]:
+             bind_addr: str | None = None, token: str | None = None,
+             run_id: str | None = None, restart_count: int = 0, max_restarts: int = 0) -> dict[str, str]:
     """The variables a launcher sets for ``rank`` (added to the inherited environment). ``bind_addr``:
     the address this rank's node is known by, where its listeners bind (``netbind``; None: torch's
-    choice); ``token``: the job's rendezvous secret."""
+    choice); ``token``: the job's rendezvous secret.
+
+    torchrun's whole set, with torchrun's meaning (``torch/distributed/run.py``), so frameworks that
+    detect torchelastic (``torch.distributed.is_torchelastic_launched()``, Lightning) see one: a node
+    is a worker group (``GROUP_RANK``: the node's index in rank order, rank 0's node first), the role
+    is the plan's (``worker`` or ``ps``), ``TORCHELASTIC_RUN_ID`` is the job id (``run_id``, the same
+    over restarts), the restart count is the attempt of ``launch --restarts``. The agent adds
+    ``TORCHELASTIC_ERROR_FILE`` (a path in its job directory on the node)."""
     rp = plan.rank(rank)
     node_ranks = [r for r in plan.ranks if r.node == rp.node]
+    nodes = list(dict.fromkeys(r.node for r in plan.ranks))
+    role_ranks = [r.rank for r in plan.ranks if r.role is rp.role]
     env = {
         "RANK": str(rank), "WORLD_SIZE": str(plan.world_size), "LOCAL_RANK": str(rp.local_rank),
         "LOCAL_WORLD_SIZE": str(len(node_ranks)), "MASTER_ADDR": master_addr,
-        "MASTER_PORT": str(master_port), "HGTRAIN_PLAN": plan_path, "HGTRAIN_ROLE": rp.role.value,
+        "MASTER_PORT": str(master_port),
+        "GROUP_RANK": str(nodes.index(rp.node)), "GROUP_WORLD_SIZE": str(len(nodes)),
+        "ROLE_NAME": rp.role.value, "ROLE_RANK": str(role_ranks.index(rank)),
+        "ROLE_WORLD_SIZE": str(len(role_ranks)),
+        "TORCHELASTIC_RUN_ID": run_id or job_id, "TORCHELASTIC_RESTART_COUNT": str(restart_count),
+        "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
+        # The ranks make their own store (rank 0 hosts it at MASTER_PORT): there is no agent store.
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "HGTRAIN_PLAN": plan_path, "HGTRAIN_ROLE": rp.role.value,
         "HGTRAIN_GROUP": "" if rp.group is None else str(rp.group),
         "HGTRAIN_BATCH_SIZE": "" if rp.batch_size is None else str(rp.batch_size),
         "HGTRAIN_DEVICE_SPEED": repr(rp.speed), "HGTRAIN_JOB_ID": job_id,
@@ -87,6 +105,18 @@ def rank_env(plan: model.Plan, rank: int, *, master_addr: str, master_port: int,
         env["HGTRAIN_BIND_ADDR"] = bind_addr
     if token:
         env["HGTRAIN_JOB_TOKEN"] = token
+    return env
+
+
+def torchrun_defaults(local_world_size: int) -> dict[str, str]:
+    """What torchrun sets on its workers unless the node's environment (or the user) already has it:
+    ``PYTHONUNBUFFERED`` (torchrun starts Python workers with ``-u``: without it a rank's stdout on a
+    pipe arrives in blocks, after its stderr, or never when the rank is killed),
+    ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``, and ``OMP_NUM_THREADS=1`` where a node runs several ranks
+    (torchrun: ``--nproc-per-node`` > 1) so they do not oversubscribe its cores."""
+    env = {"PYTHONUNBUFFERED": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+    if local_world_size > 1:
+        env["OMP_NUM_THREADS"] = "1"
     return env
 
 

@@ -72,6 +72,19 @@ class Run:
                                          f"\nstderr: {self._stderr_now()}")
                 self._cond.wait(0.2)
 
+    def wait_line(self, pred: Callable[[str], Any], timeout: float = WAIT_S) -> str:
+        """The first stdout line (plain output, not --json) that ``pred`` accepts, as soon as it arrives."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                found = next((line for line in self.lines if pred(line)), None)
+                if found is not None:
+                    return found
+                if time.monotonic() > deadline or (self.proc.poll() is not None and not self._reader.is_alive()):
+                    raise AssertionError(f"no such line; exit {self.proc.poll()}, lines: {self.lines[-10:]}"
+                                         f"\nstderr: {self._stderr_now()}")
+                self._cond.wait(0.2)
+
     def _stderr_now(self) -> str:
         return b"".join(self._err).decode("utf-8", "replace")
 

@@ -159,7 +159,7 @@ def test_plain_lines_on_a_byte_stream_are_tagged_in_the_streams_encoding_after_w
     out = io.TextIOWrapper(raw, encoding="latin-1", errors="replace")
     sink = PlainSink(None, out=out, err=io.StringIO())
     out.write("held by the text layer\n")
-    sink(LogLines("j", 2, "h", "ps", "err", b"bad \xff byte\n" + "caf\u00e9 \u2603\n".encode()))
+    sink(LogLines("j", 2, "h", "ps", "out", b"bad \xff byte\n" + "caf\u00e9 \u2603\n".encode()))
     sink(LogLines("j", 0, "h", "worker", "out", b"a piece", partial=True))
     out.flush()
     assert raw.getvalue() == (b"held by the text layer\n" b"h:2 ps | bad \\xff byte\n"

@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from hgcli.launch.spec import unforwarded_names
 from hgcli.schema.stages import Cluster
 from tests.agent.harness import job_pids, wait_until
 
@@ -165,6 +166,25 @@ def test_secret_values_stay_off_remote_command_lines_and_files(hosts, cluster, h
     (tmp_path / "s.env").unlink()
     seen = "\n".join(run.lines) + run.stderr + text_under(hg.state_dir, hg.home, *(h.dir for h in hosts.hosts))
     assert "ok" in seen and secret not in seen
+
+
+def test_bare_env_name_forwards_the_local_value_and_the_rest_is_named_once(hosts, cluster, hg, tmp_path):
+    """A variable exported here reaches SSH nodes only when named (``--env NAME``, as docker's -e);
+    the relevant ones that do not are named once, after job_started, values never shown."""
+    ctoml, pfile, _ = files(tmp_path, hosts, cluster, [["host1", "host2"]])
+    script = "import os; print(os.environ.get('ACCELERATE_USE_CPU'), os.environ.get('WANDB_MODE'))"
+    env = {k: v for k, v in hg.env().items() if k not in unforwarded_names(os.environ, {})}   # only ours
+    env.update(ACCELERATE_USE_CPU="1", WANDB_MODE="offline-value")
+    code, out, err = hg.run("-c", str(ctoml), "--plan", str(pfile), "--env", "ACCELERATE_USE_CPU", "--json", "--",
+                            PY, "-c", script, env=env)
+    assert code == 0, err
+    events = [json.loads(line) for line in out.splitlines()]
+    assert sorted(e["line"] for e in events if e["event"] == "log") == ["1 None", "1 None"]
+    notices = [e["message"] for e in events if e["event"] == "notice"]
+    assert notices == ["environment of the ranks on host1, host2: set here but not forwarded: WANDB_MODE "
+                       "(forward one with --env NAME)"]
+    assert [e["event"] for e in events].index("notice") == [e["event"] for e in events].index("job_started") + 1
+    assert "offline-value" not in out + err
 
 
 def test_a_node_whose_agent_cannot_start_fails_the_launch_with_6_naming_it(hg, tmp_path, hosts, cluster):

@@ -36,7 +36,7 @@ def test_forwarded_allowlist_and_precedence(tmp_path):
     assert user_env(req, environ) == {"NCCL_DEBUG": "WARN", "HGTRAIN_X": "1", "PYTHONPATH": "/p",
                                       "A": "flag", "B": "x=y"}
     with pytest.raises(UsageError, match="--env"):
-        user_env(LaunchRequest(cluster=local_cluster(), command=("x",), env=("NOEQUALS",)), {})
+        user_env(LaunchRequest(cluster=local_cluster(), command=("x",), env=("NOT A NAME",)), {})
 
 
 def test_request_validation():

@@ -484,6 +484,25 @@ def test_default_cluster_emulates_without_nvidia_smi(monkeypatch, tmp_path):
     assert default_cluster().nodes[0].emulate is None
 
 
+def test_nproc_per_node_sizes_the_embedded_cluster_only(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))            # no nvidia-smi: N identical emulated devices
+    node, = load_node_source(environ={}, nproc_per_node=2).nodes
+    assert node.emulate is not None and node.gpus is None
+    assert node.emulate.devices == (DEFAULT_EMULATION.devices[0],) * 2
+    assert node.emulate.speed == (1.0, 1.0) and node.emulate.memory_mib == (DEFAULT_EMULATION.memory_mib[0],) * 2
+    assert default_cluster(2).fingerprint() not in (default_cluster().fingerprint(), default_cluster(3).fingerprint())
+    fake = tmp_path / "nvidia-smi"                         # GPUs: the first N of them
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    node, = default_cluster(3).nodes
+    assert node.emulate is None and node.gpus == (0, 1, 2)
+    full = write(tmp_path / "full.toml", '[[nodes]]\nhost = "f1"\n')
+    hosts = write(tmp_path / "hosts", "h1\n")
+    for kwargs in ({"cluster_file": full}, {"hostfile": hosts}, {"environ": {"SLURM_JOB_NODELIST": "s1"}}):
+        with pytest.raises(ConfigError, match="--nproc-per-node sizes the embedded local cluster only"):
+            load_node_source(**{"environ": {}, **kwargs}, nproc_per_node=2)
+
+
 # ---------------------------------------------------------------------------------------------
 # Properties
 # ---------------------------------------------------------------------------------------------

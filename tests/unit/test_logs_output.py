@@ -5,6 +5,7 @@ kernel's own accounting (``VmHWM``); the launch sinks fed real events.
 """
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import pty
@@ -125,11 +126,14 @@ def test_launch_plain_sink_keeps_exact_bytes_on_a_pipe_and_escapes_its_terminal_
     out = io.BytesIO()
     sink = PlainSink(None, io.TextIOWrapper(out, encoding="utf-8"), err, raw=raw)
     sink(_lines(OSC52))
+    # a rank's stderr goes to hgtrain's stderr (the terminal here): escaped there too
+    sink(dataclasses.replace(_lines(b"err \x1b]0;title\x07\n"), stream="err"))
     cause = RootCause(node="a", rank=0, exit_code=1, signal=None, reason="x", oom=None,
                       last_lines=("\x1b]52;c;aGk=\x07",))
     sink(JobEnded(JOB, "failed", 1, cause, None, "/x"))
     err.close()
     shown = _read_all(master)
+    assert (b"a:0 | err \x1b]0;title\x07" in shown) is raw and (b"a:0 | err ^[]0;title^G" in shown) is not raw
     # a pipe gets the exact bytes (a byte that is not UTF-8 as \xNN, as everywhere)
     assert out.getvalue() == b"a:0 | " + OSC52.replace(b"\x9b", b"\\x9b")
     os.close(master)

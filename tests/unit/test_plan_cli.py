@@ -20,10 +20,12 @@ from hgcli.plan.files import load_plan
 from tests.unit.plan_clusters import A100, T4, cluster
 
 
-def store(inventory: bool = True, profiles: bool = True) -> Path:
-    """Write the 2 x A100 + 2 x T4 example as this machine's stored probe and bench results."""
-    fingerprint = default_cluster().fingerprint()
-    inv, prof = cluster([[A100, A100, T4, T4]], fingerprint=fingerprint, names=["local"])
+def store(inventory: bool = True, profiles: bool = True, nproc_per_node: int | None = None) -> Path:
+    """Write the 2 x A100 + 2 x T4 example (or ``nproc_per_node`` A100s) as this machine's stored
+    probe and bench results."""
+    fingerprint = default_cluster(nproc_per_node).fingerprint()
+    kinds = [A100] * nproc_per_node if nproc_per_node else [A100, A100, T4, T4]
+    inv, prof = cluster([kinds], fingerprint=fingerprint, names=["local"])
     folder = state.cluster_dir(fingerprint)
     if inventory:
         state.write_json(folder / "inventory.json", to_dict(replace(inv, probed_at=time.time())))
@@ -59,6 +61,16 @@ def test_human_output_shows_tree_table_and_reason(capsys):
     out = capsys.readouterr().out
     for text in ("local", "gpu3", "rank 3", "batch", "EMULATED", "allreduce (chosen)", "ideal", "why:"):
         assert text in out
+
+
+def test_nproc_per_node_plans_that_many_ranks_of_the_embedded_cluster(capsys, tmp_path):
+    store(nproc_per_node=2)
+    assert main(["plan", "--json", "--nproc-per-node", "2", "--strategy", "allreduce"]) == 0
+    plan = from_dict(Plan, json.loads(capsys.readouterr().out))
+    assert plan.world_size == 2 and plan.cluster == default_cluster(2).fingerprint()
+    (tmp_path / "c.toml").write_text('[[nodes]]\nhost = "localhost"\n')
+    assert main(["plan", "-c", str(tmp_path / "c.toml"), "--nproc-per-node", "2"]) == 2
+    assert "--nproc-per-node sizes the embedded local cluster only" in capsys.readouterr().err
 
 
 def test_model_size_flag_reaches_the_plan(capsys):

@@ -10,6 +10,7 @@ group id, cannot be reused, which makes every ``killpg`` of the agent safe again
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -22,14 +23,21 @@ from . import procs
 from .logs import Capture
 from .secrets import redact_env
 from .spec import AgentSpec, RankSpec
-from ..protocol import ExitFrame, FrameType, RankState
+from ..protocol import ExitFrame, FrameType, RankError, RankState
 
 STREAMS = ("out", "err")
+ERROR_FILE_MAX = 1 << 20   # an @record error file larger than this is not read back
 
 
 def log_path(job_dir: Path, rank: int, stream: str) -> Path:
     """Node-local log of one rank: ``rank-<r>.out``, ``rank-<r>.err``, ``rank-<r>.metrics.jsonl``."""
     return job_dir / (f"rank-{rank}.metrics.jsonl" if stream == "metrics" else f"rank-{rank}.{stream}")
+
+
+def error_file(job_dir: Path, rank: int) -> Path:
+    """Where the rank's ``@record`` (torch.distributed.elastic) writes its exception: its
+    ``TORCHELASTIC_ERROR_FILE``, read back when the rank fails."""
+    return job_dir / f"rank-{rank}.error.json"
 
 
 class Rank:
@@ -47,6 +55,8 @@ class Rank:
         self.state = RankState.PENDING
         self.reason = ""
         self.oom: bool | None = None
+        self.error: RankError | None = None
+        self.error_file: Path | None = None
         self._oom_counter: tuple[Path, int] | None = None
 
     @property
@@ -59,8 +69,11 @@ class Rank:
         # Our own pipes rather than Popen's file objects: the Capture threads own the read ends.
         pipes = {name: os.pipe() for name in ("out", "err", "metrics")}
         metrics_w = pipes["metrics"][1]
-        env = {**os.environ, **job.env, **self.spec.env, **procs.job_marker(job.job_id, job.node),
-               "HGTRAIN_METRICS_FD": str(metrics_w)}
+        self.error_file = error_file(job_dir, self.rank)
+        self.error_file.unlink(missing_ok=True)   # only this run's exception may be read back
+        env = {**job.env_defaults, **os.environ, **job.env, **self.spec.env,
+               **procs.job_marker(job.job_id, job.node), "HGTRAIN_METRICS_FD": str(metrics_w),
+               "TORCHELASTIC_ERROR_FILE": str(self.error_file)}
         try:
             self.popen = subprocess.Popen(
                 list(self.spec.argv), stdin=subprocess.DEVNULL, stdout=pipes["out"][1],
@@ -103,6 +116,8 @@ class Rank:
             return
         # Once hgtrain has signalled the job, how a rank ends is a consequence, not a cause.
         self.state = RankState.STOPPED if (stopping or signalled) else RankState.FAILED
+        if self.state is RankState.FAILED and self.error_file is not None:
+            self.error = read_error_file(self.error_file)
         after_stop = " (after hgtrain's stop signal)" if signalled else ""
         if sig is None:
             self.reason = f"exited with code {code}{after_stop}"
@@ -138,7 +153,7 @@ class Rank:
         """The exit frame sent to the controller."""
         return {"type": FrameType.EXIT, "rank": self.rank, "code": self.code, "signal": self.signal,
                 "signal_name": signal_name(self.signal) if self.signal else None,
-                "state": self.state, "reason": self.reason, "oom": self.oom}
+                "state": self.state, "reason": self.reason, "oom": self.oom, "error": self.error}
 
     def record(self, secret: tuple[str, ...]) -> dict[str, Any]:
         """The rank's entry in agent.json; secret env values never reach it."""
@@ -147,6 +162,31 @@ class Rank:
                 "code": self.code, "signal": self.signal, "reason": self.reason, "oom": self.oom,
                 "argv": list(self.spec.argv), "cwd": self.spec.cwd,
                 "env": redact_env(self.spec.env, secret)}
+
+
+def read_error_file(path: Path) -> RankError | None:
+    """The exception a rank's ``@record`` wrote (``{"message": {"message": "ValueError: ...",
+    "extraInfo": {"py_callstack": "Traceback ..."}}}``, or a newer ``{"message": "..."}``), or None when
+    there is none or it is not that JSON. Bounded: a rank decides what the file holds."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(ERROR_FILE_MAX + 1)
+    except OSError:
+        return None
+    if len(raw) > ERROR_FILE_MAX:
+        return None
+    try:
+        data = json.loads(raw.decode("utf-8", "replace"))
+    except ValueError:
+        return None
+    message = data.get("message") if isinstance(data, dict) else None
+    if isinstance(message, str):
+        return {"message": message, "traceback": ""}
+    if not isinstance(message, dict) or not isinstance(message.get("message"), str):
+        return None
+    extra = message.get("extraInfo")
+    stack = extra.get("py_callstack") if isinstance(extra, dict) else None
+    return {"message": message["message"], "traceback": stack if isinstance(stack, str) else ""}
 
 
 def signal_name(sig: int | None) -> str:

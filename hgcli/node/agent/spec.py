@@ -38,6 +38,9 @@ class AgentSpec:
     node: str
     ranks: tuple[RankSpec, ...]
     env: dict[str, str] = field(default_factory=dict)   # every rank's env (besides the agent's own)
+    # set on every rank only where neither the agent's own environment nor ``env`` has the name
+    # (torchrun's defaults: PYTHONUNBUFFERED, OMP_NUM_THREADS, ...)
+    env_defaults: dict[str, str] = field(default_factory=dict)
     secret: tuple[str, ...] = ()       # names whose values are secret although is_secret_name misses them
     jobs_root: str = DEFAULT_JOBS_ROOT
     grace_s: float = 10.0              # SIGTERM -> SIGKILL
