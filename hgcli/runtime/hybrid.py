@@ -96,6 +96,23 @@ def synced_buffers(model: torch.nn.Module) -> list[torch.Tensor]:
     return out
 
 
+class ErrorFeedback:
+    """Rounding of pushes to a narrower wire format with error feedback: what rounding left out of
+    the previous pushes is added before rounding, and what this rounding leaves out is kept, so
+    the pushes' sum stays within one rounding of the gradients' sum (without it, a component
+    below half a bf16 step of its gradient's scale would never reach the PS)."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+        self.residual: torch.Tensor | None = None
+
+    def round(self, grad: torch.Tensor) -> torch.Tensor:
+        target = grad if self.residual is None else grad + self.residual
+        sent = target.to(self.dtype)
+        self.residual = target - sent.to(grad.dtype)
+        return sent
+
+
 class GroupSync:
     def __init__(self, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  group_ranks: tuple[int, ...], pg: Any, rank: int, group_id: int, accumulate: int,
@@ -154,7 +171,7 @@ class GroupSync:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="hgtrain-exchange") if self.overlap else None
         self._in_flight: "ThreadFuture[list[ShardAnswer]] | None" = None
         self._pushed = False
-        self._residual: torch.Tensor | None = None
+        self._feedback = ErrorFeedback(self.wire_dtype) if self.wire_dtype != torch.float32 else None
         device = self.params[0].device if self.params else torch.device("cpu")
         self._numel = sum(p.numel() for p in self.params)
         self.layout = SyncLayout(self._numel, len(group_ranks), sum(b.numel() for b in self.buffers))
@@ -388,14 +405,7 @@ class GroupSync:
                           pos, *((bases[s],) if bases is not None else ()))
 
     def _to_wire(self, grad: torch.Tensor) -> torch.Tensor:
-        """``grad`` in the wire format; for bf16 with error feedback: what rounding left out of the
-        previous pushes is added before rounding, and what this rounding leaves out is kept."""
-        if self.wire_dtype == torch.float32:
-            return grad
-        target = grad if self._residual is None else grad + self._residual
-        sent = target.to(self.wire_dtype)
-        self._residual = target - sent.float()
-        return sent
+        return grad if self._feedback is None else self._feedback.round(grad)
 
     def _collect(self) -> list[ShardAnswer] | None:
         """Under overlap: wait for the exchange in flight and return its answers (None if none)."""
