@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hybrid_vs_allreduce import SPEEDS, slow_link, summarise  # noqa: E402
+from hybrid_vs_allreduce import SPEEDS, slow_link, summarise, time_to_target  # noqa: E402
 
 from hgcli.local.plans import emulated_plan  # noqa: E402
 from hgcli.local.run import run_plan  # noqa: E402
@@ -108,8 +108,7 @@ def main() -> int:
     print(f"{'strategy':22} {'samples/s':>10} {'t->target s':>12} {'final acc':>10} {'MB/sample link':>15} "
           f"{'train s':>8}")
     for k, r in runs.items():
-        tta = f"{r['time_to_target_s']:.1f}" if r["time_to_target_s"] is not None else "not reached"
-        print(f"{k:22} {r['samples_per_s']:10.2f} {tta:>12} {r['final_accuracy']:10.4f} "
+        print(f"{k:22} {r['samples_per_s']:10.2f} {time_to_target(r):>12} {r['final_accuracy']:10.4f} "
               f"{r['link_bytes_per_sample'] / 1e6:15.2f} {r['train_s']:8.1f}")
     ratios: dict[str, float | None] = {}
     base = runs.get("allreduce-prop")
