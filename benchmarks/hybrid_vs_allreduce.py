@@ -171,7 +171,7 @@ def main() -> int:
     print(f"{'scenario/strategy':32} {'samples/s':>10} {'x ideal':>8} {'t->target s':>12} "
           f"{'final acc':>10} {'train s':>8} {'compute share':>14}")
     for k, r in runs.items():
-        tta = f"{r['time_to_target_s']:.1f}" if r["time_to_target_s"] is not None else "not reached"
+        tta = time_to_target(r)
         print(f"{k:32} {r['samples_per_s']:10.0f} {r['samples_per_s'] / ideal_sps:8.2f} {tta:>12} "
               f"{r['final_accuracy']:10.4f} {r['train_s']:8.1f} {r['compute_share']:14.2f}")
     ratios: dict[str, Any] = {}
@@ -206,6 +206,10 @@ def main() -> int:
                       "ideal_per_device": devices, "runs": runs, "ratios": ratios, "goals": goals,
                       "link_rate": args.link_rate if "3" in args.scenarios.split(",") else None}))
     return 0
+
+
+def time_to_target(run: dict[str, Any]) -> str:
+    return f"{run['time_to_target_s']:.1f}" if run["time_to_target_s"] is not None else "not reached"
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

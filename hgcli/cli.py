@@ -156,15 +156,20 @@ def bench(cluster_file: Path | None, as_json: bool, quick: bool, model_spec: str
               help="Staleness bound for asynchronous groups. Default: see docs/planning.md.")
 @click.option("--params", type=click.IntRange(min=1), default=None,
               help="Model parameter count, when the profiles were benched without --model.")
+@click.option("--overlap/--no-overlap", default=None,
+              help="Hybrid/ps: run each group leader's PS exchange during the group's next step "
+                   "(one version staler). Default: see docs/planning.md.")
+@click.option("--wire", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
+              help="Hybrid/ps: number format of pushes and pulls (the PS keeps fp32).")
 @json_option
 @click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path), default=None,
               help="Also write the plan as JSON to this file ('-': stdout; then the table goes to stderr). "
                    "A new file is 0644; an existing one keeps its mode.")
 @click.option("--skip-failed", is_flag=True,
               help="Plan on the healthy nodes/devices when some fail to probe or bench (default: exit 4).")
-def plan(cluster_file: Path | None, nproc_per_node: int | None, strategy: str, global_batch: int | None, ps_ranks: int | None,
-         staleness: int | None, params: int | None, as_json: bool, output: Path | None,
-         skip_failed: bool) -> None:
+def plan(cluster_file: Path | None, nproc_per_node: int | None, strategy: str, global_batch: int | None,
+         ps_ranks: int | None, staleness: int | None, params: int | None, overlap: bool | None, wire: str,
+         as_json: bool, output: Path | None, skip_failed: bool) -> None:
     """Build a heterogeneous placement plan and predict its throughput.
 
     Uses the stored inventory and profiles; probes and benches (quick) first when they are missing,
@@ -177,7 +182,7 @@ def plan(cluster_file: Path | None, nproc_per_node: int | None, strategy: str, g
     cluster = load_cluster_arg(cluster_file, nproc_per_node)
     model = ModelSpec(name=f"{params:,} parameters", parameters=params) if params else None
     job = JobSpec(strategy=Strategy(strategy), global_batch=global_batch, ps_ranks=ps_ranks,
-                  staleness=staleness, model=model)
+                  staleness=staleness, model=model, overlap=overlap, wire=wire)
     on_stage = None
     if not as_json:
         from .render.stages import stage_printer

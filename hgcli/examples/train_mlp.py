@@ -34,13 +34,14 @@ def main() -> int:
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--target", type=float, default=TARGET)
     parser.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: no limit)")
+    parser.add_argument("--train-samples", type=int, default=16384, help="size of the training set")
     args = parser.parse_args()
 
     torch.set_num_threads(1)   # a model this small runs fastest on one thread; ranks share the CPU
     ctx = hg.init()
     # On the rank's device (its GPU, or the CPU for emulated devices and PS-less CPU runs): the data
     # set is small enough to live there whole, so a step gathers its batch without a host copy.
-    (x, y), (xt, yt) = (tuple(t.to(ctx.device) for t in pair) for pair in make_dataset())
+    (x, y), (xt, yt) = (tuple(t.to(ctx.device) for t in pair) for pair in make_dataset(n_train=args.train_samples))
     model = make_model(hidden=args.hidden).to(ctx.device)
     opt: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     model, opt = ctx.wrap(model, opt)

@@ -13,7 +13,8 @@ from ..schema import stages as m
 def emulated_plan(groups: Sequence[Sequence[float]], batches: Sequence[Sequence[int]], *,
                   n_ps: int = 0, accumulate: Sequence[int] | None = None,
                   staleness_bound: int = 0, strategy: m.Strategy | None = None,
-                  nodes: Sequence[Sequence[str]] | None = None, ps_node: str = "local") -> m.Plan:
+                  nodes: Sequence[Sequence[str]] | None = None, ps_node: str = "local",
+                  overlap: bool = False, wire: str = "fp32") -> m.Plan:
     """``groups``: speeds of each group's devices; ``batches`` (and ``nodes``, default all "local"):
     the per-rank batch sizes (and node names) alike."""
     if len(groups) != len(batches) or any(len(a) != len(b) for a, b in zip(groups, batches)):
@@ -45,7 +46,7 @@ def emulated_plan(groups: Sequence[Sequence[float]], batches: Sequence[Sequence[
                   ranks=tuple(ranks), predicted_samples_per_s={},
                   global_batch=sum(sum(b) for b in batches), cluster="local-emulated",
                   reason="laid out by hand for an emulated run (hgcli.local.plans)",
-                  staleness_bound=staleness_bound, ps_shards=tuple(ps))
+                  staleness_bound=staleness_bound, ps_shards=tuple(ps), overlap=overlap, wire=wire)
 
 
 def _local(ranks: Sequence[m.RankPlan], node: str) -> int:

@@ -32,6 +32,14 @@ KNEE_TOLERANCE = 0.05
 MAX_PUSH_GLOBAL_BATCHES = 1
 # Staleness bound = slack x the pushes other groups make during the slowest group's window.
 STALENESS_SLACK = 2.0
+# Hybrid plans overlap each leader's PS exchange with its group's next step unless the job says
+# (--overlap/--no-overlap); benchmarks/hybrid_links.py measured it (docs/planning.md, "Overlap").
+OVERLAP_DEFAULT = False
+
+
+def plan_overlap(job: JobSpec) -> bool:
+    """Whether a hybrid or PS plan for ``job`` overlaps communication with compute."""
+    return OVERLAP_DEFAULT if job.overlap is None else job.overlap
 
 
 @dataclass(frozen=True)
@@ -223,9 +231,13 @@ class CostModel:
     def __init__(self, devices: list[Device], batches: list[int], net: Network, model_bytes: float,
                  global_batch: int, inventory: Inventory, job: JobSpec,
                  exchange: dict[int, ExchangeProfile] | None = None,
-                 group_sync: dict[int, GroupSyncProfile] | None = None) -> None:
+                 group_sync: dict[int, GroupSyncProfile] | None = None, wire_bytes: float | None = None) -> None:
         self.devices, self.batches, self.net = devices, batches, net
         self.bytes, self.global_batch, self.job = model_bytes, global_batch, job
+        # What one push or one pull carries on the wire (the plan's wire format); the group's own
+        # all-reduce and broadcast stay in the parameters' format (``bytes``).
+        self.wire = model_bytes if wire_bytes is None else wire_bytes
+        self.overlap = plan_overlap(job)
         self.exchange = exchange or {}   # node index -> its measured PS push
         self.group_sync = group_sync or {}   # node index -> its emulated devices' measured sync step
         self.cores = cores = [n.cpu_cores or 0 for n in inventory.nodes]
@@ -349,7 +361,7 @@ class CostModel:
         node_share: dict[int, float] = {}
         ps_ranks: dict[int, int] = {}
         for q in ps_nodes:
-            node_share[q] = node_share.get(q, 0.0) + self.bytes / count
+            node_share[q] = node_share.get(q, 0.0) + self.wire / count
             ps_ranks[q] = ps_ranks.get(q, 0) + 1
         # Latencies under oversubscribed cores (oversubscription): a group's ring on its nodes, an
         # RPC round trip on the leader's node and the PS nodes'.
@@ -368,7 +380,9 @@ class CostModel:
             # A bound S lets a group push at most S - groups + 2 times per push of the slowest before
             # it waits (docs/runtime.md). A hybrid group that would get further ahead pushes larger
             # instead (fewer pushes, same samples); what is still ahead at the cap waits.
-            ahead = max(1, max(self.job.staleness, len(groups) - 1) - len(groups) + 2)
+            # With overlap every group has one more gradient in flight: groups more of the bound.
+            ahead = max(1, max(self.job.staleness, len(groups) - 1) - len(groups) + 2
+                        - (len(groups) if self.overlap else 0))
             slowest = max(windows)
             if strategy is Strategy.HYBRID and any(slowest / w > ahead for w in windows):
                 accumulate = tuple(
@@ -391,9 +405,11 @@ class CostModel:
         staleness = self.job.staleness
         if staleness is None:
             staleness = max(1, math.ceil(STALENESS_SLACK * (total_pushes - slowest) / slowest))
-        # The runtime's waiting rule (docs/runtime.md) needs S >= groups - 1: with a smaller bound
-        # every group could be waiting for another. A lower --staleness is raised to that floor.
-        staleness = max(staleness, len(groups) - 1)
+            if self.overlap:         # each group's own push in flight, and one more round of the others'
+                staleness += len(groups)
+        # The runtime's waiting rule (docs/runtime.md) needs S >= groups - 1 (S >= groups with overlap):
+        # with a smaller bound every group could be waiting for another. A lower --staleness is raised.
+        staleness = max(staleness, len(groups) if self.overlap else len(groups) - 1)
         where = "a PS on every node" if count == len(self.ps_order) > 1 else f"{count} PS rank(s)"
         return Option(strategy, groups, accumulate, ps_nodes, staleness, rate, f"{len(groups)} groups, {where}",
                       group_rates)
@@ -403,12 +419,14 @@ class CostModel:
                  count: int) -> list[float]:
         """Seconds between two pushes of each group: its accumulated compute, all-reduce and PS
         exchange, stretched by a shared NIC, a saturated PS and crowded CPUs."""
-        windows = [acc * s.compute * straggle(s.noise, len(g), acc) + sync + exchange[s.leader]
+        # With overlap the exchange runs during the next step: a window is the longer of the two.
+        join = max if self.overlap else (lambda a, b: a + b)
+        windows = [join(acc * s.compute * straggle(s.noise, len(g), acc), exchange[s.leader]) + sync
                    for s, sync, acc, g in zip(stats, syncs, accumulate, groups)]
         # A node's NIC carries the pushes and pulls of every group led from it: share it.
         nic_load: dict[int, float] = {}
         for s, window in zip(stats, windows):
-            remote = self.bytes - node_share.get(s.leader, 0.0)
+            remote = self.wire - node_share.get(s.leader, 0.0)
             nic_load[s.leader] = nic_load.get(s.leader, 0.0) + 2 * remote / self.net.nic[s.leader] / window
         windows = [w * max(1.0, nic_load[s.leader]) for s, w in zip(stats, windows)]
         pushes_from: dict[int, float] = {}
@@ -447,7 +465,7 @@ class CostModel:
         measured = self.exchange.get(leader)
         if measured is None:
             return self._wire_s(leader, node_share)
-        share = self.bytes / shards
+        share = self.wire / shards
         # The per-byte part is what the measured round trip adds to the measured fixed cost, both
         # uncontended; only the fixed cost (waking the RPC threads) then waits for cores. (Taking
         # the stretched fixed cost off the round trip cancelled the wait whenever one shard held
@@ -469,7 +487,7 @@ class CostModel:
         else:   # shards on every node: bound by the leader's slowest link instead of pair lookups
             slowest = max(node_share.values()) / self.net.worst[leader]
             lat = self.net.worst_lat[leader]
-        remote = self.bytes - node_share.get(leader, 0.0)
+        remote = self.wire - node_share.get(leader, 0.0)
         return 2 * (max(slowest, remote / self.net.nic[leader]) + lat)
 
     def _ps_load(self, node: int, share: float, total_pushes: float, local_pushes: float,

@@ -16,10 +16,10 @@ from collections.abc import Mapping
 
 from ..errors import StateError, UsageError
 from ..schema.stages import (
-    SCHEMA_VERSION, DeviceProfile, ExchangeProfile, GroupPlan, GroupSyncProfile, Inventory, JobSpec, Measurement,
+    SCHEMA_VERSION, WIRE_BYTES, DeviceProfile, ExchangeProfile, GroupPlan, GroupSyncProfile, Inventory, JobSpec, Measurement,
     ModelSpec, Plan, Profiles, RankPlan, Role, StepSample, Strategy,
 )
-from .cost import KNEE_TOLERANCE, CostModel, Device, Network, Option
+from .cost import KNEE_TOLERANCE, CostModel, Device, Network, Option, plan_overlap
 
 # Devices whose throughputs differ by at most this factor are "like" and may share an all-reduce group.
 LIKE_SPEED_RATIO = 1.25
@@ -59,8 +59,11 @@ def make_plan(inventory: Inventory, profiles: Profiles, job: JobSpec) -> Plan:
     global_batch = job.global_batch if job.global_batch is not None else DEFAULT_BATCH_PER_DEVICE * len(devices)
     real, batches = _assign_batches(devices, global_batch, node_names)
     net = Network(node_names, profiles.links)
+    if job.wire not in WIRE_BYTES:
+        raise UsageError(f"wire format must be one of {', '.join(WIRE_BYTES)}, got {job.wire!r}")
     cost = CostModel(devices, batches, net, model_bytes, global_batch, inventory, job,
-                     _exchanges(inventory, profiles), _group_syncs(inventory, profiles))
+                     _exchanges(inventory, profiles), _group_syncs(inventory, profiles),
+                     wire_bytes=float(model.parameters * WIRE_BYTES[job.wire]))
 
     allreduce = cost.allreduce()
     classes = _speed_classes(devices, real)
@@ -74,7 +77,7 @@ def make_plan(inventory: Inventory, profiles: Profiles, job: JobSpec) -> Plan:
     predicted = {s.value: o.samples_per_s for s, o in options.items()}
     predicted["ideal"] = sum(b / d.time(b) for d, b in zip(devices, batches))
     return _build_plan(chosen, devices, batches, node_names, predicted, global_batch, inventory.cluster,
-                       reason, model)
+                       reason, model, overlap=plan_overlap(job), wire=job.wire)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -587,7 +590,7 @@ def _choose(requested: Strategy, options: dict[Strategy, Option], classes: int,
 
 def _build_plan(option: Option, devices: list[Device], batches: list[int], node_names: list[str],
                 predicted: dict[str, float], global_batch: int, cluster: str, reason: str,
-                model: ModelSpec) -> Plan:
+                model: ModelSpec, overlap: bool = False, wire: str = "fp32") -> Plan:
     """Workers first (groups in node order), then PS ranks in node order; local ranks per node."""
     order = sorted(range(len(option.groups)), key=lambda g: option.groups[g][0])
     ranks: list[RankPlan] = []
@@ -614,5 +617,7 @@ def _build_plan(option: Option, devices: list[Device], batches: list[int], node_
         shards.append(ranks[-1].rank)
     group_rates = {str(gid): option.group_rates[g] for gid, g in enumerate(order)} if option.group_rates else {}
     return Plan(strategy=option.strategy, world_size=len(ranks), groups=tuple(groups), ranks=tuple(ranks),
-                predicted_samples_per_s=predicted, predicted_group_samples_per_s=group_rates, global_batch=global_batch, cluster=cluster, reason=reason,
-                staleness_bound=option.staleness if shards else 0, ps_shards=tuple(shards), model=model)
+                predicted_samples_per_s=predicted, predicted_group_samples_per_s=group_rates,
+                global_batch=global_batch, cluster=cluster, reason=reason,
+                staleness_bound=option.staleness if shards else 0, ps_shards=tuple(shards), model=model,
+                overlap=overlap and bool(shards), wire=wire if shards else "fp32")

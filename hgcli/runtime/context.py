@@ -124,7 +124,7 @@ class Context:
             first_worker=self.plan.workers[0].rank, default_batch=self.env.batch_size or 1,
             emulator=self.emulator, metrics=self.metrics, timeout_s=self.env.timeout_s,
             share_with=self._same_node(self.group_plan.ranks), max_grad_norm=max_grad_norm,
-            data_position=self._data.current)
+            data_position=self._data.current, overlap=self.plan.overlap, wire=self.plan.wire)
         self._sync.start()
         if self.plan.ps_shards:
             self._restore_data_position()

@@ -12,11 +12,20 @@ where any member found inf/NaN is skipped by the whole group. Otherwise the weig
 is clipped (``max_grad_norm``) and either put back into ``p.grad`` (the local optimizer then steps,
 like DDP) or, for hybrid, the group leader pushes it with the group's buffers and hyperparameters to
 the PS and broadcasts the fresh parameters and buffers to its group.
+
+With ``overlap`` (Plan.overlap) the leader's exchange with the PS runs on a thread of its own while
+the group computes its next step on the parameters it has: at each push it first waits for the
+answer to its previous push, starts the new push (its gradient was computed on the answer before,
+whose per-shard versions go with it as the base the PS counts staleness from) and hands the group
+the answer it waited for. With ``wire`` "bf16" pushes and pulls travel as bf16; what rounding takes
+off a push is added to the next one (error feedback), so no part of a gradient is lost for good.
 """
 from __future__ import annotations
 
 import statistics
 import time
+from concurrent.futures import Future as ThreadFuture
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
@@ -87,13 +96,31 @@ def synced_buffers(model: torch.nn.Module) -> list[torch.Tensor]:
     return out
 
 
+class ErrorFeedback:
+    """Rounding of pushes to a narrower wire format with error feedback: what rounding left out of
+    the previous pushes is added before rounding, and what this rounding leaves out is kept, so
+    the pushes' sum stays within one rounding of the gradients' sum (without it, a component
+    below half a bf16 step of its gradient's scale would never reach the PS)."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+        self.residual: torch.Tensor | None = None
+
+    def round(self, grad: torch.Tensor) -> torch.Tensor:
+        target = grad if self.residual is None else grad + self.residual
+        sent = target.to(self.dtype)
+        self.residual = target - sent.to(grad.dtype)
+        return sent
+
+
 class GroupSync:
     def __init__(self, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  group_ranks: tuple[int, ...], pg: Any, rank: int, group_id: int, accumulate: int,
                  ps_ranks: tuple[int, ...], first_worker: int, default_batch: int,
                  emulator: Emulator, metrics: MetricsSink, timeout_s: float,
                  share_with: tuple[int, ...] = (), max_grad_norm: float | None = None,
-                 data_position: Callable[[], dict[str, int] | None] | None = None) -> None:
+                 data_position: Callable[[], dict[str, int] | None] | None = None,
+                 overlap: bool = False, wire: str = "fp32") -> None:
         self.model = model
         self.opt = optimizer
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -132,6 +159,19 @@ class GroupSync:
         self._found_inf = False          # GradScaler found inf/NaN in this rank's step (amp.py)
         self._skipped = False            # the group skipped the update of the current step
         self._finished = False
+        # Hybrid communication: the PS version of each shard's parameters this rank holds (the base
+        # of a gradient computed on them), the leader's exchange in flight under overlap, whether
+        # the group has pushed since the start (then every push hands over an answer), and the
+        # rounding residual of bf16 pushes.
+        self.overlap = bool(overlap and ps_ranks)
+        if wire not in ("fp32", "bf16"):
+            raise TrainingError(f"rank {rank}: plan wire {wire!r} is not fp32 or bf16")
+        self.wire_dtype = torch.bfloat16 if wire == "bf16" and ps_ranks else torch.float32
+        self._shard_versions: list[int] = [0] * len(ps_ranks)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="hgtrain-exchange") if self.overlap else None
+        self._in_flight: "ThreadFuture[list[ShardAnswer]] | None" = None
+        self._pushed = False
+        self._feedback = ErrorFeedback(self.wire_dtype) if self.wire_dtype != torch.float32 else None
         device = self.params[0].device if self.params else torch.device("cpu")
         self._numel = sum(p.numel() for p in self.params)
         self.layout = SyncLayout(self._numel, len(group_ranks), sum(b.numel() for b in self.buffers))
@@ -170,7 +210,7 @@ class GroupSync:
                     self.group_id, self._shard_flat(flat, s), self._shard_shapes(s), self._spec(s),
                     bufs if s == 0 else None))
             if self.rank == self.leader:
-                self._load_answers(self._exchange(None, 0.0, None))
+                self._load_answers(self._send(None))
         self._broadcast_state()
         self._broadcast_other_buffers()
         self.emulator.begin_compute()
@@ -248,12 +288,26 @@ class GroupSync:
             if buffers is not None:
                 self._load_buffers(buffers)
             self.sync_s += t1 - t0
+        elif self.overlap:
+            if self.rank == self.leader:
+                push = self._push_request(grad, samples, buffers)    # based on the parameters held
+                answers = self._collect()                            # the previous push's answer
+                assert self._pool is not None
+                self._in_flight = self._pool.submit(self._send, push)
+                if answers is not None:
+                    self._load_answers(answers)
+            t2 = time.perf_counter()
+            if self._pushed:        # every member knows: the first push has no answer to hand over
+                self._broadcast_state()
+            self._pushed = True
+            t3 = time.perf_counter()
         else:
             if self.rank == self.leader:
-                self._load_answers(self._exchange(grad, samples, buffers))
+                self._load_answers(self._send(self._push_request(grad, samples, buffers)))
             t2 = time.perf_counter()
             self._broadcast_state()
             t3 = time.perf_counter()
+        if self.ps_ranks:
             self.sync_s += t3 - t0
             self.metrics.emit(event="sync", group=self.group_id, version=self.version,
                               samples=samples, allreduce_s=t1 - t0, push_s=t2 - t1,
@@ -309,6 +363,10 @@ class GroupSync:
         from . import ps
         from .groups import rpc_name
 
+        if self.rank == self.leader:
+            self._collect()          # the last push's answer: the final parameters come from finish
+        if self._pool is not None:
+            self._pool.shutdown()
         while True:
             # On the rank's device: an NCCL group takes CUDA tensors only (a CPU flag failed on an
             # H200 with "No backend type associated with device type cpu").
@@ -332,19 +390,36 @@ class GroupSync:
         module, qualname = self._opt_class
         return optim.shard_spec(self.opt, module, qualname, self._groups, self._shard_index(shard))
 
-    def _exchange(self, grad: torch.Tensor | None, samples: float,
-                  buffers: torch.Tensor | None) -> list[ShardAnswer]:
-        """Push ``grad`` (None: just start) to every shard, with the group's hyperparameters and (to
-        shard 0) its buffers; shard 0's answer may be held back by the staleness rule and carries its
-        parameters and the PS's buffers; then the other shards' parameters are pulled."""
+    def _push_request(self, grad: torch.Tensor, samples: float,
+                      buffers: torch.Tensor | None) -> Callable[[int], tuple[Any, ...]]:
+        """The arguments of a push to each shard, taken now on the training thread: the gradient in
+        the wire format, the optimizer's hyperparameters, the buffers (to shard 0), the data
+        position and, under overlap, the version of each shard's parameters the gradient was
+        computed on."""
+        hyper = optim.push_hyperparameters(self.opt, self._seeded)
+        bufs = buffers.cpu() if buffers is not None else None
+        pos = self.data_position() if self.data_position else None
+        wire = self._to_wire(grad)
+        bases = list(self._shard_versions) if self.overlap else None
+        return lambda s: (self.group_id, self._shard_flat(wire, s), samples, hyper, bufs if s == 0 else None,
+                          pos, *((bases[s],) if bases is not None else ()))
+
+    def _to_wire(self, grad: torch.Tensor) -> torch.Tensor:
+        return grad if self._feedback is None else self._feedback.round(grad)
+
+    def _collect(self) -> list[ShardAnswer] | None:
+        """Under overlap: wait for the exchange in flight and return its answers (None if none)."""
+        fut, self._in_flight = self._in_flight, None
+        return None if fut is None else fut.result()
+
+    def _send(self, push: Callable[[int], tuple[Any, ...]] | None) -> list[ShardAnswer]:
+        """Push (``push``: the arguments per shard; None: just start) to every shard; shard 0's
+        answer may be held back by the staleness rule and carries its parameters and the PS's
+        buffers; then the other shards' parameters are pulled."""
         from . import ps
 
-        if grad is not None:
-            hyper = optim.push_hyperparameters(self.opt, self._seeded)
-            bufs = buffers.cpu() if buffers is not None else None
-            pos = self.data_position() if self.data_position else None
-            answers = self._call_shards(ps._push, "push", lambda s: (
-                self.group_id, self._shard_flat(grad, s), samples, hyper, bufs if s == 0 else None, pos))
+        if push is not None:
+            answers = self._call_shards(ps._push, "push", push)
         else:
             answers = self._call_shards(ps._pull, "pull", lambda s: (self.group_id,), shards=[0])
         if len(self.ps_ranks) > 1:
@@ -445,6 +520,7 @@ class GroupSync:
         return max(v for v, _, _ in answers), flat, answers[0][2]
 
     def _load_answers(self, answers: Sequence[ShardAnswer]) -> None:
+        self._shard_versions = [v for v, _, _ in answers]
         self.version, flat, buffers = self._assemble(answers)
         self._load_flat(flat.to(self._acc.device))
         if buffers is not None and self.buffers:

@@ -16,6 +16,14 @@ answers with fresh parameters when the staleness rule allows (see docs/runtime.m
   its group from computing to waiting, so the left side never grows without a check; when every
   group waits, the one with the oldest base is answered: no deadlock. A fast group may thus push
   up to S - groups + 2 times per push of the slowest one before it waits.
+* with overlap (plan.overlap, S >= groups), a group computes its next gradient while its push is in
+  flight, on the answer before; the leader sends that base with the push and the staleness counts
+  from it. A group then always has a gradient pending, and the rule (``_may_answer_overlapped``)
+  counts for each pending gradient, and each answered group's next one, every push that may still
+  come before it; when no group is answered, the held group with the oldest base is (which moves
+  nobody else's count): no deadlock.
+* wire format (plan.wire): answers carry the parameters as bf16 under "bf16"; pushes may arrive as
+  bf16 and are widened: parameters and optimizer state stay fp32 here.
 Other shards apply pushes and answer at once (an acknowledgement; the leader pulls their parameters
 after shard 0 answers), so one shard alone decides who waits and shards cannot deadlock each other.
 
@@ -44,6 +52,7 @@ from torch.futures import Future
 
 from . import checkpoint, optim
 from .env import RankEnv
+from ..schema.stages import WIRE_BYTES
 from .errors import TrainingError
 from .groups import init_distributed, rpc_name, shutdown
 from .metrics import MetricsSink
@@ -67,7 +76,8 @@ class ShardServer:
                  staleness_bound: int, global_batch: int, timeout_s: float, metrics: MetricsSink,
                  checkpoint_dir: Path | None = None, checkpoint_every: int = 0,
                  checkpoint_seconds: float = 0.0, trace: Path | None = None,
-                 accumulate: Mapping[int, int] | None = None) -> None:
+                 accumulate: Mapping[int, int] | None = None, overlap: bool = False,
+                 wire: str = "fp32") -> None:
         self.shard = shard
         self.ps_ranks = list(ps_ranks)
         self.bound = staleness_bound
@@ -90,6 +100,20 @@ class ShardServer:
         if len(group_ids) > 1 and staleness_bound < len(group_ids) - 1:
             raise TrainingError(f"plan staleness_bound {staleness_bound} is below groups - 1 = "
                                 f"{len(group_ids) - 1}: no schedule of the groups could respect it")
+        # Overlap (docs/runtime.md): a group's next gradient is computed while its push is in flight,
+        # so its own push always counts once in its staleness; the rule then needs S >= groups.
+        self.overlap = overlap
+        if overlap and staleness_bound < len(group_ids):
+            raise TrainingError(f"plan staleness_bound {staleness_bound} is below groups = {len(group_ids)}: "
+                                f"with overlap a group's own push in flight counts once in the staleness "
+                                f"of its next gradient, so no schedule could respect it")
+        if wire not in WIRE_BYTES:
+            raise TrainingError(f"plan wire {wire!r} is not one of {', '.join(WIRE_BYTES)}")
+        self.wire_dtype = torch.bfloat16 if wire == "bf16" else torch.float32
+        # Overlap admission (coordinator): per group, the version its last answer carried and the
+        # version its next push's gradient was computed on (one answer older than the last).
+        self.released: dict[int, int] = {}
+        self.next_base: dict[int, int] = {}
         self.coordinator = shard == 0
         self.clock = {g: 0 for g in group_ids}
         self.base = {g: 0 for g in group_ids}
@@ -175,18 +199,31 @@ class ShardServer:
         return fut
 
     def push(self, group: int, grad: torch.Tensor, samples: float, hyper: optim.Hyperparameters,
-             buffers: torch.Tensor | None = None, data_position: dict[str, int] | None = None) -> Future:
+             buffers: torch.Tensor | None = None, data_position: dict[str, int] | None = None,
+             base: int | None = None) -> Future:
         """``hyper``: per parameter group, the values the worker's optimizer has now (its LR schedule);
         ``buffers`` (shard 0, models with buffers): the group's, averaged over its members;
-        ``data_position``: the group's position in its data after this push."""
+        ``data_position``: the group's position in its data after this push; ``base``: the version
+        of this shard's parameters the gradient was computed on (sent under overlap, where it is
+        older than the group's last answer); ``grad`` may arrive in the plan's wire format."""
         fut: Future = Future()
         schedule = None
         with self.cv:
             if self.params is None or self.opt is None or self.opt_spec is None:
                 raise TrainingError(f"PS shard {self.shard}: push from group {group} before the seed")
             self.last_seen[group] = time.monotonic()
+            if self.overlap and self.coordinator:
+                # The admission rule keeps its own record of the gradient's base: the leader's must agree.
+                expected = self.next_base.get(group, self.base[group])
+                if base is not None and base != expected:
+                    raise TrainingError(f"PS shard 0: group {group} pushed a gradient computed on version "
+                                        f"{base}; the admission rule expected {expected}")
+                self.base[group] = expected
+            elif base is not None:
+                self.base[group] = base
             staleness = self.version - self.base[group]
             scale = (samples / self.global_batch if self.global_batch else 1.0) / max(1, staleness)
+            grad = grad.float()          # fp32 master copy and optimizer state, whatever the wire
             offset = 0
             for p in self.params:
                 p.grad = grad[offset: offset + p.numel()].view_as(p) * scale
@@ -207,6 +244,9 @@ class ShardServer:
             self.metrics.emit(event="ps_push", shard=self.shard, group=group, version=self.version,
                               staleness=staleness)
             self.computing.discard(group)
+            if self.overlap and group in self.released:
+                # Its next gradient is being computed on the parameters of its last answer.
+                self.next_base[group] = self.released[group]
             if self.coordinator:
                 self._request(group, fut)
             else:
@@ -265,15 +305,40 @@ class ShardServer:
             self._answer(group, fut)
 
     def _may_answer(self, group: int) -> bool:
+        if self.overlap:
+            return self._may_answer_overlapped(group)
         n = len(self.computing)         # computing groups once ``group`` joins them, minus one
         return all(self.version - self.base[h] + n <= self.bound
                    for h in self.computing if h != group)
+
+    def _may_answer_overlapped(self, group: int) -> bool:
+        """The overlap rule (docs/runtime.md): with ``group`` answered, every pending gradient, and
+        the next gradient of every free group, must be pushed within the bound even if everything
+        that may come before it does. A group is *free* once answered (it may push once without
+        asking), else *held* (its next push needs an answer); once answered a first time it always
+        has a gradient pending, the one it computes while its push is in flight. Before the pending
+        gradient of h (base b, key (b, h)) may come: one push of each other free group, and a
+        second one of those whose next base is older than b (held, they are answered first), and
+        one push of each held group answered before h (base older than b)."""
+        v, free = self.version, set(self.computing) | {group}
+        held = {h: self.next_base[h] for h in self.waiting if h != group and h in self.next_base}
+        released = {**self.released, group: v}
+        pending = {**{h: self.next_base.get(h, v) for h in free}, **held}
+
+        def ahead(key: tuple[int, int], h: int) -> int:
+            return (sum(1 + ((released[x], x) < key) for x in free if x != h)
+                    + sum((b, x) < key for x, b in held.items() if x != h))
+
+        if any(v - b + ahead((b, h), h) > self.bound for h, b in pending.items()):
+            return False
+        # A free group's gradient after its pending one is computed on its last answer (+1: its own push).
+        return all(v + 1 - released[h] + ahead((released[h], h), h) <= self.bound for h in free)
 
     def _release(self) -> None:
         progress = True
         while progress and self.waiting:
             progress = False
-            for g in sorted(self.waiting, key=lambda g: (self.base[g], g)):   # oldest base first
+            for g in sorted(self.waiting, key=self._admission_order):   # oldest base first
                 if not self.computing or self._may_answer(g):
                     fut = self.waiting.pop(g)
                     self._trace("release", group=g, version=self.version,
@@ -288,14 +353,26 @@ class ShardServer:
                 fut.set_result((True, self.version, self._flat(), self._buffers_copy()))
             self.finishing.clear()
 
+    def _admission_order(self, group: int) -> tuple[int, int]:
+        if self.overlap:
+            # Held groups by their pending gradient's base (answering the oldest when no group is
+            # free moves nobody else's count); groups never answered after them: they have none.
+            return (self.next_base.get(group, sys.maxsize), group)
+        return (self.base[group], group)
+
     def _answer(self, group: int, fut: Future) -> None:
-        self.base[group] = self.version
+        if not self.overlap:
+            self.base[group] = self.version
+        elif group not in self.next_base:
+            # Its first answer (start, resume): its first two gradients are both computed on it.
+            self.next_base[group] = self.base[group] = self.version
+        self.released[group] = self.version
         if group in self.active:
             self.computing.add(group)
         buffers = self._buffers_copy()
         if buffers is not None:
             self.answered_buffers[group] = buffers
-        fut.set_result((self.version, self._flat(), buffers))
+        fut.set_result((self.version, self._flat().to(self.wire_dtype), buffers))
 
     def _flat(self) -> torch.Tensor:
         assert self.params is not None
@@ -389,6 +466,7 @@ class ShardServer:
         self.answered_buffers = {}
         self.version = version
         self.base = {g: self.version for g in self.base}
+        self.released, self.next_base = {}, {}      # every group starts again from its first answer
         # Checkpoints written before data positions were recorded have none: groups start their epochs.
         self.data_positions = {int(g): dict(p) for g, p in data.get("data_positions", {}).items()}
         self._trace("resume", version=self.version,
@@ -442,8 +520,9 @@ def _pull(group: int) -> Future:
 
 @rpc.functions.async_execution
 def _push(group: int, grad: torch.Tensor, samples: float, hyper: optim.Hyperparameters,
-          buffers: torch.Tensor | None, data_position: dict[str, int] | None = None) -> Future:
-    return _server().push(group, grad, samples, hyper, buffers, data_position)
+          buffers: torch.Tensor | None, data_position: dict[str, int] | None = None,
+          base: int | None = None) -> Future:
+    return _server().push(group, grad, samples, hyper, buffers, data_position, base)
 
 
 @rpc.functions.async_execution
@@ -506,7 +585,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             timeout_s=env.timeout_s, metrics=metrics,
             checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
             checkpoint_seconds=args.checkpoint_seconds, trace=args.trace,
-            accumulate={g.id: g.accumulate for g in plan.groups})
+            accumulate={g.id: g.accumulate for g in plan.groups}, overlap=plan.overlap, wire=plan.wire)
         if resume:
             version = server.resume(args.resume_version)
             print(f"PS shard {shard}: " + (f"resumed from checkpoint version {version}"

@@ -71,3 +71,51 @@ def test_staleness_bound_is_respected(tmp_path):
     assert pushes == {0: 25, 1: 25}
     assert longest_run >= 2, "the fast group never ran ahead: it was held in lockstep"
     assert held > 0, "the fast group was never held: the test would prove nothing"
+
+
+def test_overlap_and_bf16_wire_in_real_processes(tmp_path):
+    """Overlap with bf16 on the wire, a group of two and a group of one, two PS shards. From shard 0's
+    trace: every push after a group's first is computed on the answer before its last (its own push
+    was in flight while it computed), its staleness counts from there and stays within S. Every
+    rank started from the PS's parameters rounded to bf16 and ends with the PS's fp32 master copy."""
+    import torch
+
+    from hgcli.examples.data import make_model
+
+    bound = 2
+    plan = emulated_plan([[1.0, 1.0], [0.25]], [[8, 8], [4]], n_ps=2, staleness_bound=bound, overlap=True,
+                         wire="bf16")
+    trace = tmp_path / "trace.jsonl"
+    run_ok(plan, script("tiny_train.py", "--out", tmp_path, "--steps", 20, "--hidden", 64, "--momentum", 0.9),
+           tmp_path, ps_argv=ps_argv(trace=str(trace)))
+    releases = {0: [], 1: []}
+    pushes = {0: 0, 1: 0}
+    version = 0
+    for e in trace_events(trace):
+        if e["shard"] != 0:
+            continue
+        if e["event"] == "release":
+            releases[e["group"]].append(e["version"])
+        elif e["event"] == "push":
+            g, k = e["group"], pushes[e["group"]]
+            rel = releases[g]
+            assert len(rel) == k + 1, "a leader pushed before the answer to its previous push"
+            if k == 0:
+                assert e["base"] == rel[0]
+            else:            # computed on the answer before the last, which is strictly older
+                assert e["base"] == rel[k - 1] < rel[k]
+            assert e["staleness"] == version - e["base"] <= bound, e
+            version = e["version"]
+            pushes[g] += 1
+    assert pushes == {0: 20, 1: 20}
+    init = torch.cat([p.detach().reshape(-1) for p in make_model(hidden=64).parameters()])
+    rounded = init.to(torch.bfloat16).float()
+    assert not torch.equal(rounded, init)
+    finals = [torch.load(tmp_path / f"rank{r}.pt") for r in range(3)]
+    for r in range(3):
+        start = torch.load(tmp_path / f"start{r}.pt")
+        assert torch.equal(start["params"].to(torch.bfloat16).float(), start["params"])   # a bf16 pull
+        if start["version"] == 0:       # (a group may pull after the other's first pushes)
+            assert torch.equal(start["params"], rounded)
+        assert torch.equal(finals[r], finals[0])
+    assert not torch.equal(finals[0].to(torch.bfloat16).float(), finals[0])         # the fp32 master

@@ -179,6 +179,89 @@ def test_admission_rule_bounds_staleness_and_never_deadlocks(tmp_path_factory, g
         server.close()
 
 
+def _overlapped_schedule(server, groups, rng, speeds, pushes):
+    """Leaders as the runtime runs them under overlap: a leader pushes as soon as the answer to its
+    previous push is in (its pull, at the start), with the gradient it computed on the answer
+    before that; returns the staleness of every push as the PS applied it."""
+    in_flight = {g: server.pull(g) for g in range(groups)}
+    held = {g: None for g in range(groups)}        # version of the parameters the group computes on
+    seen = []
+    for _ in range(pushes):
+        ready = [g for g in range(groups) if in_flight[g].done()]
+        assert ready, "every leader waits for an answer: deadlock"
+        g = rng.choices(ready, weights=[speeds[x] for x in ready])[0]
+        answer, _, _ = in_flight[g].wait()
+        base = answer if held[g] is None else held[g]
+        held[g] = answer
+        seen.append(server.version - base)
+        in_flight[g] = server.push(g, torch.ones(3), 1.0, [{"lr": 0.1}], base=base)
+    return seen
+
+
+@settings(max_examples=40, deadline=None)
+@given(groups=st.integers(1, 4), slack=st.integers(0, 3), seed=st.integers(0, 10_000))
+def test_overlap_admission_bounds_staleness_counted_from_the_older_base_and_never_deadlocks(groups, slack, seed):
+    """Under overlap a push's staleness counts from the answer before the last (its own previous push
+    included): with S >= groups no push lands more than S versions after its base, whatever the
+    groups' speeds, and some leader can always push."""
+    bound = groups + slack
+    server = ShardServer(shard=0, ps_ranks=[9], group_ids=list(range(groups)), staleness_bound=bound,
+                         global_batch=0, timeout_s=60, metrics=MetricsSink(None, {}), overlap=True)
+    try:
+        server.seed(0, torch.zeros(3), [(3,)], {"name": "SGD", "kwargs": {"lr": 0.1}})
+        rng = random.Random(seed)
+        speeds = [rng.choice([0.05, 1, 1, 5, 20]) for _ in range(groups)]
+        seen = _overlapped_schedule(server, groups, rng, speeds, 60)
+        assert max(seen) <= bound
+        assert seen.count(0) <= groups       # only a group's first push can be fresh
+    finally:
+        server.close()
+
+
+def test_overlap_needs_a_bound_of_at_least_the_groups():
+    with pytest.raises(TrainingError, match="below groups = 2: with overlap"):
+        ShardServer(shard=0, ps_ranks=[3], group_ids=[0, 1], staleness_bound=1, global_batch=0,
+                    timeout_s=1, metrics=MetricsSink(None, {}), overlap=True)
+
+
+def test_bf16_pushes_are_widened_and_answers_rounded_while_the_ps_keeps_fp32():
+    server = ShardServer(shard=0, ps_ranks=[3], group_ids=[0], staleness_bound=0, global_batch=0,
+                         timeout_s=10, metrics=MetricsSink(None, {}), wire="bf16")
+    try:
+        start = torch.tensor([1.0 + 2 ** -12, 3.0, -2.0])      # 1 + 2^-12 is not a bf16 number
+        server.seed(0, start.clone(), [(3,)], {"name": "SGD", "kwargs": {"lr": 1.0}})
+        version, pulled, _ = server.pull(0).wait()
+        assert pulled.dtype == torch.bfloat16 and torch.equal(pulled, start.to(torch.bfloat16))
+        grad = torch.tensor([2 ** -13, 0.5, 0.25], dtype=torch.bfloat16)
+        _, answered, _ = server.push(0, grad, 1.0, [{"lr": 1.0}]).wait()
+        master = server.params[0]
+        assert master.dtype == torch.float32
+        assert torch.equal(master, start - grad.float())        # fp32 arithmetic on the master copy
+        assert master[0] != master.to(torch.bfloat16).float()[0]
+        assert torch.equal(answered, master.to(torch.bfloat16))
+    finally:
+        server.close()
+
+
+def test_error_feedback_keeps_what_bf16_rounding_drops():
+    """bf16 keeps 8 significant bits: 1 + 2^-9 rounds to 1 on every push, so plain rounding loses
+    2^-9 per push for good; with error feedback the pushes' sum stays within one rounding of the
+    gradients' sum."""
+    from hgcli.runtime.hybrid import ErrorFeedback
+
+    grad = torch.tensor([1 + 2 ** -9, -1e-3 * (1 + 2 ** -9), 0.5])
+    feedback = ErrorFeedback(torch.bfloat16)
+    total, plain = torch.zeros(3), torch.zeros(3)
+    for _ in range(200):
+        sent = feedback.round(grad)
+        assert sent.dtype == torch.bfloat16
+        total += sent.float()
+        plain += grad.to(torch.bfloat16).float()
+    exact = 200 * grad
+    assert (total - exact).abs().max() <= 2 ** -8
+    assert (plain - exact).abs().max() > 0.3            # 200 x 2^-9: what rounding alone lost
+
+
 def test_bound_below_groups_minus_one_is_refused():
     with pytest.raises(TrainingError, match="below groups - 1"):
         ShardServer(shard=0, ps_ranks=[3], group_ids=[0, 1, 2], staleness_bound=1, global_batch=0,

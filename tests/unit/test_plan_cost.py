@@ -255,3 +255,28 @@ def test_the_measured_synchronous_compute_ratio_slows_synchronous_groups_only():
     assert before == same
     assert slower["allreduce"] < same["allreduce"] / 1.15 and slower["hybrid"] < same["hybrid"] / 1.15
     assert slower["ps"] == same["ps"] and slower["ideal"] == same["ideal"]
+
+
+def test_the_wire_format_prices_ps_bytes_and_overlap_hides_the_exchange_behind_compute():
+    """A 25.6M-parameter model, fast devices on n0, slow on n1, a 1 Gbit/s link between: bf16 halves
+    what each push and pull puts on the link (hybrid faster, allreduce untouched); overlap makes a
+    group's window the longer of its compute and its exchange, not their sum, and needs S >= groups."""
+    from tests.unit.plan_clusters import link
+
+    inventory, profiles = cluster([[A100, A100], [T4, T4]], links=(link("n0", "n1", 0.125, 1e-4),),
+                                  model=ModelSpec("resnet50-sized", 25_600_000))
+
+    def planned(**kw):
+        return make_plan(inventory, profiles, JobSpec(strategy=Strategy.HYBRID, global_batch=2048, **kw))
+
+    fp32, bf16 = planned(overlap=False), planned(overlap=False, wire="bf16")
+    overlapped = planned(overlap=True)
+    rate = {k: p.predicted_samples_per_s for k, p in {"fp32": fp32, "bf16": bf16, "overlap": overlapped}.items()}
+    assert rate["bf16"]["hybrid"] > 1.02 * rate["fp32"]["hybrid"]
+    assert rate["bf16"]["allreduce"] == rate["fp32"]["allreduce"]
+    assert rate["overlap"]["hybrid"] > 1.05 * rate["fp32"]["hybrid"]
+    assert (fp32.overlap, fp32.wire, overlapped.overlap, bf16.wire) == (False, "fp32", True, "bf16")
+    assert overlapped.staleness_bound >= len(overlapped.groups)
+    assert planned().overlap is False                      # the default (docs/planning.md, "Overlap")
+    with pytest.raises(Exception, match="wire format must be one of"):
+        planned(wire="fp8")
