@@ -5,13 +5,15 @@ HGTRAIN_STATE_DIR):
   pipeline       ``hgtrain probe``, ``hgtrain bench --quick --model`` (the model the script trains),
                  then ``hgtrain launch -- python -m SCRIPT``: the planner's own plan (auto), made by
                  launch from the stored inventory and profiles, never a hand-built plan;
-  ddp-uniform    ``python -m torch.distributed.run --standalone`` on benchmarks/ddp_emulated.py
-                 (plain DDP on the same model, data and optimizer), the same batch on every rank;
+  ddp-uniform    ``python -m torch.distributed.run --standalone`` on the script's DDP twin
+                 (plain DDP on the same model, data, optimizer and evaluation: benchmarks/ddp_emulated.py
+                 for the MLP, benchmarks/ddp_resnet_emulated.py for the ResNet), the same batch on
+                 every rank;
   ddp-prop       the same, batches proportional to speed (the careful DDP user).
 Every rank of all three is emulated alike (hgcli/runtime/emulate.py: a step stretched to its CPU
-time / speed; the DDP script wraps its steps in the same Emulator). Scenarios: ``static``
-[1, 1, 0.25, 0.25], ``three`` [1, 0.5, 0.25, 0.25], ``homogeneous`` [1, 1, 1, 1], ``stragglers``
-(static speeds, every step one pseudo-random worker --straggler x slower: HGTRAIN_EMULATE_STRAGGLER
+time / speed; the DDP twins wrap their steps in the same Emulator: benchmarks/ddp_emulation.py).
+Scenarios: ``static`` [1, 1, 0.25, 0.25], ``three`` [1, 0.5, 0.25, 0.25], ``homogeneous`` [1, 1, 1, 1],
+``stragglers`` (static speeds, every step one pseudo-random worker --straggler x slower: HGTRAIN_EMULATE_STRAGGLER
 and HGTRAIN_EMULATE_SEED, the same rule on both sides).
 
 Per run: steady samples/s (every worker stepping), its share of the ideal, time to the target
@@ -25,7 +27,9 @@ machine's CPU, so each rank computes briefly and sleeps most of its step; the ra
 small share of the cores and contention between emulated ranks a small part of any step (the output
 prints both shares). Readable table, then one JSON line with every figure and a ``goals`` object.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/pipeline_e2e.py --quick      (several minutes)
+    PYTHONPATH=. .venv/bin/python benchmarks/pipeline_e2e.py --quick      (the MLP; several minutes)
+    PYTHONPATH=. .venv/bin/python benchmarks/pipeline_e2e.py --script hgcli.examples.train --quick
+                                                                           (the ResNet example)
 """
 from __future__ import annotations
 
@@ -63,66 +67,136 @@ GOAL_HOMOGENEOUS, GOAL_MEDIAN_ERROR, GOAL_WORST_ERROR, GOAL_ACCURACY_POINTS = 0.
 
 @dataclass(frozen=True)
 class Script:
-    """How the benchmark drives one training script: its flags, its DDP twin and its bench model.
-    The one place to change when a script's flags change (the example's, say)."""
+    """How the benchmark drives one training script: its flags, its DDP twin, its bench model and
+    the benchmark's defaults for it. The one place to change when a script's flags change."""
 
     module: str                                         # python -m MODULE under hgtrain launch
     ddp: Path                                           # the torchrun baseline, same flags
     flags: Callable[[argparse.Namespace], list[str]]    # training flags shared by both
     steps_flag: Callable[[int], list[str]]              # stop after N steps (the ideal's runs)
-    no_eval: list[str]                                  # no periodic evaluation (the ideal's runs)
+    no_eval: list[str]                                  # no costly evaluation (the ideal's runs)
     bench_model: Callable[[argparse.Namespace, Path], str]   # hgtrain bench --model SPEC
+    describe: Callable[[argparse.Namespace], str]       # the model and data, for the report
+    defaults: dict[str, Any]                            # this script's options: their defaults
+    quick: dict[str, Any]                               # ... and those --quick changes
 
 
-def _example_flags(a: argparse.Namespace) -> list[str]:
+def _bench_sizes(a: argparse.Namespace) -> str:
+    """Batch sizes the plan and baselines use at this global batch (4 devices), and a few small ones."""
+    n = 4
+    sizes = sorted({4, 16, 64, a.global_batch // (2 * n), a.global_batch // n, 2 * a.global_batch // n})
+    return ",".join(str(s) for s in sizes if s >= 1)
+
+
+def _mlp_flags(a: argparse.Namespace) -> list[str]:
     return ["--epochs", str(a.epochs), "--lr", str(a.lr), "--hidden", str(a.hidden), "--eval-every",
             str(a.eval_every), "--eval-samples", str(a.eval_samples), "--target", str(a.target)]
 
 
-def _example_model(a: argparse.Namespace, workdir: Path) -> str:
+def _mlp_model(a: argparse.Namespace, workdir: Path) -> str:
     """The example's MLP at this run's width, benched at the sizes the plan and baselines use."""
     factory = workdir / f"example_h{a.hidden}.py"
     factory.write_text("from hgcli.examples.models import example\n\n\n"
                        f"def factory():\n    return example(hidden={a.hidden})\n")
-    n = 4
-    sizes = sorted({4, 16, 64, a.global_batch // (2 * n), a.global_batch // n, 2 * a.global_batch // n})
-    return f"{factory}:factory@{','.join(str(s) for s in sizes if s >= 1)}"
+    return f"{factory}:factory@{_bench_sizes(a)}"
 
 
-# The MLP example (its DDP twin is ddp_emulated.py). The bundled ResNet example (hgcli.examples.train,
-# DDP twin hgcli.examples.ddp_resnet) is not wired in yet.
+def _resnet_flags(a: argparse.Namespace) -> list[str]:
+    return ["--epochs", str(a.epochs), "--lr", str(a.lr), "--train-size", str(a.train_size),
+            "--eval-samples", str(a.eval_samples), "--target", str(a.target)]
+
+
+# The ResNet as hgcli.examples.train runs it: under its --amp auto (bf16 autocast where the device has
+# it natively, on this machine's CPU too), about half the step time of float32, which is what the
+# built-in spec times; the plan must be fitted to the step the job will make.
+_RESNET_FACTORY = '''"""hgcli.examples.resnet:spec under the autocast hgcli.examples.train uses (--amp auto)."""
+import torch
+
+from hgcli.examples import recipe
+from hgcli.examples.resnet import spec
+
+
+class Autocast(torch.nn.Module):
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+
+    def forward(self, x):
+        with recipe.autocast(x.device, recipe.amp_dtype("auto", x.device)):
+            return self.net(x)
+
+
+def factory():
+    model, make_batch = spec()
+    return Autocast(model), make_batch
+'''
+
+
+def _resnet_model(a: argparse.Namespace, workdir: Path) -> str:
+    """The example's ResNet-8 as the example trains it, benched at the sizes the plan and baselines use."""
+    factory = workdir / "example_resnet.py"
+    factory.write_text(_RESNET_FACTORY)
+    return f"{factory}:factory@{_bench_sizes(a)}"
+
+
+# Training scripts the benchmark runs, each against its DDP twin (benchmarks/ddp_emulation.py has
+# what the twins share).
 SCRIPTS = {
+    # The small MLP (a step is mostly fixed overhead): quick, the benchmark's historical figures.
     "hgcli.examples.train_mlp": Script(
-        module="hgcli.examples.train_mlp", ddp=REPO / "benchmarks" / "ddp_emulated.py", flags=_example_flags,
+        module="hgcli.examples.train_mlp", ddp=REPO / "benchmarks" / "ddp_emulated.py", flags=_mlp_flags,
         steps_flag=lambda n: ["--max-steps", str(n)], no_eval=["--eval-every", "1000000000"],
-        bench_model=_example_model),
+        bench_model=_mlp_model, describe=lambda a: f"example MLP hidden {a.hidden}",
+        defaults={"epochs": 4, "target": 0.92, "global_batch": 256, "lr": 0.05, "hidden": 4096,
+                  "eval_every": 8, "eval_samples": 1024, "ideal_steps": 40},
+        quick={"epochs": 2, "target": 0.90, "ideal_steps": 20}),
+    # The bundled ResNet example, the README's main job (step time nearly proportional to the batch,
+    # images drawn by DataLoader workers). Global batch 128: hgtrain launch's default for 4 devices.
+    # --quick: 3 epochs of 4096 images (96 steps; one process at batch 128 reached 0.958), target 0.90;
+    # it evaluates after each epoch only, so its time to target has an epoch's resolution.
+    "hgcli.examples.train": Script(
+        module="hgcli.examples.train", ddp=REPO / "benchmarks" / "ddp_resnet_emulated.py", flags=_resnet_flags,
+        steps_flag=lambda n: ["--max-steps", str(n)], no_eval=["--test-size", "64", "--eval-samples", "64"],
+        bench_model=_resnet_model, describe=lambda a: f"example ResNet-8, {a.train_size} training images",
+        defaults={"epochs": 5, "target": 0.95, "global_batch": 128, "lr": 5e-3, "train_size": 4096,
+                  "eval_samples": 512, "ideal_steps": 20},
+        quick={"epochs": 3, "target": 0.90, "ideal_steps": 10}),
 }
+# Options that only some scripts take (None: not given).
+SCRIPT_OPTIONS = ("epochs", "target", "global_batch", "lr", "hidden", "eval_every", "eval_samples",
+                  "train_size", "ideal_steps")
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--script", default="hgcli.examples.train_mlp", choices=sorted(SCRIPTS),
-                   help="the training script (its flags, DDP twin and bench model: SCRIPTS)")
+                   help="the training script (its flags, DDP twin, bench model and defaults: SCRIPTS)")
     p.add_argument("--scenarios", default=",".join(SCENARIOS), help="which of: " + ", ".join(SCENARIOS))
     p.add_argument("--quick", action="store_true",
-                   help="2 epochs, target 0.90, shorter ideal runs (several minutes in all)")
-    p.add_argument("--epochs", type=int, default=None, help="default 4 (--quick 2)")
-    p.add_argument("--target", type=float, default=None, help="target accuracy; default 0.92 (--quick 0.90)")
-    p.add_argument("--global-batch", type=int, default=256)
-    p.add_argument("--hidden", type=int, default=4096, help="hidden width of the example MLP")
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--eval-every", type=int, default=8)
-    p.add_argument("--eval-samples", type=int, default=1024)
+                   help="fewer epochs, a lower target, shorter ideal runs (SCRIPTS[...].quick)")
+    p.add_argument("--epochs", type=int, help="MLP 4 (--quick 2); ResNet 5 (--quick 3)")
+    p.add_argument("--target", type=float, help="target accuracy; MLP 0.92 (--quick 0.90); ResNet 0.95 (0.90)")
+    p.add_argument("--global-batch", type=int, help="MLP 256, ResNet 128")
+    p.add_argument("--lr", type=float, help="MLP 0.05 (SGD), ResNet 5e-3 (AdamW's peak)")
+    p.add_argument("--hidden", type=int, help="MLP only: hidden width, 4096")
+    p.add_argument("--eval-every", type=int, help="MLP only: steps between evaluations, 8")
+    p.add_argument("--eval-samples", type=int, help="test samples of the periodic evaluations; MLP 1024, ResNet 512")
+    p.add_argument("--train-size", type=int, help="ResNet only: training images, 4096")
     p.add_argument("--time-scale", type=float, default=0.1,
                    help="emulated speed = nominal x this: every device slower than the CPU, ranks mostly sleep")
     p.add_argument("--straggler", type=float, default=3.0, help="slowdown of the straggler of each step")
     p.add_argument("--straggler-seed", type=int, default=7)
-    p.add_argument("--ideal-steps", type=int, default=None, help="steps of each ideal run; default 40 (--quick 20)")
+    p.add_argument("--ideal-steps", type=int, help="steps of each ideal run; MLP 40 (--quick 20), ResNet 20 (10)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per command")
-    args = p.parse_args()
-    args.epochs = args.epochs or (2 if args.quick else 4)
-    args.target = args.target or (0.90 if args.quick else 0.92)
-    args.ideal_steps = args.ideal_steps or (20 if args.quick else 40)
+    args = p.parse_args(argv)
+    script = SCRIPTS[args.script]
+    given = {k for k in SCRIPT_OPTIONS if getattr(args, k) is not None}
+    foreign = sorted(given - set(script.defaults))
+    if foreign:
+        p.error(f"{args.script} does not take " + ", ".join("--" + k.replace("_", "-") for k in foreign))
+    for k in SCRIPT_OPTIONS:
+        if getattr(args, k) is None:
+            setattr(args, k, script.quick.get(k, script.defaults.get(k)) if args.quick else script.defaults.get(k))
     return args
 
 
@@ -368,7 +442,8 @@ def _fmt(v: float | None, spec: str, missing: str = "-") -> str:
 
 def report(args: argparse.Namespace, results: dict[str, Any], alone: dict[float, dict[str, Any]],
            cores: int, workdir: Path, elapsed: float) -> None:
-    print(f"{args.script}: hidden {args.hidden}, global batch {args.global_batch}, {args.epochs} epochs, target "
+    print(f"{args.script} ({SCRIPTS[args.script].describe(args)}): global batch {args.global_batch}, "
+          f"{args.epochs} epochs, target "
           f"accuracy {args.target}; emulated speed = nominal x time scale {args.time_scale} (every device slower "
           f"than this machine's CPU: ranks compute briefly and sleep the rest of each step); {cores} cores")
     print("ideal, each device alone through the runtime and its emulation (best batch): " + ", ".join(
@@ -396,7 +471,8 @@ def report(args: argparse.Namespace, results: dict[str, Any], alone: dict[float,
     print("goals: " + ", ".join(f"{k} {'met' if v else 'MISSED' if v is not None else 'n/a'}"
                                 for k, v in goals.items()))
     print(f"{elapsed:.0f} s; every command's output and metrics in {workdir}")
-    print(json.dumps({"benchmark": "pipeline_e2e", "script": args.script, "hidden": args.hidden,
+    print(json.dumps({"benchmark": "pipeline_e2e", "script": args.script, "flags": SCRIPTS[args.script].flags(args),
+                      "hidden": args.hidden, "train_size": args.train_size,
                       "global_batch": args.global_batch, "epochs": args.epochs, "target": args.target,
                       "time_scale": args.time_scale, "quick": args.quick, "cores": cores,
                       "ideal_per_device": {f"{s:g}": a for s, a in sorted(alone.items())},

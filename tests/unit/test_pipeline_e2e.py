@@ -1,0 +1,60 @@
+"""benchmarks/pipeline_e2e.py's per-script options and the DDP twins' environment (no training)."""
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from hgcli.examples import recipe
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture
+def e2e(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))     # as when a script in benchmarks/ runs
+    return importlib.import_module("pipeline_e2e")
+
+
+def test_resnet_flags_are_the_examples_own(e2e: ModuleType) -> None:
+    """What the benchmark passes hgcli.examples.train (and its DDP twin, which parses the same way)
+    is read by the example's parser as the benchmark's defaults for it."""
+    args = e2e.parse_args(["--script", "hgcli.examples.train", "--quick"])
+    assert (args.global_batch, args.epochs, args.target, args.ideal_steps) == (128, 3, 0.90, 10)
+    script = e2e.SCRIPTS[args.script]
+    trained = recipe.parse_args("twin", script.flags(args))
+    assert (trained.epochs, trained.lr, trained.train_size, trained.target) == (3, 5e-3, 4096, 0.90)
+    ideal = recipe.parse_args("twin", [*script.flags(args), *script.steps_flag(7), *script.no_eval])
+    assert (ideal.max_steps, ideal.test_size, ideal.eval_samples) == (7, 64, 64)
+    assert e2e.ideal_batches(args) == [16, 32, 64]
+    full = e2e.parse_args(["--script", "hgcli.examples.train", "--epochs", "2"])
+    assert (full.epochs, full.target, full.ideal_steps) == (2, 0.95, 20)
+
+
+def test_mlp_defaults_and_foreign_options(e2e: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    args = e2e.parse_args(["--quick"])
+    assert (args.script, args.global_batch, args.hidden, args.epochs, args.target) == (
+        "hgcli.examples.train_mlp", 256, 4096, 2, 0.90)
+    assert "--hidden" in e2e.SCRIPTS[args.script].flags(args)
+    with pytest.raises(SystemExit) as exc:
+        e2e.parse_args(["--script", "hgcli.examples.train", "--hidden", "64"])
+    assert exc.value.code == 2
+    assert "hgcli.examples.train does not take --hidden" in capsys.readouterr().err
+
+
+def test_twin_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    emulation = importlib.import_module("ddp_emulation")
+    env = {"RANK": "2", "E2E_SPEEDS": "0.1,0.1,0.025,0.025", "E2E_BATCHES": "53,53,11,11",
+           "E2E_METRICS": "/m", "HGTRAIN_EMULATE_STRAGGLER": "3", "HGTRAIN_EMULATE_SEED": "7"}
+    s = emulation.settings(env, world=4)
+    assert (s.speed, s.batches, s.metrics, s.straggler_factor, s.straggler_seed) == (
+        0.025, [53, 53, 11, 11], "/m", 3.0, 7)
+    with pytest.raises(SystemExit, match="need 3 entries each"):
+        emulation.settings(env, world=3)
+    with pytest.raises(SystemExit, match="E2E_METRICS is not set"):
+        emulation.settings({k: v for k, v in env.items() if k != "E2E_METRICS"}, world=4)
+    with pytest.raises(SystemExit, match="at least 1"):
+        emulation.settings({**env, "E2E_BATCHES": "53,53,0,11"}, world=4)
