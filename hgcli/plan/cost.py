@@ -32,6 +32,11 @@ KNEE_TOLERANCE = 0.05
 MAX_PUSH_GLOBAL_BATCHES = 1
 # Staleness bound = slack x the pushes other groups make during the slowest group's window.
 STALENESS_SLACK = 2.0
+# Of the CPU work a measured PS round trip does beyond its fixed cost and the PS's update (pickling,
+# copies in and out of the RPC buffers, on both ends), this share is the leader's side: its process
+# converts, flattens and pickles the push and loads the answer on its training thread, so overlap
+# cannot hide it. Push and pull are symmetric (a model's worth each way), hence half.
+EXCHANGE_CLIENT_SHARE = 0.5
 # Hybrid plans overlap each leader's PS exchange with its group's next step unless the job says
 # (--overlap/--no-overlap); benchmarks/hybrid_links.py measured it (docs/planning.md, "Overlap").
 OVERLAP_DEFAULT = False
@@ -243,7 +248,8 @@ class CostModel:
         self.cores = cores = [n.cpu_cores or 0 for n in inventory.nodes]
         # PS ranks go on healthy nodes (a CPU-only node qualifies): best network first, then most
         # CPU cores, then node order.
-        healthy = [i for i, n in enumerate(inventory.nodes) if n.ok]
+        self.names = [n.name for n in inventory.nodes]
+        self.healthy = healthy = [i for i, n in enumerate(inventory.nodes) if n.ok]
         self.ps_order = sorted(healthy, key=lambda n: (-net.nic[n], -cores[n], n))
         self.ranks_on: dict[int, int] = {}       # worker ranks per node (every device is one)
         self.demand_on: dict[int, float] = {}    # cores' worth of CPU its workers ask for
@@ -338,9 +344,42 @@ class CostModel:
             counts.append(nodes)   # a local PS on every node
         return counts
 
+    def _link_order(self, leaders: list[int]) -> list[int]:
+        """Healthy nodes by their slowest link to any group leader's node (a leader's own node at its
+        intra-node rate), then NIC, cores and node order: the first nodes are those every leader
+        reaches fastest. With more than PS_CANDIDATES_MAX leader nodes, by NIC alone (``ps_order``):
+        the pair lookups would grow with nodes x leaders."""
+        if len(leaders) > PS_CANDIDATES_MAX:
+            return self.ps_order
+        link, nic, cores = self.net.link, self.net.nic, self.cores
+        reach = {q: min(link(l, q)[0] for l in leaders) for q in self.healthy}
+        return sorted(self.healthy, key=lambda q: (-reach[q], -nic[q], -cores[q], q))
+
+    def ps_placements(self, leaders: list[int]) -> list[tuple[int, ...]]:
+        """Where the PS shards may go for groups led from ``leaders`` (node indices), fewest shards
+        first: for every count, the first nodes of ``_link_order`` (round-robin when the count
+        exceeds them), and one shard on every leader's node (each leader then exchanges its share
+        locally and no one link carries every group's traffic). The cost model prices each."""
+        order = self._link_order(leaders)
+        out: list[tuple[int, ...]] = []
+        for count in self._ps_counts():
+            out.append(tuple(order[k % len(order)] for k in range(count)))
+        own = tuple(sorted({n for n in leaders if n in set(self.healthy)}))
+        if 1 < len(own) <= PS_CANDIDATES_MAX and self.job.ps_ranks in (None, len(own)):
+            out.append(own)
+        seen: set[tuple[int, ...]] = set()
+        unique = []
+        for nodes in sorted(out, key=len):     # stable: a count's link order before the leaders' nodes
+            key = tuple(sorted(nodes))
+            if key not in seen:
+                seen.add(key)
+                unique.append(nodes)
+        return unique
+
     def _with_ps(self, strategy: Strategy, groups: tuple[tuple[int, ...], ...]) -> list[Option]:
         stats = [self._group(g) for g in groups]
-        return [self._predict_async(strategy, groups, stats, count) for count in self._ps_counts()]
+        placements = self.ps_placements(sorted({s.leader for s in stats}))
+        return [self._predict_async(strategy, groups, stats, nodes, len(placements)) for nodes in placements]
 
     def _push_knee(self, stats: GroupStats, overhead: float) -> int:
         """A hybrid group's accumulation: the smallest push (batch x accumulation) whose samples/s,
@@ -356,8 +395,8 @@ class CostModel:
         return min(MAX_ACCUMULATE, max(floor, min(knee, most)))
 
     def _predict_async(self, strategy: Strategy, groups: tuple[tuple[int, ...], ...],
-                       stats: list[GroupStats], count: int) -> Option:
-        ps_nodes = tuple(self.ps_order[k % len(self.ps_order)] for k in range(count))
+                       stats: list[GroupStats], ps_nodes: tuple[int, ...], tried: int = 1) -> Option:
+        count = len(ps_nodes)
         node_share: dict[int, float] = {}
         ps_ranks: dict[int, int] = {}
         for q in ps_nodes:
@@ -410,19 +449,39 @@ class CostModel:
         # The runtime's waiting rule (docs/runtime.md) needs S >= groups - 1 (S >= groups with overlap):
         # with a smaller bound every group could be waiting for another. A lower --staleness is raised.
         staleness = max(staleness, len(groups) if self.overlap else len(groups) - 1)
-        where = "a PS on every node" if count == len(self.ps_order) > 1 else f"{count} PS rank(s)"
-        return Option(strategy, groups, accumulate, ps_nodes, staleness, rate, f"{len(groups)} groups, {where}",
-                      group_rates)
+        return Option(strategy, groups, accumulate, ps_nodes, staleness, rate,
+                      f"{len(groups)} groups, {self._where(ps_nodes, stats, tried)}", group_rates)
+
+    def _where(self, ps_nodes: tuple[int, ...], stats: list[GroupStats], tried: int) -> str:
+        """The reason's word on the shards: how many, on which nodes, and the links that chose them."""
+        nodes = sorted(set(ps_nodes))
+        count = len(ps_nodes)
+        shards = f"{count} PS shard{'s' if count > 1 else ''}"
+        names = ", ".join(self.names[q] for q in nodes[:6]) + (f" and {len(nodes) - 6} more" if len(nodes) > 6 else "")
+        where = f"{shards} on node{'s' if len(nodes) > 1 else ''} {names}"
+        if len(nodes) == len(self.healthy) > 1:
+            where += " (one on every node)"
+        leaders = sorted({s.leader for s in stats})
+        if len(leaders) > PS_CANDIDATES_MAX or len(nodes) > PS_CANDIDATES_MAX:
+            return where
+        slowest = min(self.net.link(l, q)[0] for l in leaders for q in nodes)
+        local = sum(1 for l in leaders if l in nodes)
+        return (f"{where} (leaders' slowest link to a shard {slowest / 1e9:.3g} GB/s, {local} of {len(leaders)} "
+                f"leader node(s) with a local shard; best of {tried} placement(s) priced)")
 
     def _windows(self, groups: tuple[tuple[int, ...], ...], stats: list[GroupStats], accumulate: tuple[int, ...],
                  syncs: list[float], exchange: dict[int, float], node_share: dict[int, float],
                  count: int) -> list[float]:
         """Seconds between two pushes of each group: its accumulated compute, all-reduce and PS
         exchange, stretched by a shared NIC, a saturated PS and crowded CPUs."""
-        # With overlap the exchange runs during the next step: a window is the longer of the two.
-        join = max if self.overlap else (lambda a, b: a + b)
-        windows = [join(acc * s.compute * straggle(s.noise, len(g), acc), exchange[s.leader]) + sync
-                   for s, sync, acc, g in zip(stats, syncs, accumulate, groups)]
+        # With overlap the exchange runs during the next step: a window is the longer of the two,
+        # except the leader's own CPU work of the exchange, which stays on its training thread.
+        if self.overlap:
+            windows = [max(acc * s.compute * straggle(s.noise, len(g), acc) + self._client_cpu_s(s.leader),
+                           exchange[s.leader]) + sync for s, sync, acc, g in zip(stats, syncs, accumulate, groups)]
+        else:
+            windows = [acc * s.compute * straggle(s.noise, len(g), acc) + exchange[s.leader] + sync
+                       for s, sync, acc, g in zip(stats, syncs, accumulate, groups)]
         # A node's NIC carries the pushes and pulls of every group led from it: share it.
         nic_load: dict[int, float] = {}
         for s, window in zip(stats, windows):
@@ -478,6 +537,21 @@ class CostModel:
         remote = any(q != leader for q in node_share)
         return software + (self._wire_s(leader, node_share) if remote else 0.0)
 
+    def _rpc_cpu_per_byte(self, node: int) -> float:
+        """CPU seconds per wire byte of one push and its pull, both ends together, from the node's
+        measured exchange: the round trip less its fixed cost and the PS's update (``service_s``)
+        is the RPC's pickling and copies of a model's worth each way over loopback, where no wire
+        time hides it. 0 when unmeasured."""
+        m = self.exchange.get(node)
+        if m is None:
+            return 0.0
+        return max(0.0, m.round_trip_s.median - m.latency_s.median - m.service_s.median) / m.bytes
+
+    def _client_cpu_s(self, leader: int) -> float:
+        """The leader's CPU seconds per push on its training thread: its share of the RPC work for
+        every shard's bytes (the whole wire vector, however many shards)."""
+        return EXCHANGE_CLIENT_SHARE * self._rpc_cpu_per_byte(leader) * self.wire
+
     def _wire_s(self, leader: int, node_share: dict[int, float]) -> float:
         if len(node_share) <= PS_CANDIDATES_MAX:
             slowest, lat = 0.0, 0.0
@@ -499,6 +573,8 @@ class CostModel:
         measured = self.exchange.get(node)
         if measured is not None:   # the PS's measured busy time per push, scaled to its shard
             apply = total_pushes * measured.service_s.median * (self.bytes / count) / measured.bytes
+            # and its side of the RPC's copies, which service_s leaves out, for its shard's bytes
+            apply += total_pushes * (1 - EXCHANGE_CLIENT_SHARE) * self._rpc_cpu_per_byte(node) * self.wire / count
         else:
             apply = total_pushes * (self.bytes / count) / (PS_APPLY_GBS * 1e9)
         return traffic + apply
