@@ -109,34 +109,10 @@ def _resnet_flags(a: argparse.Namespace) -> list[str]:
 # The ResNet as hgcli.examples.train runs it: under its --amp auto (bf16 autocast where the device has
 # it natively, on this machine's CPU too), about half the step time of float32, which is what the
 # built-in spec times; the plan must be fitted to the step the job will make.
-_RESNET_FACTORY = '''"""hgcli.examples.resnet:spec under the autocast hgcli.examples.train uses (--amp auto)."""
-import torch
-
-from hgcli.examples import recipe
-from hgcli.examples.resnet import spec
-
-
-class Autocast(torch.nn.Module):
-    def __init__(self, net):
-        super().__init__()
-        self.net = net
-
-    def forward(self, x):
-        with recipe.autocast(x.device, recipe.amp_dtype("auto", x.device)):
-            return self.net(x)
-
-
-def factory():
-    model, make_batch = spec()
-    return Autocast(model), make_batch
-'''
-
-
 def _resnet_model(a: argparse.Namespace, workdir: Path) -> str:
-    """The example's ResNet-8 as the example trains it, benched at the sizes the plan and baselines use."""
-    factory = workdir / "example_resnet.py"
-    factory.write_text(_RESNET_FACTORY)
-    return f"{factory}:factory@{_bench_sizes(a)}"
+    """The example's ResNet-8 as the example trains it (its spec times it under the example's
+    autocast), benched at the sizes the plan and baselines use."""
+    return f"hgcli.examples.resnet:spec@{_bench_sizes(a)}"
 
 
 # Training scripts the benchmark runs, each against its DDP twin (benchmarks/ddp_emulation.py has

@@ -193,3 +193,15 @@ def test_bad_device_argument_is_a_usage_error():
     proc = subprocess.run([sys.executable, "-m", "hgcli.node.bench", "--node", "n", "--device", "tpu0"],
                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
     assert proc.returncode == 2 and "gpuN or cpu" in proc.stderr
+
+
+def test_the_example_spec_times_the_model_under_the_examples_autocast():
+    """bench's default model is the ResNet as hgcli.examples.train runs it: under its --amp choice."""
+    import torch
+
+    from hgcli.examples.resnet import spec
+
+    for amp, dtype in (("bf16", torch.bfloat16), ("off", torch.float32)):
+        model, make_batch = spec(amp=amp)
+        inputs, _ = make_batch(2, "cpu")
+        assert model(inputs).dtype == dtype
