@@ -384,10 +384,12 @@ class CostModel:
     def _push_knee(self, stats: GroupStats, overhead: float) -> int:
         """A hybrid group's accumulation: the smallest push (batch x accumulation) whose samples/s,
         acc * B / (acc * T + overhead), is within KNEE_TOLERANCE of the group's compute-bound
-        B / T, i.e. acc >= (1 - tol) / tol * overhead / T; at least the global batch (an asynchronous
-        update as large as one synchronous step), at most MAX_PUSH_GLOBAL_BATCHES global batches and
-        MAX_ACCUMULATE steps."""
-        floor = max(1, math.ceil(self.global_batch / stats.samples))
+        B / T, i.e. acc >= (1 - tol) / tol * overhead / T; at most MAX_PUSH_GLOBAL_BATCHES global
+        batches and MAX_ACCUMULATE steps. No floor: every push is one update of the PS's optimizer,
+        and with AdamW (or momentum) the number of updates, not their size, sets the progress per
+        sample; a group that accumulated to a whole global batch gave the PS about two thirds of the
+        updates DDP makes over the same samples (docs/planning.md, "Push size")."""
+        floor = 1
         knee = 1
         if overhead > 0 and stats.compute > 0:
             knee = math.ceil((1 - KNEE_TOLERANCE) / KNEE_TOLERANCE * overhead / stats.compute - 1e-9)

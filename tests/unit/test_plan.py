@@ -236,9 +236,8 @@ def test_hybrid_groups_like_devices_behind_one_ps():
     plan = make_plan(inventory, profiles, JobSpec(strategy=Strategy.HYBRID, global_batch=256))
     assert [g.ranks for g in plan.groups] == [(0, 1), (2, 3)]
     assert plan.ps_shards == (4,) and plan.rank(4).role is Role.PS and plan.rank(4).local_rank == 4
-    # each group accumulates to at least the global batch before it pushes
-    for g in plan.groups:
-        assert g.accumulate * sum(plan.rank(r).batch_size for r in g.ranks) >= 256
+    # the exchange is cheap next to a step here: each group pushes every step (one PS update each)
+    assert [g.accumulate for g in plan.groups] == [1, 1]
     assert plan.staleness_bound >= 1
 
 
