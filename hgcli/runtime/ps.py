@@ -388,7 +388,10 @@ class ShardServer:
         buffers = self._buffers_copy()
         if buffers is not None:
             self.answered_buffers[group] = buffers
-        fut.set_result((self.version, self._flat().to(self.wire_dtype), buffers))
+        flat = self._flat().to(self.wire_dtype)
+        if self.trace_fh:
+            self._trace("answer", group=group, version=self.version, param_sum=float(flat.double().sum()))
+        fut.set_result((self.version, flat, buffers))
 
     def _flat(self) -> torch.Tensor:
         assert self.params is not None
