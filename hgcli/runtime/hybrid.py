@@ -171,6 +171,7 @@ class GroupSync:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="hgtrain-exchange") if self.overlap else None
         self._in_flight: "ThreadFuture[list[ShardAnswer]] | None" = None
         self._pushed = False
+        self._last_answer: torch.Tensor | None = None     # the leader's previous answer (overlap)
         self._feedback = ErrorFeedback(self.wire_dtype) if self.wire_dtype != torch.float32 else None
         device = self.params[0].device if self.params else torch.device("cpu")
         self._numel = sum(p.numel() for p in self.params)
@@ -296,6 +297,7 @@ class GroupSync:
                 self._in_flight = self._pool.submit(self._send, push)
                 if answers is not None:
                     self._load_answers(answers)
+                    self._predict()
             t2 = time.perf_counter()
             if self._pushed:        # every member knows: the first push has no answer to hand over
                 self._broadcast_state()
@@ -403,6 +405,18 @@ class GroupSync:
         bases = list(self._shard_versions) if self.overlap else None
         return lambda s: (self.group_id, self._shard_flat(wire, s), samples, hyper, bufs if s == 0 else None,
                           pos, *((bases[s],) if bases is not None else ()))
+
+    def _predict(self) -> None:
+        """Under overlap (leader, after loading an answer): the group's next gradient is computed
+        now but applied only after the group's own push in flight and what lands meanwhile, about
+        the updates between two of its answers. Evaluating it at answer + (answer - previous answer)
+        instead of at the answer (weight prediction, as pipelined training does) puts it about where
+        the PS will apply it. The PS's parameters are untouched and the next answer replaces the
+        prediction, so nothing accumulates; ``finish()`` loads the PS's final parameters exactly."""
+        answer = self._flat_params()                       # a copy
+        previous, self._last_answer = self._last_answer, answer
+        if previous is not None:
+            self._load_flat(2 * answer - previous)
 
     def _to_wire(self, grad: torch.Tensor) -> torch.Tensor:
         return grad if self._feedback is None else self._feedback.round(grad)

@@ -5,7 +5,8 @@ state for it. Group leaders call it over torch RPC: ``push`` applies a group's g
 answers with fresh parameters when the staleness rule allows (see docs/runtime.md):
 
 * staleness of a push = shard version now - version the group last received; the pushed gradient
-  is scaled by samples / global_batch / max(1, staleness) before the optimizer step: every sample
+  is scaled by samples / global_batch / max(1, delay) before the optimizer step, where delay =
+  shard version now - version of the group's newest answer (the staleness without overlap): every sample
   weighs the same whichever group computed it (as in one synchronous step over the global batch,
   and momentum integrates the weighted gradients), and stale updates weigh less;
 * bounded staleness: every push is applied at most S (plan.staleness_bound, >= groups - 1) versions
@@ -18,7 +19,9 @@ answers with fresh parameters when the staleness rule allows (see docs/runtime.m
   up to S - groups + 2 times per push of the slowest one before it waits.
 * with overlap (plan.overlap, S >= groups), a group computes its next gradient while its push is in
   flight, on the answer before; the leader sends that base with the push and the staleness counts
-  from it. A group then always has a gradient pending, and the rule (``_may_answer_overlapped``)
+  from it; the damping does not (the versions up to its newest answer, its own push included, are
+  a fixed one-step pipeline delay: ``_damping_delay``). A group then always has a gradient pending,
+  and the rule (``_may_answer_overlapped``)
   counts for each pending gradient, and each answered group's next one, every push that may still
   come before it; when no group is answered, the held group with the oldest base is (which moves
   nobody else's count): no deadlock.
@@ -222,7 +225,8 @@ class ShardServer:
             elif base is not None:
                 self.base[group] = base
             staleness = self.version - self.base[group]
-            scale = (samples / self.global_batch if self.global_batch else 1.0) / max(1, staleness)
+            delay = self._damping_delay(group)
+            scale = (samples / self.global_batch if self.global_batch else 1.0) / max(1, delay)
             grad = grad.float()          # fp32 master copy and optimizer state, whatever the wire
             offset = 0
             for p in self.params:
@@ -238,11 +242,11 @@ class ShardServer:
             if data_position is not None:
                 self.data_positions[group] = dict(data_position)
             self._trace("push", group=group, clock=self.clock[group], base=self.base[group],
-                        version=self.version, staleness=staleness, samples=samples, scale=scale,
+                        version=self.version, staleness=staleness, delay=delay, samples=samples, scale=scale,
                         clocks=dict(self.clock), active=sorted(self.active),
                         lr=[h.get("lr") for h in hyper])
             self.metrics.emit(event="ps_push", shard=self.shard, group=group, version=self.version,
-                              staleness=staleness)
+                              staleness=staleness, delay=delay, scale=scale)
             self.computing.discard(group)
             if self.overlap and group in self.released:
                 # Its next gradient is being computed on the parameters of its last answer.
@@ -296,6 +300,18 @@ class ShardServer:
             if fut in self.finishing:
                 self.finishing.remove(fut)
                 fut.set_result((False, self.version, None, None))
+
+    def _damping_delay(self, group: int) -> int:
+        """The staleness a push is damped by: versions since the group's newest answer. Without
+        overlap that is its staleness (the gradient was computed on that answer). Under overlap the
+        gradient is one answer older: the versions between that answer and the newest (the group's
+        own previous push, and what landed before it was answered) are a fixed one-step pipeline
+        delay, present on every push whatever the other groups do (as in delayed SGD), not
+        asynchrony between the groups. Damping them too divided every push by about three in the
+        benchmark of docs/runtime.md, so the same samples made a third of the progress. Only what
+        came after the newest answer counts, the same count as without overlap; the bound still
+        counts the full staleness from the older base."""
+        return self.version - self.released.get(group, self.base[group])
 
     def _request(self, group: int, fut: Future) -> None:
         if self.coordinator:
@@ -372,7 +388,10 @@ class ShardServer:
         buffers = self._buffers_copy()
         if buffers is not None:
             self.answered_buffers[group] = buffers
-        fut.set_result((self.version, self._flat().to(self.wire_dtype), buffers))
+        flat = self._flat().to(self.wire_dtype)
+        if self.trace_fh:
+            self._trace("answer", group=group, version=self.version, param_sum=float(flat.double().sum()))
+        fut.set_result((self.version, flat, buffers))
 
     def _flat(self) -> torch.Tensor:
         assert self.params is not None

@@ -86,8 +86,8 @@ def test_overlap_and_bf16_wire_in_real_processes(tmp_path):
     plan = emulated_plan([[1.0, 1.0], [0.25]], [[8, 8], [4]], n_ps=2, staleness_bound=bound, overlap=True,
                          wire="bf16")
     trace = tmp_path / "trace.jsonl"
-    run_ok(plan, script("tiny_train.py", "--out", tmp_path, "--steps", 20, "--hidden", 64, "--momentum", 0.9),
-           tmp_path, ps_argv=ps_argv(trace=str(trace)))
+    run_ok(plan, script("tiny_train.py", "--out", tmp_path, "--steps", 20, "--hidden", 64, "--momentum", 0.9,
+                        "--record"), tmp_path, ps_argv=ps_argv(trace=str(trace)))
     releases = {0: [], 1: []}
     pushes = {0: 0, 1: 0}
     version = 0
@@ -119,3 +119,32 @@ def test_overlap_and_bf16_wire_in_real_processes(tmp_path):
             assert torch.equal(start["params"], rounded)
         assert torch.equal(finals[r], finals[0])
     assert not torch.equal(finals[0].to(torch.bfloat16).float(), finals[0])         # the fp32 master
+    _assert_steps_compute_on_predicted_weights(tmp_path, trace, {0: [0, 1], 1: [2]})
+
+
+def _assert_steps_compute_on_predicted_weights(out, trace, members):
+    """Weight prediction under overlap: step k computes on answer k-1 (steps 0 and 1 on the first),
+    and from the group's third answer on at 2 x answer - previous answer. Checked on shard 0's
+    tensors against the sums of what shard 0 answered each group (its trace)."""
+    import torch
+
+    from hgcli.examples.data import make_model
+    from hgcli.runtime.ps import assign_shards
+
+    params = list(make_model(hidden=64).parameters())
+    owner = assign_shards([p.numel() for p in params], 2)
+    mask = torch.cat([torch.full((p.numel(),), o == 0) for p, o in zip(params, owner)])
+    sums = {g: [e["param_sum"] for e in trace_events(trace) if e["event"] == "answer" and e["shard"] == 0
+                and e["group"] == g] for g in members}
+    predicted, moved = 0, 0
+    for g, ranks in members.items():
+        for r in ranks:
+            for k, (_, flat) in enumerate(torch.load(out / f"steps{r}.pt")):
+                i = max(0, k - 1)
+                answered = sums[g][i]
+                expected = answered if i < 2 else 2 * answered - sums[g][i - 1]
+                got = float(flat[mask].double().sum())
+                assert got == pytest.approx(expected, abs=2e-4), (g, r, k)
+                predicted += i >= 2
+                moved += i >= 2 and abs(got - answered) > 2e-4          # not the answer itself
+    assert predicted == 3 * 17 and moved >= 0.8 * predicted

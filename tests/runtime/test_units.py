@@ -218,6 +218,32 @@ def test_overlap_admission_bounds_staleness_counted_from_the_older_base_and_neve
         server.close()
 
 
+def test_overlap_damps_only_the_staleness_beyond_the_groups_own_push_in_flight():
+    """Under overlap a gradient is computed on the answer before the last: the versions up to the
+    group's newest answer (its own previous push) are a fixed pipeline delay and not damped; pushes
+    of other groups after that answer are, as without overlap. SGD at lr 1 on a gradient of ones:
+    each push moves the parameter by samples / global batch / max(1, delay)."""
+    server = ShardServer(shard=0, ps_ranks=[9], group_ids=[0, 1], staleness_bound=5, global_batch=4,
+                         timeout_s=60, metrics=MetricsSink(None, {}), overlap=True)
+    try:
+        server.seed(0, torch.zeros(1), [(1,)], {"name": "SGD", "kwargs": {"lr": 1.0}})
+        assert [server.pull(g).wait()[0] for g in (0, 1)] == [0, 0]
+
+        def push(group, base):
+            before = server.params[0].item()
+            staleness = server.version - base
+            server.push(group, torch.ones(1), 2.0, [{"lr": 1.0}], base=base)
+            return staleness, round(before - server.params[0].item(), 6)
+
+        assert push(0, 0) == (0, 0.5)
+        assert push(0, 0) == (1, 0.5)     # its first push in flight: not damped
+        assert push(1, 0) == (2, 0.25)    # two pushes of group 0 since its newest answer: damped by 2
+        assert push(0, 1) == (2, 0.5)     # own push + group 1's, which landed before the newest answer
+        assert push(0, 2) == (2, 0.5)     # (its answer is held: group 1's pending gradient is 4 behind)
+    finally:
+        server.close()
+
+
 def test_overlap_needs_a_bound_of_at_least_the_groups():
     with pytest.raises(TrainingError, match="below groups = 2: with overlap"):
         ShardServer(shard=0, ps_ranks=[3], group_ids=[0, 1], staleness_bound=1, global_batch=0,

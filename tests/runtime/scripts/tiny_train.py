@@ -1,7 +1,8 @@
 """A small hgcli.runtime training script the runtime tests drive through localrun.
 
 Writes <out>/rank<R>.pt (final flat parameters) and <out>/start<R>.pt ({"params", "version"}: the
-parameters right after wrap and their PS version). --die-rank/--die-step make one rank SIGKILL itself mid-training; --spin-rank/--spin-ms give one rank
+parameters right after wrap and their PS version); with --record, <out>/steps<R>.pt: the PS version and
+the flat parameters every step computed on. --die-rank/--die-step make one rank SIGKILL itself mid-training; --spin-rank/--spin-ms give one rank
 that much more CPU work in every step (a slower process on the same host).
 """
 import os
@@ -26,6 +27,7 @@ def main():
     p.add_argument("--die-step", type=int, default=-1)
     p.add_argument("--spin-rank", type=int, default=-1)
     p.add_argument("--spin-ms", type=float, default=0.0)
+    p.add_argument("--record", action="store_true")
     args = p.parse_args()
     torch.set_num_threads(1)
     ctx = hg.init()
@@ -34,11 +36,14 @@ def main():
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     model, opt = ctx.wrap(model, opt)
     torch.save({"params": flat(model), "version": ctx.version}, args.out / f"start{ctx.rank}.pt")
+    steps = []
     for step, (xb, yb) in enumerate(ctx.shard((x, y), batch_size=args.batch, epochs=1000)):
         if step == args.steps:
             break
         if ctx.rank == args.die_rank and step == args.die_step:
             os.kill(os.getpid(), signal.SIGKILL)
+        if args.record:
+            steps.append((ctx.version, flat(model)))
         loss = F.cross_entropy(model(xb), yb)
         if ctx.rank == args.spin_rank:
             end = time.thread_time() + args.spin_ms / 1e3
@@ -48,6 +53,8 @@ def main():
         loss.backward()
         opt.step()
     ctx.finish()
+    if args.record:
+        torch.save(steps, args.out / f"steps{ctx.rank}.pt")
     torch.save(flat(model), args.out / f"rank{ctx.rank}.pt")
     print(f"done version {ctx.version}", flush=True)
 
