@@ -20,7 +20,10 @@ def test_groups_continue_from_the_checkpointed_data_position_after_a_restart(hg,
     ctoml, plan = two_nodes(tmp_path, ps=True)          # two groups of one (batch 32), the PS on b
     out = tmp_path / "out"
     out.mkdir()
-    per_epoch = 300
+    # Steps per epoch: the restart resumes from a checkpoint a few steps in (the worker is killed at
+    # the first one, and the other group cannot run more than the staleness bound ahead of it), so
+    # 150 leave ample room before the epoch ends; 300 only made the resumed attempt twice as long.
+    per_epoch = 150
     run = hg.start("-c", ctoml, "--plan", plan, "--json", "--grace", "3", "--restarts", "1",
                    "--checkpoint-every", "5", "--", PY, str(SCRIPTS / "loader_train.py"), "--out", str(out),
                    "--n", str(64 * per_epoch), "--epochs", "1", "--workers", "1")

@@ -23,6 +23,17 @@ from hgcli.bench.profiles import load_profiles, store_profiles
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture(autouse=True)
+def one_batch_size_bench(monkeypatch):
+    """The benches these tests cause time the default model at one batch size: what is tested is which
+    stages run and what is stored or reused, not the step curve (the four quick sizes of the default
+    bench, each test's one to three benches, took minutes on a loaded machine). The CLI bench with
+    the default sizes is tested in tests/integration/test_bench_local.py."""
+    from hgcli.node.bench import modelspec
+
+    monkeypatch.setattr(modelspec, "DEFAULT_SPEC", "example@8")
+
+
 class Stages:
     def __init__(self) -> None:
         self.events: list[tuple[str, str]] = []

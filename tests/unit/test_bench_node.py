@@ -1,6 +1,7 @@
 """The node-side device benchmark as the controller runs it: a real subprocess, real torch, on the CPU."""
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -29,13 +30,20 @@ def run_node_bench(*args: str, cwd: Path = ROOT) -> list[dict]:
     return [f for f in map(decode, proc.stdout.split("\n")) if f is not None]
 
 
-def profile_of(frames: list[dict]) -> DeviceProfile:
+@functools.lru_cache(maxsize=None)
+def cpu_bench() -> tuple[dict, ...]:
+    """The frames of ``--device cpu`` with the defaults, run once per session: three tests read the
+    same measurement (it is not changed by reading it), and each run costs a torch import and a bench."""
+    return tuple(run_node_bench("--device", "cpu"))
+
+
+def profile_of(frames: list[dict] | tuple[dict, ...]) -> DeviceProfile:
     (frame,) = [f for f in frames if f["type"] == "profile"]
     return from_dict(DeviceProfile, frame["profile"])
 
 
 def test_cpu_device_measures_matmul_bandwidth_and_steps():
-    frames = run_node_bench("--device", "cpu")
+    frames = cpu_bench()
     p = profile_of(frames)
     assert (p.node, p.device, p.emulated, p.speed, p.error) == ("n1", "cpu", False, 1.0, None)
     fp32 = p.matmul_tflops["fp32"]
@@ -71,7 +79,7 @@ def test_emulated_device_is_marked_and_scaled():
 def test_emulation_factor_is_applied_to_what_was_measured():
     """The same CPU measured as itself and as a x1e-6 device: rates shrink and times grow by a
     factor far beyond the run-to-run noise of a busy machine (which stays within 1000x)."""
-    real = profile_of(run_node_bench("--device", "cpu"))
+    real = profile_of(cpu_bench())
     slow = profile_of(run_node_bench("--device", "gpu0", "--emulate-speed", "1e-6", "--memory-mib", "15360"))
     assert slow.matmul_tflops["fp32"].median < real.matmul_tflops["fp32"].median / 1000
     assert slow.mem_bandwidth_gbs.median < real.mem_bandwidth_gbs.median / 1000
@@ -130,7 +138,7 @@ def test_the_group_bench_takes_the_largest_batch_whose_emulated_step_fits_else_t
 def test_step_over_emulated_memory_is_out_of_memory_and_keeps_smaller_batches():
     # Learn the accounted peaks, then cap the memory between batch 64 and batch 256: deterministic,
     # because the accounting counts tensor storages, not timing.
-    peaks = {s.batch_size: s.memory_mib for s in profile_of(run_node_bench("--device", "cpu")).steps}
+    peaks = {s.batch_size: s.memory_mib for s in profile_of(cpu_bench()).steps}
     assert peaks[64] < peaks[256]
     p = profile_of(run_node_bench("--device", "gpu0", "--emulate-speed", "1", "--memory-mib", str(peaks[64])))
     assert [s.batch_size for s in p.steps] == [4, 16, 64]
