@@ -385,18 +385,17 @@ class CostModel:
         """A hybrid group's accumulation: the smallest push (batch x accumulation) whose samples/s,
         acc * B / (acc * T + overhead), is within KNEE_TOLERANCE of the group's compute-bound
         B / T, i.e. acc >= (1 - tol) / tol * overhead / T; at most the first accumulation that
-        reaches MAX_PUSH_GLOBAL_BATCHES global batches, and MAX_ACCUMULATE steps. No floor: every push is one update of the PS's optimizer,
-        and with AdamW (or momentum) the number of updates, not their size, sets the progress per
-        sample; a group that accumulated to a whole global batch gave the PS about two thirds of the
-        updates DDP makes over the same samples (docs/planning.md, "Push size")."""
-        floor = 1
+        reaches MAX_PUSH_GLOBAL_BATCHES global batches (a group whose step is just short of a global
+        batch may still double its push when the exchange is dear), and MAX_ACCUMULATE steps.
+        No floor: every push is one update of the PS's optimizer, and with AdamW (or momentum) the
+        number of updates, not their size, sets the progress per sample; a group that accumulated to
+        a whole global batch gave the PS about two thirds of the updates DDP makes over the same
+        samples (docs/planning.md, "Push size")."""
         knee = 1
         if overhead > 0 and stats.compute > 0:
             knee = math.ceil((1 - KNEE_TOLERANCE) / KNEE_TOLERANCE * overhead / stats.compute - 1e-9)
-        # the first accumulation that reaches MAX_PUSH_GLOBAL_BATCHES global batches: a group whose step
-        # is just short of a global batch may still double its push when the exchange is dear
-        most = max(floor, math.ceil(MAX_PUSH_GLOBAL_BATCHES * self.global_batch / stats.samples - 1e-9))
-        return min(MAX_ACCUMULATE, max(floor, min(knee, most)))
+        most = max(1, math.ceil(MAX_PUSH_GLOBAL_BATCHES * self.global_batch / stats.samples - 1e-9))
+        return min(MAX_ACCUMULATE, max(1, min(knee, most)))
 
     def _predict_async(self, strategy: Strategy, groups: tuple[tuple[int, ...], ...],
                        stats: list[GroupStats], ps_nodes: tuple[int, ...], tried: int = 1) -> Option:
