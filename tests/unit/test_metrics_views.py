@@ -133,6 +133,8 @@ def test_missing_extras_say_the_pip_command_and_nothing_is_written(job, tmp_path
 def test_bad_outputs_are_refused_in_one_line(job, tmp_path, capsys):
     assert main(["metrics", JOB, "--format", "tensorboard"]) == 2
     assert "-o DIR" in capsys.readouterr().err
+    assert main(["metrics", JOB, "--format", "tensorboard", "-o", "-"]) == 2   # event files are a directory
+    assert "-o DIR" in capsys.readouterr().err
     (tmp_path / "file").write_text("x")
     assert main(["metrics", JOB, "--format", "tensorboard", "-o", str(tmp_path / "file")]) == 2
     assert "not a directory" in capsys.readouterr().err
