@@ -117,8 +117,9 @@ def probe(cluster_file: Path | None, as_json: bool) -> None:
 @click.option("--quick", is_flag=True, help="Smaller sizes and fewer repeats: seconds per device.")
 @click.option("--model", "model_spec", metavar="SPEC",
               help="Model whose training step is timed: MODULE:FACTORY, FILE.py:FACTORY or a built-in "
-                   "name, optionally @BATCH,BATCH,... Default: the bundled example's ResNet "
-                   "(hgcli.examples.resnet:spec). See docs/bench.md.")
+                   "name, optionally @BATCH,BATCH,... Default: $HGTRAIN_BENCH_MODEL (also what plan "
+                   "and launch bench with), else the bundled example's ResNet (hgcli.examples.resnet:spec). "
+                   "See docs/bench.md.")
 def bench(cluster_file: Path | None, as_json: bool, quick: bool, model_spec: str | None) -> None:
     """Measure each device and the links between nodes; store the profiles."""
     from .bench.cluster import bench_cluster, failure_summary

@@ -7,6 +7,7 @@ directory for ``plan``.
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -24,6 +25,9 @@ from ..remote.node_program import NodeProgram
 from ..remote.transport import Transport
 
 # Bounds per device, the torch import on a loaded node included.
+# The model benched when no --model is given, for hgtrain bench and for the bench plan and launch run
+# themselves (docs/bench.md).
+MODEL_ENV = "HGTRAIN_BENCH_MODEL"
 DEVICE_TIMEOUT_S = {True: 300.0, False: 1800.0}
 # A node with no profile of its own (unreachable, or failed in the inventory) is listed under this
 # device name with its error, so the failure is in the profiles and not silently missing.
@@ -75,14 +79,17 @@ def bench_cluster(cluster: Cluster, inventory: Inventory, *, quick: bool,
                   model_spec: str | None = None, on_event: OnEvent | None = None) -> Profiles:
     """Profiles of every device and link of ``cluster``; stored, then returned.
 
-    ``model_spec`` is the model whose step time is measured (docs/bench.md); without one the
-    bundled example model is. Raises UsageError for a malformed spec before contacting any node.
+    ``model_spec`` is the model whose step time is measured (docs/bench.md); without one
+    $HGTRAIN_BENCH_MODEL's, else the bundled example's (so the bench that plan and launch run
+    when profiles are missing times the user's model too). Raises UsageError for a malformed spec
+    before contacting any node.
     """
-    model_spec = model_spec or modelspec.DEFAULT_SPEC
+    from_env = not model_spec and bool(os.environ.get(MODEL_ENV))
+    model_spec = model_spec or os.environ.get(MODEL_ENV) or modelspec.DEFAULT_SPEC
     try:
         modelspec.parse_spec(model_spec)
     except ValueError as exc:
-        raise UsageError(str(exc)) from None
+        raise UsageError(f"{MODEL_ENV}: {exc}" if from_env else str(exc)) from None
     emit = on_event or (lambda event: None)
     infos = {n.name: n for n in inventory.nodes}
     result = fanout(cluster.nodes, lambda node: _bench_node(cluster, node, infos.get(node.name),

@@ -137,3 +137,18 @@ def test_malformed_model_spec_is_a_usage_error_before_any_node_runs(two_nodes, c
     assert main(["bench", "-c", str(path), "--model", "resnet50"]) == 2
     assert "expected MODULE:FACTORY" in capsys.readouterr().err
     assert load_profiles(cluster.fingerprint()) is None
+
+
+def test_hgtrain_bench_model_sets_the_model_when_no_model_is_given(two_nodes, capsys, monkeypatch):
+    """$HGTRAIN_BENCH_MODEL is the default --model (and what plan and launch bench with); a
+    malformed value is a usage error naming the variable, before any node runs."""
+    path, cluster = two_nodes
+    monkeypatch.setenv("HGTRAIN_BENCH_MODEL", "resnet50")
+    assert main(["bench", "-c", str(path), "--quick"]) == 2
+    assert "HGTRAIN_BENCH_MODEL: " in capsys.readouterr().err
+    assert load_profiles(cluster.fingerprint()) is None
+    monkeypatch.setenv("HGTRAIN_BENCH_MODEL", "mlp@8")
+    assert main(["bench", "-c", str(path), "--json", "--quick"]) == 4      # gpu1's 4 MiB: out of memory
+    profiles = from_dict(Profiles, json.loads(capsys.readouterr().out))
+    assert profiles.model is not None and profiles.model.parameters == 669_706     # the mlp, not the example
+    assert {tuple(s.batch_size for s in d.steps) for d in profiles.devices if d.error is None} == {(8,)}
