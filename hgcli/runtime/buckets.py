@@ -77,7 +77,8 @@ class GradBuckets:
 
     def __init__(self, params: Sequence[torch.Tensor], grads: torch.Tensor, pg: Any, cap_mb: float, *,
                  samples: Callable[[], int], scale: Callable[[], torch.Tensor | None],
-                 collective: Collective, untimed: Callable[[], ContextManager[Any]] = contextlib.nullcontext) -> None:
+                 collective: Collective, untimed: Callable[[], ContextManager[Any]] = contextlib.nullcontext,
+                 pace: Callable[[], Any] = lambda: None) -> None:
         self.params = list(params)
         self.grads = grads
         self.pg = pg
@@ -86,6 +87,9 @@ class GradBuckets:
         self.scale = scale
         self.collective = collective
         self.untimed = untimed
+        # Device emulation's pacing (emulate.py Emulator.pace): a bucket that leaves during backward
+        # leaves when the emulated device's backward would have reached it.
+        self.pace = pace
         self.offsets = [0]
         for p in self.params:
             self.offsets.append(self.offsets[-1] + p.numel())
@@ -149,9 +153,11 @@ class GradBuckets:
             self._n[i] = n
             b = self.bucket_of[i]
             self._ready[b] += 1
-            while self._next < len(self.buckets) and self._ready[self._next] == self._size(self._next):
+        while self._next < len(self.buckets) and self._ready[self._next] == self._size(self._next):
+            self.pace()
+            with self.untimed():
                 self._launch()
-                self.launched_during_backward += 1
+            self.launched_during_backward += 1
 
     def _size(self, b: int) -> int:
         lo, hi = self.buckets[b]

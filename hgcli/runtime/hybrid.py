@@ -199,7 +199,7 @@ class GroupSync:
                 self.params, self._acc[:self._numel], pg, bucket_mb,
                 samples=lambda: self._samples or self.default_batch,
                 scale=lambda: self._scaler_scale if self.local_step else amp.last_scale(),
-                collective=self._collective, untimed=emulator.untimed)
+                collective=self._collective, untimed=emulator.untimed, pace=emulator.pace)
             self._buckets.armed = self.accumulate == 1
         if ps_ranks:
             from .ps import assign_shards
