@@ -6,7 +6,10 @@ would miss its group's all-reduce while the others wait in it. Hence, for optimi
 wrapped, the scaler's decision (``GradScaler._maybe_opt_step``) is replaced: ``opt.step()`` always
 runs, this rank's found-inf flag travels in the group's all-reduce, and when any member found one,
 the group skips the update (no local step, no push) and every member's scaler sees found-inf, so
-all back off their scale alike. Other optimizers keep torch's behaviour.
+all back off their scale alike. Other optimizers keep torch's behaviour. The scaler's scale goes
+with the flag: gradients a group sends in buckets during backward (buckets.py) are still scaled.
+``GradScaler.scale`` is wrapped only to remember the last scale used, for the first step, before
+any ``scaler.step`` has said which scaler steps the optimizer.
 
 ``_maybe_opt_step`` is a private method of torch's GradScaler (in the torch versions hgtrain supports:
 ``torch.amp.GradScaler`` since 2.3, ``torch.cuda.amp.GradScaler`` before). Should a torch lack it,
@@ -22,14 +25,20 @@ import torch
 
 
 class ScalerAware(Protocol):
-    def scaler_step(self, found_inf: bool, step: Callable[[], Any]) -> tuple[Any, bool]:
-        """Run ``step`` (the optimizer's step) knowing this rank's found-inf flag; returns its result
-        and whether the group skipped this update."""
+    def scaler_step(self, found_inf: bool, step: Callable[[], Any], scale: torch.Tensor | None) -> tuple[Any, bool]:
+        """Run ``step`` (the optimizer's step) knowing this rank's found-inf flag and the scaler's
+        scale (its live tensor: the gradients' scale); returns the step's result and whether the
+        group skipped this update."""
         ...
 
 
 _HOOKED: "weakref.WeakKeyDictionary[torch.optim.Optimizer, ScalerAware]" = weakref.WeakKeyDictionary()
 _ORIGINAL: Callable[..., Any] | None = None
+_ORIGINAL_SCALE: Callable[..., Any] | None = None
+# The scale tensor of the GradScaler that last scaled a loss in this process: gradients taken during
+# backward (buckets.py) are still scaled, and before the first ``scaler.step`` nothing else says by
+# how much. The step checks it against its own scaler's.
+_last_scale: torch.Tensor | None = None
 
 
 def _maybe_opt_step(self: Any, optimizer: torch.optim.Optimizer, optimizer_state: dict[str, Any],
@@ -40,15 +49,31 @@ def _maybe_opt_step(self: Any, optimizer: torch.optim.Optimizer, optimizer_state
         return _ORIGINAL(self, optimizer, optimizer_state, *args, **kwargs)
     found = optimizer_state["found_inf_per_device"]
     retval, skipped = sync.scaler_step(bool(sum(v.item() for v in found.values())),
-                                       lambda: optimizer.step(*args, **kwargs))
+                                       lambda: optimizer.step(*args, **kwargs), getattr(self, "_scale", None))
     if skipped:
         for v in found.values():
             v.fill_(1.0)        # update() then backs off on every member, not only where it was found
     return retval
 
 
+def _scale_remembered(self: Any, outputs: Any) -> Any:
+    global _last_scale
+    assert _ORIGINAL_SCALE is not None
+    out = _ORIGINAL_SCALE(self, outputs)
+    scale = getattr(self, "_scale", None)
+    if isinstance(scale, torch.Tensor):
+        _last_scale = scale
+    return out
+
+
+def last_scale() -> torch.Tensor | None:
+    """The live scale tensor of the GradScaler that last scaled a loss here (None: none has)."""
+    return _last_scale
+
+
 def hook_scaler(optimizer: torch.optim.Optimizer, sync: ScalerAware) -> None:
-    global _ORIGINAL
+    global _ORIGINAL, _ORIGINAL_SCALE, _last_scale
+    _last_scale = None          # a scaler used before wrap() scaled nothing this optimizer steps
     if _ORIGINAL is None:
         cls = _grad_scaler_class()
         original = getattr(cls, "_maybe_opt_step", None)
@@ -56,6 +81,9 @@ def hook_scaler(optimizer: torch.optim.Optimizer, sync: ScalerAware) -> None:
             return
         _ORIGINAL = original
         setattr(cls, "_maybe_opt_step", _maybe_opt_step)
+        if callable(getattr(cls, "scale", None)):
+            _ORIGINAL_SCALE = getattr(cls, "scale")
+            setattr(cls, "scale", _scale_remembered)
     _HOOKED[optimizer] = sync
 
 

@@ -19,6 +19,7 @@ from .emulate import Emulator
 from .env import RankEnv
 from .errors import TrainingError
 from .groups import group_backend, init_distributed, shutdown
+from .buckets import resolve_bucket_mb
 from .hybrid import GroupSync
 from .metrics import MetricsSink
 from .position import DataPosition, fetch_restored
@@ -98,12 +99,15 @@ class Context:
 
     # --- training -------------------------------------------------------------------------------
     def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
-             max_grad_norm: float | None = None) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+             max_grad_norm: float | None = None,
+             bucket_mb: float | None = None) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         """Hook aggregation into ``optimizer.step()``; both objects are returned unchanged otherwise.
 
         ``max_grad_norm``: clip the group's aggregated gradient (its weighted mean) to this 2-norm
         before the local step or the push; a script's own ``clip_grad_norm_`` before ``opt.step()``
-        sees only this rank's gradient."""
+        does not reach the aggregate. ``bucket_mb``: size of the buckets a group of two or more
+        all-reduces during backward (default ``HGTRAIN_BUCKET_MB``, else 25); 0: one all-reduce
+        after backward."""
         if self._sync is not None:
             raise TrainingError("wrap() was already called in this process")
         on = {p.device.type for p in model.parameters()}
@@ -124,7 +128,8 @@ class Context:
             first_worker=self.plan.workers[0].rank, default_batch=self.env.batch_size or 1,
             emulator=self.emulator, metrics=self.metrics, timeout_s=self.env.timeout_s,
             share_with=self._same_node(self.group_plan.ranks), max_grad_norm=max_grad_norm,
-            data_position=self._data.current, overlap=self.plan.overlap, wire=self.plan.wire)
+            data_position=self._data.current, overlap=self.plan.overlap, wire=self.plan.wire,
+            bucket_mb=resolve_bucket_mb(bucket_mb, os.environ))
         self._sync.start()
         if self.plan.ps_shards:
             self._restore_data_position()

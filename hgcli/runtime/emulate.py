@@ -71,6 +71,8 @@ class Emulator:
         self.slept_s = 0.0
         self._stable = StableSpeed()
         self._shared: dict[int, float] = {}   # batch -> the group's pooled estimate on this node
+        self._next_step = 0                   # the step being computed (for ``pace``)
+        self._last_estimate = 0.0             # the estimate the last step was stretched to
         self.begin_compute()
 
     def is_straggler(self, step: int) -> bool:
@@ -101,6 +103,29 @@ class Emulator:
         if pause:
             time.sleep(pause)
         self.compute_s += cpu
+        self.slept_s += pause
+        self._next_step = step + 1
+        self._last_estimate = estimate
+        return pause
+
+    def pace(self) -> float:
+        """Mid-step, before communication that starts while the step still computes (a gradient
+        bucket leaving during backward): sleep until the step's wall time reaches its CPU time so far
+        / speed, so the communication starts when it would on the emulated device, not at once with
+        the whole stretch still ahead (which would hide it all in the step's sleep). The CPU so far
+        is capped at the last step's stable estimate, so pacing never stretches a step beyond what
+        ``end_compute`` will; returns the sleep taken."""
+        factor = 1.0 / self.speed
+        if self.is_straggler(self._next_step):
+            factor *= self.straggler_factor
+        if factor <= 1.0 or self._last_estimate <= 0.0:
+            return 0.0
+        wall = time.perf_counter() - self._wall0 - self._untimed_wall
+        cpu = time.thread_time() - self._cpu0 - self._untimed_cpu
+        pause = min(cpu, self._last_estimate) * factor - wall
+        if pause <= 0.0:
+            return 0.0
+        time.sleep(pause)
         self.slept_s += pause
         return pause
 

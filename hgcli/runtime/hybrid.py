@@ -5,9 +5,12 @@ It hooks the user's optimizer instead of replacing it, so LR schedulers and ``ze
 working. Before each step it takes the gradients (weighted by the samples the model saw in training
 forwards since the last step) into its own accumulator and clears ``p.grad``; on the step that
 completes the group's accumulation it all-reduces one buffer (:class:`SyncLayout`): the weighted
-gradients, the samples, a found-inf count (GradScaler, amp.py), two slots per member (its last
-step's batch and its emulator's stable estimate, which the members on one node pool, emulate.py)
-and the members' floating-point buffers (BatchNorm statistics) weighted by their samples. A step
+gradients, the samples, a found-inf count (GradScaler, amp.py), a correction flag (below), two
+slots per member (its last step's batch and its emulator's stable estimate, which the members on
+one node pool, emulate.py) and the members' floating-point buffers (BatchNorm statistics) weighted
+by their samples. In a group of two or more the gradient part goes earlier, in buckets that leave
+while backward runs (buckets.py); the rest follows at the step, and the flag says whether any
+member must correct what its buckets sent. A step
 where any member found inf/NaN is skipped by the whole group. Otherwise the weighted mean gradient
 is clipped (``max_grad_norm``) and either put back into ``p.grad`` (the local optimizer then steps,
 like DDP) or, for hybrid, the group leader pushes it with the group's buffers and hyperparameters to
@@ -33,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from . import amp, optim
+from .buckets import BUCKET_MB, GradBuckets
 from .emulate import Emulator
 from .errors import TrainingError
 from .metrics import MetricsSink
@@ -47,9 +51,10 @@ ShardAnswer = tuple[int, "torch.Tensor | None", "torch.Tensor | None"]
 @dataclass(frozen=True)
 class SyncLayout:
     """Offsets in a group's synchronising all-reduce buffer: [weighted gradients | total samples |
-    found-inf count | (batch, estimate) per member | sample-weighted buffers]. Everything a step
-    needs to agree on rides on the one all-reduce the step makes anyway (no extra round trip); a
-    group of one has no member slots (it does no all-reduce), a model without buffers no buffer part."""
+    found-inf count | members with a correction (buckets.py) | (batch, estimate) per member |
+    sample-weighted buffers]. Everything a step needs to agree on rides on the all-reduce the step
+    makes anyway (no extra round trip); a group of one has no member slots (it does no all-reduce),
+    a model without buffers no buffer part."""
     params: int
     members: int
     buffers: int = 0
@@ -63,8 +68,12 @@ class SyncLayout:
         return self.params + 1
 
     @property
-    def slots(self) -> int:
+    def corrections(self) -> int:
         return self.params + 2
+
+    @property
+    def slots(self) -> int:
+        return self.params + 3
 
     @property
     def buffers_at(self) -> int:
@@ -120,7 +129,7 @@ class GroupSync:
                  emulator: Emulator, metrics: MetricsSink, timeout_s: float,
                  share_with: tuple[int, ...] = (), max_grad_norm: float | None = None,
                  data_position: Callable[[], dict[str, int] | None] | None = None,
-                 overlap: bool = False, wire: str = "fp32") -> None:
+                 overlap: bool = False, wire: str = "fp32", bucket_mb: float = BUCKET_MB) -> None:
         self.model = model
         self.opt = optimizer
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -157,6 +166,10 @@ class GroupSync:
         self.sync_s = 0.0
         self._samples = 0
         self._found_inf = False          # GradScaler found inf/NaN in this rank's step (amp.py)
+        # The live scale of the GradScaler that stepped opt last time (None: the last step had none),
+        # and the one this step's gradients were unscaled by (set during a scaler's step).
+        self._scaler_scale: torch.Tensor | None = None
+        self._step_scale: float | None = None
         self._skipped = False            # the group skipped the update of the current step
         self._finished = False
         # Hybrid communication: the PS version of each shard's parameters this rank holds (the base
@@ -177,6 +190,17 @@ class GroupSync:
         self._numel = sum(p.numel() for p in self.params)
         self.layout = SyncLayout(self._numel, len(group_ranks), sum(b.numel() for b in self.buffers))
         self._acc = torch.zeros(self.layout.numel, device=device)
+        # Groups of two or more send their gradients in buckets during backward (off: bucket_mb 0, or
+        # a torch without post-accumulate-grad hooks, before 2.1).
+        self._buckets: GradBuckets | None = None
+        if (len(group_ranks) > 1 and bucket_mb > 0 and self.params
+                and hasattr(torch.Tensor, "register_post_accumulate_grad_hook")):
+            self._buckets = GradBuckets(
+                self.params, self._acc[:self._numel], pg, bucket_mb,
+                samples=lambda: self._samples or self.default_batch,
+                scale=lambda: self._scaler_scale if self.local_step else amp.last_scale(),
+                collective=self._collective, untimed=emulator.untimed, pace=emulator.pace)
+            self._buckets.armed = self.accumulate == 1
         if ps_ranks:
             from .ps import assign_shards
             # Checked on every worker at wrap time, before anything reaches the PS: each rank fails
@@ -221,11 +245,18 @@ class GroupSync:
         if module.training and torch.is_grad_enabled() and args and isinstance(args[0], torch.Tensor):
             self._samples += args[0].shape[0] if args[0].dim() else 1
 
-    def scaler_step(self, found_inf: bool, step: Callable[[], Any]) -> tuple[Any, bool]:
+    def scaler_step(self, found_inf: bool, step: Callable[[], Any],
+                    scale: torch.Tensor | None = None) -> tuple[Any, bool]:
         """GradScaler's step for a wrapped optimizer (amp.py): always step, so this rank takes part
-        in its group's all-reduce; the flag goes with it."""
+        in its group's all-reduce; the flag goes with it. ``scale``: what the scaler unscaled the
+        gradients by (the buckets sent them divided by it already)."""
         self._found_inf = found_inf
-        return step(), self._skipped
+        self._scaler_scale = scale
+        self._step_scale = None if scale is None else float(scale)
+        try:
+            return step(), self._skipped
+        finally:
+            self._step_scale = None
 
     def _before_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if amp.scaled_by_optimizer(opt):
@@ -237,19 +268,31 @@ class GroupSync:
         self._samples = 0
         self.samples_seen += n
         self._skipped = False
-        offset = 0
-        for p in self.params:
-            if p.grad is not None:
-                self._acc[offset: offset + p.numel()].add_(p.grad.reshape(-1), alpha=float(n))
-            offset += p.numel()
-            p.grad = None
+        completes = (self.local_step + 1) % self.accumulate == 0
+        if self._buckets is not None and completes:
+            # The gradients went into the buckets during backward; what changed since (a second
+            # backward, more samples, another scale) is fixed or flagged, and the rest leaves now.
+            self._acc[self.layout.corrections] = float(self._buckets.finish(n, self._step_scale))
+            for p in self.params:
+                p.grad = None
+        else:
+            offset = 0
+            for p in self.params:
+                if p.grad is not None:
+                    self._acc[offset: offset + p.numel()].add_(p.grad.reshape(-1), alpha=float(n))
+                offset += p.numel()
+                p.grad = None
         self._acc[self.layout.samples] += n
+        if self._step_scale is None:
+            self._scaler_scale = None           # no scaler stepped this time: gradients are unscaled
         if self._found_inf:
             # Counted even on accumulating steps: the group drops the whole accumulated update.
             self._acc[self.layout.found_inf] += 1
             self._found_inf = False
         self.local_step += 1
-        if self.local_step % self.accumulate:
+        if self._buckets is not None:
+            self._buckets.armed = (self.local_step + 1) % self.accumulate == 0
+        if not completes:
             return                              # still accumulating: the optimizer sees no grads
         self._synchronise(n)
 
@@ -263,10 +306,20 @@ class GroupSync:
             # This member's buffers weighted by the samples it trained on since the last update.
             acc[lay.buffers_at:].copy_(self._flat_buffers()).mul_(acc[lay.samples])
         t0 = time.perf_counter()
-        self._allreduce(acc)
+        if self._buckets is None:
+            self._allreduce(acc)
+            samples, found_inf, _ = acc[lay.samples: lay.slots].tolist()   # one device sync for all
+        else:
+            self._buckets.wait()
+            self._allreduce(acc[lay.samples:])
+            samples, found_inf, corrections = acc[lay.samples: lay.slots].tolist()
+            if corrections > 0 and found_inf == 0:      # every member knows both: all take this path
+                correction = self._buckets.correction()
+                self._allreduce(correction)
+                acc[:self._numel].add_(correction)
+            self._buckets.end_step()
         t1 = time.perf_counter()
         self._pool_estimates(n)
-        samples, found_inf = acc[lay.samples: lay.slots].tolist()     # one device sync for both
         total = max(samples, 1e-12)
         if found_inf > 0:
             # Some member's scaler found inf/NaN: nobody steps, nothing is pushed, parameters and
@@ -358,6 +411,8 @@ class GroupSync:
         """Wait until every group is done, then hold the PS's final parameters (hybrid)."""
         for h in self._hooks:
             h.remove()
+        if self._buckets is not None:
+            self._buckets.remove()
         amp.unhook_scaler(self.opt)
         if not self.ps_ranks:
             self._finished = True
@@ -485,9 +540,9 @@ class GroupSync:
             if id(b) not in synced:
                 self._collective(lambda: dist.broadcast(b, self.leader, group=self.pg), "broadcast")
 
-    def _collective(self, op: Callable[[], Any], what: str) -> None:
+    def _collective(self, op: Callable[[], Any], what: str) -> Any:
         try:
-            op()
+            return op()
         except (RuntimeError, ValueError) as exc:
             first = str(exc).splitlines()[0] if str(exc) else repr(exc)
             raise TrainingError(f"rank {self.rank} (group {self.group_id}): {what} in group "

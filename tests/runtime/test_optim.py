@@ -115,8 +115,9 @@ def test_synced_buffers_and_the_sync_layout():
     bn = model[1]
     assert [id(b) for b in synced_buffers(model)] == [id(bn.running_mean), id(bn.running_var)]
     lay = SyncLayout(params=10, members=3, buffers=8)
-    assert (lay.samples, lay.found_inf, lay.slots, lay.buffers_at, lay.numel) == (10, 11, 12, 18, 26)
-    assert SyncLayout(params=10, members=1).numel == 12       # a group of one: no member slots
+    assert (lay.samples, lay.found_inf, lay.corrections, lay.slots, lay.buffers_at, lay.numel) == (
+        10, 11, 12, 13, 19, 27)
+    assert SyncLayout(params=10, members=1).numel == 13       # a group of one: no member slots
 
 
 def test_a_push_moves_the_ps_buffers_by_the_groups_own_change_weighted_by_its_share():

@@ -109,6 +109,34 @@ def test_a_burst_of_host_cpu_is_not_stretched_into_a_slow_device_step():
     assert time.perf_counter() - t0 >= 0.2 * 0.999
 
 
+def test_pace_starts_mid_step_communication_when_the_emulated_device_gets_there():
+    """A bucket leaving halfway through an emulated step at speed 0.1 leaves after about half the
+    step's stretch, not at once; pacing never makes the step longer than end_compute's stretch of
+    the stable estimate, and nothing is paced before a first step has an estimate."""
+    emu = Emulator(0.1)
+    emu.begin_compute()
+    _spin(0.01)
+    assert emu.pace() == 0.0                    # no estimate yet: the first step is not paced
+    emu.end_compute(0, 16)
+    for step in range(1, 4):
+        emu.begin_compute()
+        t0 = time.perf_counter()
+        _spin(0.005)
+        paced = emu.pace()
+        halfway = time.perf_counter() - t0
+        _spin(0.005)
+        emu.end_compute(step, 16)
+        whole = time.perf_counter() - t0
+        estimate = emu.estimate(16)
+        assert paced > 0 and 0.05 * 0.999 <= halfway < 0.5 * whole + 0.02, (halfway, whole)
+        assert whole < 10 * estimate + 0.03, (whole, estimate)   # no longer than the stretched estimate
+    emu.begin_compute()                         # a step whose CPU so far exceeds the estimate
+    t0 = time.perf_counter()
+    _spin(0.02)
+    emu.pace()
+    assert time.perf_counter() - t0 < 10 * emu.estimate(16) + 0.03
+
+
 def test_a_shared_estimate_replaces_the_own_one_for_its_batch_size_only():
     emu = Emulator(0.1)
     for step in range(3):
