@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -183,6 +184,21 @@ def describe_inputs(inputs: dict[str, Any]) -> str:
     return "; ".join(parts) + f"; cpu_cores {cores}; a<->b link {inputs['link_source']}"
 
 
+def eval_pauses(metrics: list[dict[str, Any]], every: int) -> float:
+    """Seconds rank 0's evaluations (every ``every`` steps) held up its steps: what the step into
+    each evaluated step took beyond the median of the other steps of its parity (a hybrid group that
+    accumulates 2 steps alternates short and synchronising steps). The cost model prices training
+    steps only; the benchmark's evaluations pause rank 0 and whatever waits for it."""
+    times = sorted((m["step"], m["time"]) for m in metrics if m.get("rank") == 0 and "step" in m and "event" not in m)
+    gaps = {step: t - before for (_, before), (step, t) in zip(times, times[1:])}
+    pause = 0.0
+    for step, gap in gaps.items():
+        if step % every == 0:
+            like = [g for k, g in gaps.items() if k % every and k % 2 == step % 2]
+            pause += max(0.0, gap - statistics.median(like)) if like else 0.0
+    return pause
+
+
 def judge_auto(runs: dict[str, dict[str, Any]], plans: dict[str, m.Plan]) -> dict[str, Any] | None:
     """Whether auto's plan measured within AUTO_TOLERANCE of the fastest run."""
     if "planned-auto" not in runs:
@@ -283,9 +299,13 @@ def main() -> int:
             trained = sum(m["samples"] for m in res.metrics if "step" in m and "event" not in m)
             r["link_bytes_per_sample"] = r["link_bytes"] / max(trained, 1)
             r["load_1min"] = os.getloadavg()[0]
+            r["eval_pause_s"] = eval_pauses(res.metrics, args.eval_every)
+            r["samples_per_s_without_evals"] = r["samples_per_s"] * r["train_s"] / (r["train_s"] - r["eval_pause_s"])
             if plan.predicted_samples_per_s:
                 r["predicted_samples_per_s"] = plan.predicted_samples_per_s[plan.strategy.value]
                 r["prediction_error"] = r["predicted_samples_per_s"] / r["samples_per_s"] - 1
+                r["prediction_error_without_evals"] = (r["predicted_samples_per_s"] / r["samples_per_s_without_evals"]
+                                                       - 1)
             r["layout"] = layout(plan)
             runs[strategy] = r
             print(f"... {strategy}: {r}", file=sys.stderr, flush=True)
@@ -298,12 +318,14 @@ def main() -> int:
           f"{args.target}; load average " + ", ".join(f"{v:.1f} {k}" for k, v in load.items()) + " (2 cores)")
     if inputs is not None:
         print(f"planner inputs: {describe_inputs(inputs)}")
-    print(f"{'strategy':20} {'layout':28} {'samples/s':>10} {'predicted':>10} {'error':>7} {'t->target s':>12} "
-          f"{'final acc':>10} {'MB/sample link':>15} {'train s':>8} {'load':>5}")
+    print(f"{'strategy':20} {'layout':28} {'samples/s':>10} {'predicted':>10} {'error':>7} {'w/o evals':>10} "
+          f"{'error':>7} {'t->target s':>12} {'final acc':>10} {'MB/sample link':>15} {'train s':>8} {'load':>5}")
     for k, r in runs.items():
         pred, err = r.get("predicted_samples_per_s"), r.get("prediction_error")
+        err2 = r.get("prediction_error_without_evals")
         print(f"{k:20} {r['layout']:28} {r['samples_per_s']:10.2f} "
               f"{'' if pred is None else f'{pred:.2f}':>10} {'' if err is None else f'{err:+.1%}':>7} "
+              f"{r['samples_per_s_without_evals']:10.2f} {'' if err2 is None else f'{err2:+.1%}':>7} "
               f"{time_to_target(r):>12} {r['final_accuracy']:10.4f} "
               f"{r['link_bytes_per_sample'] / 1e6:15.2f} {r['train_s']:8.1f} {r['load_1min']:5.1f}"
               + (f"  (the plan of {r['same_plan_as']}, run once)" if "same_plan_as" in r else ""))

@@ -56,3 +56,16 @@ def test_auto_is_judged_against_the_fastest_run_within_five_percent(links: Modul
 def test_the_tc_rate_is_the_fallback_links_bandwidth(links: ModuleType) -> None:
     assert links.configured_link("1gbit").bandwidth_gbs.median == pytest.approx(0.125)
     assert links.configured_link("500mbit").bandwidth_gbs.median == pytest.approx(0.0625)
+
+
+def test_eval_pauses_are_rank_0s_evaluated_steps_beyond_their_parity(links: ModuleType) -> None:
+    """A group accumulating 2 steps alternates 1 s and 3 s steps; evaluations at steps 8 and 16 add
+    5 s and 2 s to the steps into them (both synchronising steps): 7 s in all. Other ranks and
+    event lines do not count."""
+    t, metrics = 0.0, []
+    for step in range(20):
+        t += (3.0 if step % 2 == 0 else 1.0) + {8: 5.0, 16: 2.0}.get(step, 0.0)
+        metrics.append({"rank": 0, "step": step, "time": t, "samples": 19})
+        metrics.append({"rank": 1, "step": step, "time": t + 9.0 * (step == 8), "samples": 19})
+    metrics.append({"rank": 0, "event": "eval", "step": 8, "time": t})
+    assert links.eval_pauses(metrics, 8) == pytest.approx(7.0)
