@@ -1,4 +1,4 @@
-"""Hybrid communication at a realistic model size over a limited link: overlap and wire format (issue 16).
+"""Hybrid communication at a realistic model size over a limited link: the planner's plans, overlap, wire (issue 16).
 
 Two "nodes" are network namespaces joined by a veth pair rate-limited both ways with tc (tbf,
 --link-rate, default 1gbit); the fast devices and the PS sit on node a, the slow ones on node b.
@@ -27,9 +27,12 @@ cpu_cores as this machine has) and benched (``bench_cluster --quick`` of this ML
 batches: emulated step times, the PS exchange of this model size, each node's synchronous group
 step); the a<->b link is then measured with hgtrain's link bench (``hgcli.node.bench.link``) run
 inside the two namespaces, over the rate-limited veth pair (the loopback figure the local bench
-took for it is replaced). --profiles FILE reuses a earlier run's measured inputs (written to the
+took for it is replaced). --profiles FILE reuses an earlier run's measured inputs (written to the
 run's directory as profiles.json). A planned strategy whose plan is identical to one already run
-(auto is one of the others) is run once and reported under both names.
+(auto is one of the others) is run once and reported under both names. Each planned run's
+predicted samples/s is printed with its error, also against the samples/s less rank 0's
+evaluation pauses (``eval_pauses``: the cost model prices training steps only); each run's
+metrics.jsonl stays in its directory.
 Readable table, then one JSON line with every figure and the goals. Root only (namespaces, tc).
 
     PYTHONPATH=. .venv/bin/python benchmarks/hybrid_links.py
