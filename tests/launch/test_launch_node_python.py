@@ -67,8 +67,9 @@ def test_probe_shows_it_and_launch_of_a_ps_plan_file_refuses_it_starting_nothing
     assert code == 0 and out.count("| ran") == 2, err + out
 
 
-def test_plan_and_launch_refuse_a_hybrid_plan_before_anything_starts(hg, no_numpy):
+def test_plan_and_launch_refuse_a_hybrid_plan_before_anything_starts(hg, no_numpy, monkeypatch):
     path, python = no_numpy
+    monkeypatch.setenv("HGTRAIN_BENCH_MODEL", "example@8,32")    # the plan's bench: two sizes suffice here
     planned = hgtrain(hg, "plan", "-c", str(path), "--strategy", "hybrid", timeout=900)
     assert planned.returncode == 2 and planned.stdout == "", planned.stderr
     refusal(planned.stderr, python)

@@ -42,7 +42,8 @@ def final_accuracy(events: list[dict[str, Any]]) -> float:
     return float(accuracy)
 
 
-def test_the_ddp_script_under_allreduce_and_its_port_under_a_hybrid_plan(hg, tmp_path):
+def test_the_ddp_script_under_allreduce_and_its_port_under_a_hybrid_plan(hg, tmp_path, monkeypatch):
+    monkeypatch.setenv("HGTRAIN_BENCH_MODEL", "example@16,64")     # launch's own bench: two sizes suffice
     code, out, err = hg.run("-c", str(emulated_node(tmp_path / "emulated.toml")), "--strategy", "allreduce",
                             "--json", "--", PY, "-m", "hgcli.examples.ddp_resnet", "--quick", timeout=900)
     events = [json.loads(line) for line in out.splitlines()]
