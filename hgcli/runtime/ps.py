@@ -4,8 +4,6 @@ Each PS rank holds one shard of the parameters (whole tensors, balanced by size)
 state for it. Group leaders call it over torch RPC: ``push`` applies a group's gradient at once and
 answers with fresh parameters when the staleness rule allows (see docs/runtime.md):
 
-* the optimizer steps once per global batch of pushed samples, on the pending pushes' weighted
-  mean (``_pend``), as a synchronous step would; versions count pushes;
 * staleness of a push = shard version now - version the group last received; a push weighs
   samples / global_batch / max(1, moved / global_batch), where moved = the samples of the pushes
   applied since the group's newest answer (the version its gradient was computed on, without
@@ -100,12 +98,6 @@ class ShardServer:
         # Samples of every push applied so far, and that sum after each version still counted from
         # (the damping's measure of staleness: _damping).
         self.applied_samples = 0.0
-        # Pushes not yet stepped on: the sum of their samples x mean gradient / damping, their
-        # samples, the newest push's hyperparameters (_pend); and the optimizer steps taken.
-        self._pending: torch.Tensor | None = None
-        self._pending_samples = 0.0
-        self._pending_hyper: optim.Hyperparameters | None = None
-        self.steps = 0
         self._samples_at: dict[int, float] = {0: 0.0}
         self.version = 0
         # Shard 0 only, for models with buffers: the shared buffers (what answers carry) and, per
@@ -242,9 +234,23 @@ class ShardServer:
                 self.base[group] = base
             staleness = self.version - self.base[group]
             delay = self._damping_delay(group)
-            damping = self._damping(group, delay)
-            scale = (samples / self.global_batch if self.global_batch else 1.0) / damping
-            self._pend(grad.float(), samples, damping, hyper)   # fp32 master copy, whatever the wire
+            scale = (samples / self.global_batch if self.global_batch else 1.0) / self._damping(group, delay)
+            grad = grad.float()          # fp32 master copy and optimizer state, whatever the wire
+            linear = self._linear()
+            offset = 0
+            for p in self.params:
+                p.grad = grad[offset: offset + p.numel()].view_as(p) * (scale if linear else 1.0)
+                offset += p.numel()
+            optim.apply_hyperparameters(self.opt, optim.normalise_spec(self.opt_spec, len(self.params))["groups"],
+                                        hyper)
+            before = None if linear or scale == 1.0 else [p.detach().clone() for p in self.params]
+            self.opt.step()
+            if before is not None:
+                # A normalising optimizer (Adam...) steps as far on a scaled gradient as on the
+                # gradient: the push's weight scales its step instead.
+                with torch.no_grad():
+                    for p, old in zip(self.params, before):
+                        p.copy_(old.lerp_(p, scale))
             if buffers is not None:
                 self._move_buffers(group, buffers, samples)
             self.version += 1
@@ -284,7 +290,6 @@ class ShardServer:
                 self._trace("done", group=group, clock=self.clock[group])
                 self._release()
             if not self.active:
-                self._step_pending()           # the last pushes, short of a global batch
                 self.all_done.set()
                 fut.set_result((True, self.version, self._flat(), self._buffers_copy()))
             else:
@@ -314,50 +319,6 @@ class ShardServer:
             if fut in self.finishing:
                 self.finishing.remove(fut)
                 fut.set_result((False, self.version, None, None))
-
-    def _pend(self, grad: torch.Tensor, samples: float, damping: float, hyper: optim.Hyperparameters) -> None:
-        """Add a push (its mean gradient over ``samples``) to the pending gradient; once the pending
-        pushes hold a global batch of samples, the optimizer steps once on their mean, as a
-        synchronous step over the global batch would. Stepping on every push instead made a
-        normalising optimizer's statistics those of the small per-group batches (Adam's second
-        moment holds their noise, so its steps shrink) and decayed momentum once per push, several
-        times per synchronous step: four groups on AdamW ended 6-8 points below DDP in the same
-        epochs (benchmarks/RESULTS.md). A push of a global batch or more steps at once, as before."""
-        if self._pending is None:
-            self._pending = torch.zeros_like(grad)
-        self._pending.add_(grad, alpha=samples / damping)
-        self._pending_samples += samples
-        self._pending_hyper = hyper
-        if not self.global_batch or self._pending_samples >= self.global_batch:
-            self._step_pending()
-
-    def _step_pending(self) -> None:
-        """One optimizer step on the pending pushes' (damped) mean gradient, weighted by their samples
-        over the global batch: the gradient scaled where the optimizer's step follows its scale, the
-        step itself where the optimizer normalises the scale away (``scales_with_gradient``)."""
-        if self._pending is None or not self._pending_samples or self._pending_hyper is None:
-            return
-        assert self.params is not None and self.opt is not None and self.opt_spec is not None
-        n = self._pending_samples
-        weight = n / self.global_batch if self.global_batch else 1.0
-        grad = self._pending.div_(n)
-        linear = self._linear()
-        offset = 0
-        for p in self.params:
-            p.grad = grad[offset: offset + p.numel()].view_as(p) * (weight if linear else 1.0)
-            offset += p.numel()
-        optim.apply_hyperparameters(self.opt, optim.normalise_spec(self.opt_spec, len(self.params))["groups"],
-                                    self._pending_hyper)
-        before = None if linear or weight == 1.0 else [p.detach().clone() for p in self.params]
-        self.opt.step()
-        if before is not None:
-            # A normalising optimizer (Adam...) steps as far on a scaled gradient as on the
-            # gradient: the weight scales its step instead.
-            with torch.no_grad():
-                for p, old in zip(self.params, before):
-                    p.copy_(old.lerp_(p, weight))
-        self.steps += 1
-        self._pending, self._pending_samples, self._pending_hyper = None, 0.0, None
 
     def _linear(self) -> bool:
         """Whether the optimizer's step follows its gradient's scale (measured once: optim.py)."""

