@@ -5,11 +5,10 @@ state for it. Group leaders call it over torch RPC: ``push`` applies a group's g
 answers with fresh parameters when the staleness rule allows (see docs/runtime.md):
 
 * staleness of a push = shard version now - version the group last received; a push weighs
-  samples / global_batch / max(1, moved / global_batch), where moved = the samples of the pushes
-  applied since the group's newest answer (the version its gradient was computed on, without
-  overlap): every sample weighs the same whichever group computed it (as in one synchronous step
-  over the global batch, and momentum integrates the weighted gradients), and a gradient older
-  than a synchronous step's worth of updates weighs less (``_damping``). The weight scales the gradient where the
+  samples / global_batch / max(1, delay), where delay = shard version now - version of the group's
+  newest answer (the staleness without overlap): every sample weighs the same whichever group
+  computed it (as in one synchronous step over the global batch, and momentum integrates the
+  weighted gradients), and stale updates weigh less. The weight scales the gradient where the
   optimizer's step follows its scale (SGD) and the step itself where the optimizer normalises the
   scale away (Adam and kin; ``optim.scales_with_gradient`` measures which);
 * bounded staleness: every push is applied at most S (plan.staleness_bound, >= groups - 1) versions
@@ -95,10 +94,6 @@ class ShardServer:
         self.opt: torch.optim.Optimizer | None = None
         self.opt_spec: dict[str, Any] | None = None
         self._scales_with_gradient: bool | None = None    # of the optimizer (optim.scales_with_gradient)
-        # Samples of every push applied so far, and that sum after each version still counted from
-        # (the damping's measure of staleness: _damping).
-        self.applied_samples = 0.0
-        self._samples_at: dict[int, float] = {0: 0.0}
         self.version = 0
         # Shard 0 only, for models with buffers: the shared buffers (what answers carry) and, per
         # group, the buffers of its latest answer (what its pushed buffers moved on from).
@@ -234,7 +229,7 @@ class ShardServer:
                 self.base[group] = base
             staleness = self.version - self.base[group]
             delay = self._damping_delay(group)
-            scale = (samples / self.global_batch if self.global_batch else 1.0) / self._damping(group, delay)
+            scale = (samples / self.global_batch if self.global_batch else 1.0) / max(1, delay)
             grad = grad.float()          # fp32 master copy and optimizer state, whatever the wire
             linear = self._linear()
             offset = 0
@@ -254,9 +249,6 @@ class ShardServer:
             if buffers is not None:
                 self._move_buffers(group, buffers, samples)
             self.version += 1
-            self.applied_samples += samples
-            self._samples_at[self.version] = self.applied_samples
-            self._forget_samples()
             self.clock[group] += 1
             if data_position is not None:
                 self.data_positions[group] = dict(data_position)
@@ -326,33 +318,6 @@ class ShardServer:
             assert self.opt_spec is not None
             self._scales_with_gradient = optim.scales_with_gradient(self.opt_spec)
         return self._scales_with_gradient
-
-    def _damping(self, group: int, delay: int) -> float:
-        """What a push's weight is divided by: the synchronous steps' worth of samples (global
-        batches) the parameters moved by since the version ``delay`` counts from, at least 1.
-        A synchronous step applies every member's gradient computed on the same parameters; in
-        an asynchronous round each group's gradient misses the other groups' pushes of that round,
-        less than a global batch of samples, which its own weight (samples / global batch) already
-        accounts for: no further damping. Only a gradient older than a whole synchronous step's
-        worth of updates is stale against synchronous training, and is damped by how many such
-        steps it missed. (Counting versions instead damped every push of G groups taking turns by
-        G - 1, on top of its share: 1 / (G - 1) of a synchronous run's progress per sample.)"""
-        if not self.global_batch:
-            return float(max(1, delay))
-        since = self.version - delay
-        moved = self.applied_samples - self._samples_at.get(since, self._samples_at_oldest())
-        return max(1.0, moved / self.global_batch)
-
-    def _samples_at_oldest(self) -> float:
-        # A version older than what is kept (before a resume): count from the oldest kept.
-        return self._samples_at[min(self._samples_at)] if self._samples_at else 0.0
-
-    def _forget_samples(self) -> None:
-        """Keep the cumulative samples of versions some group may still count from (bases and
-        answers), so the record does not grow with the run."""
-        oldest = min([*self.base.values(), *self.released.values(), self.version])
-        for v in [v for v in self._samples_at if v < oldest]:
-            del self._samples_at[v]
 
     def _damping_delay(self, group: int) -> int:
         """The staleness a push is damped by: versions since the group's newest answer. Without
@@ -537,7 +502,6 @@ class ShardServer:
         self.buffers = data.get("buffers")
         self.answered_buffers = {}
         self.version = version
-        self._samples_at = {version: self.applied_samples}
         self.base = {g: self.version for g in self.base}
         self.released, self.next_base = {}, {}      # every group starts again from its first answer
         # Checkpoints written before data positions were recorded have none: groups start their epochs.
