@@ -155,38 +155,6 @@ def build_optimizer(params: Sequence[torch.Tensor], spec: Mapping[str, Any]) -> 
                             f"parameter server: {exc}") from exc
 
 
-# Gradient scales the probe of ``scales_with_gradient`` steps a fresh optimizer with, how many steps
-# (past the warm-up of optimizers that start linear: RAdam's first five steps are momentum SGD), and
-# the ratio of the last steps' sizes above which the optimizer counts as linear in its gradient (the
-# geometric middle of 1, normalising, and the scales' ratio, linear).
-_PROBE_GRADIENTS = (0.01, 1.0)
-_PROBE_STEPS = 10
-_LINEAR_ABOVE = (_PROBE_GRADIENTS[1] / _PROBE_GRADIENTS[0]) ** 0.5
-
-
-def scales_with_gradient(spec: Mapping[str, Any]) -> bool:
-    """Whether the optimizer's step grows with its gradient's scale (SGD) or not (Adam, AdamW,
-    RMSprop, Adagrad normalise it away), measured: two fresh copies of the spec's class and first
-    group's options step a zero parameter a few times, on a gradient and on that gradient scaled. The PS
-    weighs a push by its share of the global batch and its staleness: by scaling the gradient where
-    the step follows it, by scaling the step itself where it does not (a scaled gradient would move
-    a normalising optimizer a full step whatever the push's samples or staleness)."""
-    full = normalise_spec(spec, 1)
-    options = dict(full["groups"][0]["options"]) if full["groups"] else {}
-    sizes = []
-    for g in _PROBE_GRADIENTS:
-        p = torch.zeros(4, requires_grad=True)
-        opt = build_optimizer([p], {**full, "groups": [{"params": [0], "options": options}]})
-        for _ in range(_PROBE_STEPS):
-            before = p.detach().clone()
-            p.grad = torch.full_like(p, g)
-            opt.step()
-        sizes.append(float((p.detach() - before).abs().max()))
-    if sizes[0] <= 0.0:
-        return True               # no step on a small gradient: nothing to normalise, keep today's rule
-    return sizes[1] / sizes[0] > _LINEAR_ABOVE
-
-
 def same_structure(a: OptimizerSpec, b: OptimizerSpec) -> bool:
     """Whether a checkpointed optimizer's state fits the optimizer a new job seeds: same class,
     same groups over the same tensors."""

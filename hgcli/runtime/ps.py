@@ -4,13 +4,11 @@ Each PS rank holds one shard of the parameters (whole tensors, balanced by size)
 state for it. Group leaders call it over torch RPC: ``push`` applies a group's gradient at once and
 answers with fresh parameters when the staleness rule allows (see docs/runtime.md):
 
-* staleness of a push = shard version now - version the group last received; a push weighs
-  samples / global_batch / max(1, delay), where delay = shard version now - version of the group's
-  newest answer (the staleness without overlap): every sample weighs the same whichever group
-  computed it (as in one synchronous step over the global batch, and momentum integrates the
-  weighted gradients), and stale updates weigh less. The weight scales the gradient where the
-  optimizer's step follows its scale (SGD) and the step itself where the optimizer normalises the
-  scale away (Adam and kin; ``optim.scales_with_gradient`` measures which);
+* staleness of a push = shard version now - version the group last received; the pushed gradient
+  is scaled by samples / global_batch / max(1, delay) before the optimizer step, where delay =
+  shard version now - version of the group's newest answer (the staleness without overlap): every sample
+  weighs the same whichever group computed it (as in one synchronous step over the global batch,
+  and momentum integrates the weighted gradients), and stale updates weigh less;
 * bounded staleness: every push is applied at most S (plan.staleness_bound, >= groups - 1) versions
   after the version its gradient was computed on. Shard 0 (the coordinator; every push reaches it)
   holds a group's answer back only when letting it compute again could make a group that is still
@@ -93,7 +91,6 @@ class ShardServer:
         self.params: list[torch.Tensor] | None = None
         self.opt: torch.optim.Optimizer | None = None
         self.opt_spec: dict[str, Any] | None = None
-        self._scales_with_gradient: bool | None = None    # of the optimizer (optim.scales_with_gradient)
         self.version = 0
         # Shard 0 only, for models with buffers: the shared buffers (what answers carry) and, per
         # group, the buffers of its latest answer (what its pushed buffers moved on from).
@@ -231,21 +228,13 @@ class ShardServer:
             delay = self._damping_delay(group)
             scale = (samples / self.global_batch if self.global_batch else 1.0) / max(1, delay)
             grad = grad.float()          # fp32 master copy and optimizer state, whatever the wire
-            linear = self._linear()
             offset = 0
             for p in self.params:
-                p.grad = grad[offset: offset + p.numel()].view_as(p) * (scale if linear else 1.0)
+                p.grad = grad[offset: offset + p.numel()].view_as(p) * scale
                 offset += p.numel()
             optim.apply_hyperparameters(self.opt, optim.normalise_spec(self.opt_spec, len(self.params))["groups"],
                                         hyper)
-            before = None if linear or scale == 1.0 else [p.detach().clone() for p in self.params]
             self.opt.step()
-            if before is not None:
-                # A normalising optimizer (Adam...) steps as far on a scaled gradient as on the
-                # gradient: the push's weight scales its step instead.
-                with torch.no_grad():
-                    for p, old in zip(self.params, before):
-                        p.copy_(old.lerp_(p, scale))
             if buffers is not None:
                 self._move_buffers(group, buffers, samples)
             self.version += 1
@@ -311,13 +300,6 @@ class ShardServer:
             if fut in self.finishing:
                 self.finishing.remove(fut)
                 fut.set_result((False, self.version, None, None))
-
-    def _linear(self) -> bool:
-        """Whether the optimizer's step follows its gradient's scale (measured once: optim.py)."""
-        if self._scales_with_gradient is None:
-            assert self.opt_spec is not None
-            self._scales_with_gradient = optim.scales_with_gradient(self.opt_spec)
-        return self._scales_with_gradient
 
     def _damping_delay(self, group: int) -> int:
         """The staleness a push is damped by: versions since the group's newest answer. Without

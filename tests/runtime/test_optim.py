@@ -142,44 +142,6 @@ def test_a_push_moves_the_ps_buffers_by_the_groups_own_change_weighted_by_its_sh
         server.close()
 
 
-@pytest.mark.parametrize("cls, kwargs, linear", [
-    (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}, True),
-    (torch.optim.AdamW, {"lr": 0.1, "weight_decay": 0.01}, False),
-    (torch.optim.RAdam, {"lr": 0.1}, False),          # momentum SGD for its first steps, Adam after
-])
-def test_a_push_moves_the_parameters_by_its_weight_whatever_the_optimizer(cls, kwargs, linear):
-    """A push of 4 of a global batch of 16 moves the parameters a quarter of a full step: under SGD
-    by a quarter of the gradient, under AdamW (which steps as far on g / 4 as on g) by a quarter of
-    its step; a push of the whole global batch takes the full step either way."""
-    p = torch.nn.Parameter(torch.zeros(3))
-    spec = optim.shard_spec(cls([p], **kwargs), *optim.class_path(cls), [[0]], [0])
-    assert optim.scales_with_gradient(spec) is linear
-    grad = torch.tensor([1.0, -2.0, 0.5])
-    start = torch.tensor([0.3, 0.3, 0.3])
-
-    def full_step(g):
-        q = torch.nn.Parameter(start.clone())
-        o = cls([q], **kwargs)
-        q.grad = g
-        o.step()
-        return q.detach() - start
-
-    for samples, weight in ((16.0, 1.0), (4.0, 0.25)):
-        server = ShardServer(shard=0, ps_ranks=[9], group_ids=[0, 1], staleness_bound=3, global_batch=16,
-                             timeout_s=60, metrics=MetricsSink(None, {}))
-        try:
-            server.seed(0, start.clone(), [(3,)], spec)
-            server.pull(0).wait()
-            server.push(0, grad.clone(), samples, [{"lr": kwargs["lr"]}]).wait()
-            moved = server.state()[1] - start
-            torch.testing.assert_close(moved, weight * full_step(grad), rtol=1e-5, atol=1e-7)
-        finally:
-            server.close()
-    # The weight is not vacuous for AdamW: its step on the scaled gradient is (nearly) the full one.
-    if not linear and cls is torch.optim.AdamW:
-        torch.testing.assert_close(full_step(0.25 * grad), full_step(grad), rtol=1e-4, atol=1e-6)
-
-
 def test_checkpoints_keep_the_buffers_and_a_resumed_ps_checks_the_optimizer(tmp_path):
     def server(**kw):
         return ShardServer(shard=0, ps_ranks=[9], group_ids=[0, 1], staleness_bound=1, global_batch=8,
