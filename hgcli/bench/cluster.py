@@ -24,10 +24,10 @@ from ..remote.fanout import fanout, open_transport
 from ..remote.node_program import NodeProgram
 from ..remote.transport import Transport
 
-# Bounds per device, the torch import on a loaded node included.
 # The model benched when no --model is given, for hgtrain bench and for the bench plan and launch run
 # themselves (docs/bench.md).
 MODEL_ENV = "HGTRAIN_BENCH_MODEL"
+# Bounds per device, the torch import on a loaded node included.
 DEVICE_TIMEOUT_S = {True: 300.0, False: 1800.0}
 # A node with no profile of its own (unreachable, or failed in the inventory) is listed under this
 # device name with its error, so the failure is in the profiles and not silently missing.

@@ -92,11 +92,8 @@ class Emulator:
     def end_compute(self, step: int, batch: int = 0) -> float:
         """Called when the step's compute is done (before communication), with the samples it saw;
         returns the sleep taken."""
-        wall = time.perf_counter() - self._wall0 - self._untimed_wall
-        cpu = time.thread_time() - self._cpu0 - self._untimed_cpu
-        factor = 1.0 / self.speed
-        if self.is_straggler(step):
-            factor *= self.straggler_factor
+        wall, cpu = self._elapsed()
+        factor = self._factor(step)
         own = self._stable.observe(batch, cpu)
         estimate = self._shared.get(batch, own)
         pause = max(0.0, estimate * factor - wall) if factor > 1.0 else 0.0
@@ -115,19 +112,29 @@ class Emulator:
         the whole stretch still ahead (which would hide it all in the step's sleep). The CPU so far
         is capped at the last step's stable estimate, so pacing never stretches a step beyond what
         ``end_compute`` will; returns the sleep taken."""
-        factor = 1.0 / self.speed
-        if self.is_straggler(self._next_step):
-            factor *= self.straggler_factor
+        factor = self._factor(self._next_step)
         if factor <= 1.0 or self._last_estimate <= 0.0:
             return 0.0
-        wall = time.perf_counter() - self._wall0 - self._untimed_wall
-        cpu = time.thread_time() - self._cpu0 - self._untimed_cpu
+        wall, cpu = self._elapsed()
         pause = min(cpu, self._last_estimate) * factor - wall
         if pause <= 0.0:
             return 0.0
         time.sleep(pause)
         self.slept_s += pause
         return pause
+
+    def _factor(self, step: int) -> float:
+        """How much longer than its CPU time step ``step`` lasts: 1 / speed, x the straggler factor
+        on the steps where this worker is the straggler."""
+        factor = 1.0 / self.speed
+        if self.is_straggler(step):
+            factor *= self.straggler_factor
+        return factor
+
+    def _elapsed(self) -> tuple[float, float]:
+        """Wall and CPU seconds of the step so far, untimed work left out."""
+        return (time.perf_counter() - self._wall0 - self._untimed_wall,
+                time.thread_time() - self._cpu0 - self._untimed_cpu)
 
     def estimate(self, batch: int) -> float:
         """This process's own stable estimate for ``batch`` (0.0 before its first step of it)."""
