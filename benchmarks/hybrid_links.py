@@ -56,6 +56,7 @@ from hybrid_vs_allreduce import SPEEDS, slow_link, summarise, time_to_target  # 
 
 from hgcli.local.plans import emulated_plan  # noqa: E402
 from hgcli.local.run import run_plan  # noqa: E402
+from hgcli.bench.links import link_profile  # noqa: E402
 from hgcli.node import frames  # noqa: E402
 from hgcli.schema import stages as m  # noqa: E402
 
@@ -119,8 +120,7 @@ def namespace_link(net: dict[str, Any]) -> m.LinkProfile:
                 result = frame
         if result.get("type") != "link":
             return m.LinkProfile("a", "b", "gloo", error=str(result.get("message", "no result")))
-        return m.LinkProfile("a", "b", "gloo", bandwidth_gbs=m.from_dict(m.Measurement, result["bandwidth_gbs"]),
-                             latency_s=m.from_dict(m.Measurement, result["latency_s"]))
+        return link_profile("a", "b", "gloo", result)
     finally:
         for proc in (rank0, rank1):
             if proc is not None:

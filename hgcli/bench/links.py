@@ -117,14 +117,18 @@ def _measure(cluster: Cluster, a: NodeSpec, b: NodeSpec, backend: str, quick: bo
             result1 = _result(rank1.frames(deadline))
             code0, code1 = rank0.finish(deadline), rank1.finish(deadline)
             if frame_type(result0) is FrameType.LINK:
-                return LinkProfile(a=a.name, b=b.name, backend=backend,
-                                   bandwidth_gbs=from_dict(Measurement, result0["bandwidth_gbs"]),
-                                   latency_s=from_dict(Measurement, result0["latency_s"]))
+                return link_profile(a.name, b.name, backend, result0)
             for node, result in ((first, result0), (second, result1)):
                 if frame_type(result) is FrameType.ERROR:
                     return fail(f"{node.name}: {result.get('message')}")
             failed = (first, rank0, code0) if code0 else (second, rank1, code1)
             return fail(f"{failed[0].name}: {failed[1].failure(failed[2])}")
+
+
+def link_profile(a: str, b: str, backend: str, frame: dict[str, Any]) -> LinkProfile:
+    """The profile a link rank's ``link`` frame measured between nodes ``a`` and ``b``."""
+    return LinkProfile(a=a, b=b, backend=backend, bandwidth_gbs=from_dict(Measurement, frame["bandwidth_gbs"]),
+                       latency_s=from_dict(Measurement, frame["latency_s"]))
 
 
 RESULTS = (FrameType.LINK, FrameType.ERROR)   # a link rank's last word
