@@ -124,11 +124,13 @@ def bench(cluster_file: Path | None, as_json: bool, quick: bool, model_spec: str
     """Measure each device and the links between nodes; store the profiles."""
     from .bench.cluster import bench_cluster, failure_summary
     from .schema.stages import to_json
-    from .plan.pipeline import ensure_inventory
+    from .plan.pipeline import ensure_inventory, refuse_unbenchable
 
     cluster = load_cluster_arg(cluster_file)
-    # Failed nodes are kept: bench lists each one with its probe error instead of refusing.
+    # Failed nodes are kept: bench lists each one with its probe error instead of refusing. A node
+    # that answered but whose Python lacks torch is refused, as plan and launch refuse it.
     inventory = ensure_inventory(cluster, skip_failed=True)
+    refuse_unbenchable(inventory)
     if as_json:
         profiles = bench_cluster(cluster, inventory, quick=quick, model_spec=model_spec)
         click.echo(to_json(profiles))

@@ -193,6 +193,13 @@ def _failed_devices(profiles: Profiles, inventory: Inventory) -> list[str]:
     return [f"{d.device}@{d.node} ({d.error})" for d in profiles.devices if d.error and d.node in ok]
 
 
+def refuse_unbenchable(inventory: Inventory) -> None:
+    """Raise NodePythonError when a probed node's Python lacks torch (its bench could measure nothing)."""
+    problems = runtime_problems(inventory, [n.name for n in inventory.succeeded], PLAN_NEEDS["allreduce"])
+    if problems:
+        raise NodePythonError(f"cannot bench: {'; '.join(problems)}{_OR_ANOTHER}")
+
+
 def ensure_profiles(cluster: Cluster, inventory: Inventory, *, quick: bool = True, skip_failed: bool = False,
                     on_stage: OnStage | None = None) -> Profiles:
     """The stored profiles when reusable, else a fresh bench (stored by the bench stage)."""
@@ -202,9 +209,7 @@ def ensure_profiles(cluster: Cluster, inventory: Inventory, *, quick: bool = Tru
     say = on_stage or _quiet
 
     def bench(why: str) -> Profiles:
-        problems = runtime_problems(inventory, [n.name for n in inventory.succeeded], PLAN_NEEDS["allreduce"])
-        if problems:
-            raise NodePythonError(f"cannot bench: {'; '.join(problems)}{_OR_ANOTHER}")
+        refuse_unbenchable(inventory)
         say("bench", f"benching{' (quick)' if quick else ''}: {why}")
         fresh = bench_cluster(cluster, inventory, quick=quick)
         say("bench", f"measured {len(fresh.devices)} device(s) and {len(fresh.links)} link(s)")

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from hgcli.config.cluster import load_cluster
+from hgcli.node.frames import decode_lines
 from tests.venvs import python_without
 
 from .plans import make_plan, plan_file
@@ -108,3 +109,20 @@ def test_a_node_without_torch_is_refused_before_the_bench(hg, tmp_path):
                     "install torch' on bare (torch is not installed); or set the node's python in the cluster file "
                     "to one that has it"), planned.stderr
     assert "benching" not in planned.stderr
+    bench = hgtrain(hg, "bench", "-c", str(path))          # the stored inventory says so: the same refusal
+    assert bench.returncode == 2 and bench.stdout == "", bench.stderr
+    assert bench.stderr.strip().splitlines()[-1] == line, bench.stderr
+
+    # Without an inventory to refuse by, the node's bench program itself says it in the device's profile
+    # and exits 0, its lifeline thread still reading the controller's open stdin (it used to abort: -6).
+    node = subprocess.Popen([str(python), "-m", "hgcli.node.bench", "--node", "bare", "--device", "gpu0",
+                             "--emulate-speed", "1", "--quick", "--lifeline"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    node.wait(timeout=60)                   # stdin still open: it exits by itself
+    out, err = node.stdout.read(), node.stderr.read()
+    node.stdin.close()
+    assert node.returncode == 0 and "Fatal Python error" not in err, err
+    [profile] = [f["profile"] for f in decode_lines(out) if f["type"] == "profile"]
+    assert profile["error"].startswith(f"its Python {python} lacks torch: run '{python} -m pip install torch' on "
+                                       "bare (ModuleNotFoundError"), profile
+    assert profile["torch_version"] is None and profile["steps"] == []

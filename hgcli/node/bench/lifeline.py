@@ -15,8 +15,12 @@ EXIT_LIFELINE = 143  # as if terminated: the controller stopped listening
 
 def watch_stdin() -> None:
     def watch() -> None:
+        # os.read on the descriptor, not sys.stdin.buffer: a daemon thread blocked inside the buffered
+        # reader holds its lock, and an interpreter exiting on an uncaught error then aborts (SIGABRT,
+        # "could not acquire lock ... at interpreter shutdown") instead of exiting with its own code.
+        fd = sys.stdin.fileno()
         try:
-            while sys.stdin.buffer.read(4096):
+            while os.read(fd, 4096):
                 pass
         except (OSError, ValueError):
             pass

@@ -15,6 +15,7 @@ import argparse
 import os
 import platform
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,7 +123,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def bench(args: argparse.Namespace) -> tuple[DeviceProfile, int | None]:
-    import torch
+    try:
+        import torch
+    except ImportError as exc:       # the profile says so (the controller refuses earlier when it knows)
+        return build_profile(None, args, None, Results(), _no_torch(args.node, exc)), None
 
     stage = "setup"
 
@@ -249,9 +253,15 @@ def build_profile(torch: Any, args: argparse.Namespace, target: Target | None, r
         matmul_tflops={k: scaled(v, speed) for k, v in r.matmul.items()},
         mem_bandwidth_gbs=scaled(r.mem_bw, speed) if r.mem_bw else None,
         h2d_bandwidth_gbs=r.h2d_bw, steps=steps, error=error,
-        torch_version=torch.__version__, driver_version=target.driver_version if target else None,
+        torch_version=torch.__version__ if torch else None, driver_version=target.driver_version if target else None,
         exchange=r.exchange, group_sync=r.group_sync,
     )
+
+
+def _no_torch(node: str, exc: ImportError) -> str:
+    py = sys.executable
+    return (f"its Python {py} lacks torch: run '{py} -m pip install torch' on {node} "
+            f"({type(exc).__name__}: {exc}); or set the node's python in the cluster file to one that has it")
 
 
 def nvidia_driver(index: int) -> str | None:
