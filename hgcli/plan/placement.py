@@ -548,13 +548,23 @@ def _hybrid_layouts(devices: list[Device], classes: list[list[int]]) -> list[tup
 
 
 def predicted_best(predicted: Mapping[str, float]) -> Strategy:
-    """The strategy the cost model's predictions alone favour (``predicted``: samples/s by strategy
-    name): hybrid or ps only when it beats allreduce by more than AUTO_MARGIN, and hybrid over ps on
-    a near tie (fewer, larger groups push less often and see less staleness). ``auto`` follows it
-    except on a homogeneous cluster (rule 1, docs/planning.md)."""
-    ar, hy, ps = (predicted[s.value] for s in (Strategy.ALLREDUCE, Strategy.HYBRID, Strategy.PS))
-    best, rate = (Strategy.PS, ps) if ps > hy * (1 + AUTO_MARGIN) else (Strategy.HYBRID, hy)
-    return best if rate > ar * (1 + AUTO_MARGIN) else Strategy.ALLREDUCE
+    """The strategy ``auto`` takes from the cost model's predictions (``predicted``: samples/s by
+    strategy name): hybrid when it beats allreduce by more than AUTO_MARGIN, else allreduce. ps is
+    never auto's pick: it splits every speed class into one asynchronous group per device, and each
+    group more adds staleness and, under Adam and kin, a full optimizer step per push, which cost
+    accuracy that samples/s does not show (docs/planning.md, rule 2). ``auto`` follows this except on
+    a homogeneous cluster (rule 1)."""
+    ar, hy = predicted[Strategy.ALLREDUCE.value], predicted[Strategy.HYBRID.value]
+    return Strategy.HYBRID if hy > ar * (1 + AUTO_MARGIN) else Strategy.ALLREDUCE
+
+
+def _ps_aside(ps: Option, chosen: Option) -> str:
+    """What the reason adds when the predictions favour ps over auto's pick (rule 2)."""
+    if ps.samples_per_s <= chosen.samples_per_s * (1 + AUTO_MARGIN) or sorted(ps.groups) == sorted(chosen.groups):
+        return ""
+    return (f"; ps (every device its own asynchronous group) was predicted "
+            f"{ps.samples_per_s / chosen.samples_per_s - 1:.0%} above it, but auto keeps like-speed devices "
+            f"synchronous: --strategy ps asks for it")
 
 
 def _choose(requested: Strategy, options: dict[Strategy, Option], classes: int,
@@ -565,23 +575,25 @@ def _choose(requested: Strategy, options: dict[Strategy, Option], classes: int,
         auto, _ = _choose(Strategy.AUTO, options, classes, devices)
         note = "" if auto is chosen else f"; auto would choose {auto.strategy.value}"
         return chosen, f"{requested.value} requested ({chosen.summary}){note}"
-    best = options[predicted_best({s.value: o.samples_per_s for s, o in options.items()})]
+    hy, ps = options[Strategy.HYBRID], options[Strategy.PS]
     if classes == 1:
         # Rule 1 holds whatever the predictions say; saying what they favour lets a user ask for it.
-        aside = "" if best is ar else (f"; the predictions alone favour {best.strategy.value} "
-                                       f"({best.samples_per_s / ar.samples_per_s - 1:.0%} above allreduce; "
-                                       f"--strategy {best.strategy.value} asks for it)")
+        best = max((hy, ps), key=lambda o: o.samples_per_s)
+        aside = "" if best.samples_per_s <= ar.samples_per_s * (1 + AUTO_MARGIN) else (
+            f"; the predictions alone favour {best.strategy.value} "
+            f"({best.samples_per_s / ar.samples_per_s - 1:.0%} above allreduce; "
+            f"--strategy {best.strategy.value} asks for it)")
         return ar, (f"homogeneous: all {devices} devices within {LIKE_SPEED_RATIO}x of each other's speed, "
                     f"so one synchronous all-reduce group (plain DDP) with no parameter servers{aside}")
+    best = options[predicted_best({s.value: o.samples_per_s for s, o in options.items()})]
     if best is ar:
-        hy, ps = options[Strategy.HYBRID], options[Strategy.PS]
-        other = ps if ps.samples_per_s > hy.samples_per_s * (1 + AUTO_MARGIN) else hy
-        return ar, (f"allreduce predicted {ar.samples_per_s:.4g} samples/s, {other.strategy.value} "
-                    f"{other.samples_per_s:.4g}: not more than {AUTO_MARGIN:.0%} faster, so the synchronous "
-                    f"all-reduce is kept ({classes} speed classes, batches proportional to speed)")
+        return ar, (f"allreduce predicted {ar.samples_per_s:.4g} samples/s, hybrid {hy.samples_per_s:.4g}: "
+                    f"not more than {AUTO_MARGIN:.0%} faster, so the synchronous all-reduce is kept "
+                    f"({classes} speed classes, batches proportional to speed){_ps_aside(ps, ar)}")
     gain = best.samples_per_s / ar.samples_per_s - 1
     return best, (f"{best.strategy.value} predicted {best.samples_per_s:.4g} samples/s, {gain:.0%} above "
-                  f"allreduce ({ar.samples_per_s:.4g}): {classes} speed classes, {best.summary}")
+                  f"allreduce ({ar.samples_per_s:.4g}): {classes} speed classes, {best.summary}"
+                  f"{_ps_aside(ps, best)}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -281,12 +281,45 @@ def test_homogeneous_cluster_stays_allreduce_even_on_a_slow_network():
 
 @pytest.mark.parametrize("predicted, best", [
     ({"allreduce": 100, "hybrid": 105, "ps": 104}, Strategy.ALLREDUCE),   # nothing 5% above allreduce
-    ({"allreduce": 100, "hybrid": 106, "ps": 111}, Strategy.HYBRID),      # ps within 5% of hybrid: hybrid
-    ({"allreduce": 100, "hybrid": 106, "ps": 112}, Strategy.PS),
-    ({"allreduce": 100, "hybrid": 90, "ps": 120}, Strategy.PS),
+    ({"allreduce": 100, "hybrid": 106, "ps": 111}, Strategy.HYBRID),
+    ({"allreduce": 100, "hybrid": 106, "ps": 200}, Strategy.HYBRID),      # ps only on request (rule 2)
+    ({"allreduce": 100, "hybrid": 90, "ps": 120}, Strategy.ALLREDUCE),
 ])
-def test_predicted_best_needs_a_margin_over_allreduce_and_prefers_hybrid_on_a_near_tie(predicted, best):
+def test_predicted_best_needs_a_margin_over_allreduce_and_never_picks_ps(predicted, best):
     assert predicted_best(predicted) is best
+
+
+def test_auto_keeps_like_speed_devices_synchronous_even_when_ps_is_predicted_faster():
+    """Rule 2: ps (one asynchronous group per device) is taken on request only; the reason says what
+    the predictions favoured and how to ask for it. Where every class is one device, ps is hybrid's
+    own layout and the reason does not mention it."""
+    from hgcli.plan.cost import Option
+    from hgcli.plan.placement import _choose
+
+    def option(strategy, groups, rate):
+        return Option(strategy, groups, (1,) * len(groups), (0,) if len(groups) > 1 else (), 2, rate, "summary")
+
+    options = {Strategy.ALLREDUCE: option(Strategy.ALLREDUCE, ((0, 1, 2, 3),), 100.0),
+               Strategy.HYBRID: option(Strategy.HYBRID, ((0, 1), (2, 3)), 120.0),
+               Strategy.PS: option(Strategy.PS, ((0,), (1,), (2,), (3,)), 150.0)}
+    chosen, reason = _choose(Strategy.AUTO, options, classes=2, devices=4)
+    assert chosen.strategy is Strategy.HYBRID
+    assert reason.startswith("hybrid predicted 120 samples/s, 20% above allreduce (100)")
+    assert "ps (every device its own asynchronous group) was predicted 25% above it" in reason
+    assert "--strategy ps asks for it" in reason
+    chosen, reason = _choose(Strategy.PS, options, classes=2, devices=4)
+    assert chosen.strategy is Strategy.PS and reason.endswith("; auto would choose hybrid")
+
+    options[Strategy.HYBRID] = option(Strategy.HYBRID, ((0, 1), (2, 3)), 102.0)   # hybrid within the margin
+    chosen, reason = _choose(Strategy.AUTO, options, classes=2, devices=4)
+    assert chosen.strategy is Strategy.ALLREDUCE and "ps (every device its own" in reason
+
+    one_each = ((0,), (1,), (2,))
+    options = {Strategy.ALLREDUCE: option(Strategy.ALLREDUCE, ((0, 1, 2),), 100.0),
+               Strategy.HYBRID: option(Strategy.HYBRID, one_each, 120.0),
+               Strategy.PS: option(Strategy.PS, one_each, 130.0)}
+    chosen, reason = _choose(Strategy.AUTO, options, classes=3, devices=3)
+    assert chosen.strategy is Strategy.HYBRID and "--strategy ps" not in reason
 
 
 def test_ps_count_and_staleness_overrides():
