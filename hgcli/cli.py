@@ -151,8 +151,8 @@ def bench(cluster_file: Path | None, as_json: bool, quick: bool, model_spec: str
 @cluster_option
 @nproc_option
 @click.option("--strategy", type=click.Choice([s.value for s in Strategy]), default="auto",
-              show_default=True, help="auto predicts every strategy and takes hybrid when it beats allreduce by more than 5%; ps only "
-                   "when asked for (docs/planning.md).")
+              show_default=True, help="auto predicts every strategy and takes hybrid when it beats allreduce by "
+                                      "more than 5%; ps only when asked for (docs/planning.md).")
 @click.option("--global-batch", type=click.IntRange(min=1), default=None,
               help="Samples per step over all workers. Default: 32 per device.")
 @click.option("--ps", "ps_ranks", type=click.IntRange(min=1), default=None,

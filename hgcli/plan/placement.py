@@ -560,7 +560,8 @@ def predicted_best(predicted: Mapping[str, float]) -> Strategy:
 
 def _ps_aside(ps: Option, chosen: Option) -> str:
     """What the reason adds when the predictions favour ps over auto's pick (rule 2)."""
-    if ps.samples_per_s <= chosen.samples_per_s * (1 + AUTO_MARGIN) or sorted(ps.groups) == sorted(chosen.groups):
+    if (ps.samples_per_s <= chosen.samples_per_s * (1 + AUTO_MARGIN)
+            or sorted(ps.groups) == sorted(chosen.groups)):
         return ""
     return (f"; ps (every device its own asynchronous group) was predicted "
             f"{ps.samples_per_s / chosen.samples_per_s - 1:.0%} above it, but auto keeps like-speed devices "

@@ -253,7 +253,8 @@ def build_profile(torch: Any, args: argparse.Namespace, target: Target | None, r
         matmul_tflops={k: scaled(v, speed) for k, v in r.matmul.items()},
         mem_bandwidth_gbs=scaled(r.mem_bw, speed) if r.mem_bw else None,
         h2d_bandwidth_gbs=r.h2d_bw, steps=steps, error=error,
-        torch_version=torch.__version__ if torch else None, driver_version=target.driver_version if target else None,
+        torch_version=torch.__version__ if torch else None,
+        driver_version=target.driver_version if target else None,
         exchange=r.exchange, group_sync=r.group_sync,
     )
 
