@@ -78,8 +78,12 @@ def test_follow_reattaches_to_a_detached_job_until_it_ends(tmp_path, started_job
 def test_ctrl_c_on_follow_exits_130_and_leaves_the_job_running(tmp_path, started_jobs):
     job = detached_job(tmp_path, started_jobs, {0: SLEEPER})
     pids = wait_until(lambda: job_pids(job), what="the rank")
+    # Ctrl-C at a terminal: SIGINT at its default disposition in the child, whatever the suite was
+    # started under (a shell's background job ignores SIGINT, and a Python started so never raises
+    # KeyboardInterrupt: 'logs -f' then rightly keeps following, as under nohup).
     proc = subprocess.Popen([sys.executable, "-m", "hgcli", "logs", job, "-f"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stdout.readline() == "a:0| up\n"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=WAIT_S)
