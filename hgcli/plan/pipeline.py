@@ -26,7 +26,8 @@ import time
 from typing import Callable, TypeVar
 
 from ..errors import NodePythonError, NodesFailedError, StateError
-from ..schema.stages import PLAN_NEEDS, Cluster, Inventory, JobSpec, Plan, Profiles
+from ..schema.stages import (OR_ANOTHER_PYTHON, PLAN_NEEDS, Cluster, Inventory, JobSpec, Plan, Profiles,
+                             module_problem)
 
 # Inventories older than this are probed again (seconds).
 INVENTORY_MAX_AGE_S = 3600.0
@@ -35,16 +36,6 @@ OnStage = Callable[[str, str], None]
 T = TypeVar("T")
 
 
-# What to do about a missing module ({py}: the node's Python, {node}: its name).
-_REMEDY = {
-    "torch": "lacks torch: run '{py} -m pip install torch' on {node}",
-    "gloo": "has a torch without torch.distributed's gloo backend: install a torch build with it",
-    "rpc": "has a torch without torch.distributed.rpc (TensorPipe), which parameter-server ranks use: "
-           "install a torch build with it",
-    "numpy": "lacks numpy, which torch.distributed.rpc needs for the parameter-server ranks: run "
-             "'{py} -m pip install numpy' on {node}",
-}
-_OR_ANOTHER = "; or set the node's python in the cluster file to one that has it"
 
 
 def _quiet(stage: str, message: str) -> None:
@@ -90,10 +81,8 @@ def runtime_problems(inventory: Inventory, nodes: list[str], needs: tuple[str, .
         if runtime is None:
             continue
         for module in runtime.lacking(needs):
-            why = runtime.why.get(module)
-            problems.append(f"node {name}: its Python {runtime.executable} "
-                            + _REMEDY[module].format(py=runtime.executable, node=name)
-                            + (f" ({why})" if why else ""))
+            problems.append(f"node {name}: " + module_problem(module, runtime.executable, name,
+                                                                runtime.why.get(module)))
     return problems
 
 
@@ -103,7 +92,7 @@ def refuse_unrunnable(plan: Plan, inventory: Inventory) -> None:
     problems = runtime_problems(inventory, [r.node for r in plan.ranks], needs)
     if problems:
         raise NodePythonError(f"the {plan.strategy.value} plan's ranks cannot run: {'; '.join(problems)}"
-                              f"{_OR_ANOTHER}. Nothing was started")
+                              f"{OR_ANOTHER_PYTHON}. Nothing was started")
 
 
 def refuse_unrunnable_plan_file(plan: Plan, cluster: Cluster, on_stage: OnStage | None = None) -> None:
@@ -197,7 +186,7 @@ def refuse_unbenchable(inventory: Inventory) -> None:
     """Raise NodePythonError when a probed node's Python lacks torch (its bench could measure nothing)."""
     problems = runtime_problems(inventory, [n.name for n in inventory.succeeded], PLAN_NEEDS["allreduce"])
     if problems:
-        raise NodePythonError(f"cannot bench: {'; '.join(problems)}{_OR_ANOTHER}")
+        raise NodePythonError(f"cannot bench: {'; '.join(problems)}{OR_ANOTHER_PYTHON}")
 
 
 def ensure_profiles(cluster: Cluster, inventory: Inventory, *, quick: bool = True, skip_failed: bool = False,

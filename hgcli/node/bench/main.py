@@ -19,7 +19,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...schema.stages import DeviceProfile, ExchangeProfile, GroupSyncProfile, Measurement, StepSample, to_dict
+from ...schema.stages import (OR_ANOTHER_PYTHON, DeviceProfile, ExchangeProfile, GroupSyncProfile, Measurement,
+                              StepSample, module_problem, to_dict)
 from . import exchange as exchangebench
 from . import group as groupbench
 from . import micro as microbench
@@ -126,7 +127,8 @@ def bench(args: argparse.Namespace) -> tuple[DeviceProfile, int | None]:
     try:
         import torch
     except ImportError as exc:       # the profile says so (the controller refuses earlier when it knows)
-        return build_profile(None, args, None, Results(), _no_torch(args.node, exc)), None
+        missing = module_problem("torch", sys.executable, args.node, f"{type(exc).__name__}: {exc}")
+        return build_profile(None, args, None, Results(), missing + OR_ANOTHER_PYTHON), None
 
     stage = "setup"
 
@@ -257,12 +259,6 @@ def build_profile(torch: Any, args: argparse.Namespace, target: Target | None, r
         driver_version=target.driver_version if target else None,
         exchange=r.exchange, group_sync=r.group_sync,
     )
-
-
-def _no_torch(node: str, exc: ImportError) -> str:
-    py = sys.executable
-    return (f"its Python {py} lacks torch: run '{py} -m pip install torch' on {node} "
-            f"({type(exc).__name__}: {exc}); or set the node's python in the cluster file to one that has it")
 
 
 def nvidia_driver(index: int) -> str | None:
