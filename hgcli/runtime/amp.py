@@ -1,15 +1,15 @@
 """``torch.amp.GradScaler`` with the runtime's step hook: a step is skipped by the whole group or by none.
 
 ``scaler.step(opt)`` unscales the gradients, and calls ``opt.step()`` only when this rank found no
-inf/NaN. The runtime aggregates inside ``opt.step()`` (a step pre-hook), so a member that skipped
-would miss its group's all-reduce while the others wait in it. Hence, for optimizers the runtime
-wrapped, the scaler's decision (``GradScaler._maybe_opt_step``) is replaced: ``opt.step()`` always
-runs, this rank's found-inf flag travels in the group's all-reduce, and when any member found one,
-the group skips the update (no local step, no push) and every member's scaler sees found-inf, so
-all back off their scale alike. Other optimizers keep torch's behaviour. The scaler's scale goes
-with the flag: gradients a group sends in buckets during backward (buckets.py) are still scaled.
-``GradScaler.scale`` is wrapped only to remember the last scale used, for the first step, before
-any ``scaler.step`` has said which scaler steps the optimizer.
+inf/NaN. The runtime does its bookkeeping inside ``opt.step()`` (step hooks: samples, emulation,
+accumulation micro-steps, the PS push), so a step the scaler skipped would go unseen. Hence, for
+optimizers the runtime wrapped, the scaler's decision (``GradScaler._maybe_opt_step``) is replaced:
+``opt.step()`` always runs with this rank's found-inf flag known to the engine (engine.py), which
+skips the update (no local step, no push) when the group's gradient holds an inf/NaN. Inside a DDP
+group every member sees the same flag, since an inf in any member's bucket is in the sum; a group of
+one carries the flags of its accumulation window's micro-steps. Other optimizers keep torch's
+behaviour. ``GradScaler.scale`` is wrapped to remember the live scale tensor: the engine takes it out
+of gradients that wait across an accumulation window.
 
 ``_maybe_opt_step`` is a private method of torch's GradScaler (in the torch versions hgtrain supports:
 ``torch.amp.GradScaler`` since 2.3, ``torch.cuda.amp.GradScaler`` before). Should a torch lack it,
@@ -35,9 +35,8 @@ class ScalerAware(Protocol):
 _HOOKED: "weakref.WeakKeyDictionary[torch.optim.Optimizer, ScalerAware]" = weakref.WeakKeyDictionary()
 _ORIGINAL: Callable[..., Any] | None = None
 _ORIGINAL_SCALE: Callable[..., Any] | None = None
-# The scale tensor of the GradScaler that last scaled a loss in this process: gradients taken during
-# backward (buckets.py) are still scaled, and before the first ``scaler.step`` nothing else says by
-# how much. The step checks it against its own scaler's.
+# The scale tensor of the GradScaler that last scaled a loss in this process: a DDP bucket is still
+# scaled, and nothing else says by how much (engine.py).
 _last_scale: torch.Tensor | None = None
 
 

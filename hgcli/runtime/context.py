@@ -19,17 +19,19 @@ from .emulate import Emulator
 from .env import RankEnv
 from .errors import TrainingError
 from .groups import group_backend, init_distributed, shutdown
-from .buckets import resolve_bucket_mb
-from .hybrid import GroupSync
+from .engine import GroupEngine, GroupSpec, resolve_bucket_mb
+from .exchange import PSExchange
 from .metrics import MetricsSink
 from .position import DataPosition, fetch_restored
 from .sampler import RankBatchSampler, dataset_length, make_loader
 
 
 def _implicit_plan(env: RankEnv) -> m.Plan:
-    """torchrun environment: one synchronous group of every rank, as DDP would do."""
+    """torchrun environment: one synchronous group of every rank, as DDP would do, each rank on its
+    LOCAL_RANK GPU where CUDA is present (the group then all-reduces with NCCL), else on the CPU."""
     batch = env.batch_size
-    ranks = tuple(m.RankPlan(rank=r, role=m.Role.WORKER, node="local", device="cpu", group=0,
+    device = f"gpu{env.local_rank}" if torch.cuda.is_available() else "cpu"
+    ranks = tuple(m.RankPlan(rank=r, role=m.Role.WORKER, node="local", device=device, group=0,
                              batch_size=batch) for r in range(env.world_size))
     return m.Plan(strategy=m.Strategy.ALLREDUCE, world_size=env.world_size,
                   groups=(m.GroupPlan(id=0, ranks=tuple(range(env.world_size))),), ranks=ranks,
@@ -65,10 +67,9 @@ class Context:
                                  straggler_seed=int(os.environ.get("HGTRAIN_EMULATE_SEED") or 0))
         if me.emulated or env.speed < 1.0:
             torch.set_num_threads(1)        # emulated devices share one CPU
-        self.device = torch.device("cuda", 0) if (me.device.startswith("gpu") and not me.emulated
-                                                  and torch.cuda.is_available()) else torch.device("cpu")
+        self.device = self._device(me)
         self._pgs = init_distributed(env, self.plan) if env.world_size > 1 else {}
-        self._sync: GroupSync | None = None
+        self._sync: GroupEngine | None = None
         self._data = DataPosition()
 
     # --- identity -------------------------------------------------------------------------------
@@ -99,15 +100,18 @@ class Context:
 
     # --- training -------------------------------------------------------------------------------
     def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
-             max_grad_norm: float | None = None,
-             bucket_mb: float | None = None) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-        """Hook aggregation into ``optimizer.step()``; both objects are returned unchanged otherwise.
+             max_grad_norm: float | None = None, bucket_mb: float | None = None,
+             **ddp_options: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        """Join ``model`` and ``optimizer`` to the group's training; returns the module to train
+        through (torch's ``DistributedDataParallel`` around ``model`` in a group of two or more, the
+        model itself in a group of one) and the optimizer, whose ``step()`` now takes the group's
+        samples-weighted gradient (and, with parameter servers, their answer).
 
-        ``max_grad_norm``: clip the group's aggregated gradient (its weighted mean) to this 2-norm
-        before the local step or the push; a script's own ``clip_grad_norm_`` before ``opt.step()``
-        does not reach the aggregate. ``bucket_mb``: size of the buckets a group of two or more
-        all-reduces during backward (default ``HGTRAIN_BUCKET_MB``, else 25); 0: one all-reduce
-        after backward."""
+        ``max_grad_norm``: clip the group's aggregated gradient to this 2-norm before the local step
+        or the push; a script's own ``clip_grad_norm_`` before ``opt.step()`` sees the aggregate too.
+        ``bucket_mb``: DDP's ``bucket_cap_mb`` (default ``HGTRAIN_BUCKET_MB``, else 25); 0: one
+        bucket. ``find_unused_parameters``, ``gradient_as_bucket_view`` and ``static_graph`` go to
+        DDP as they are."""
         if self._sync is not None:
             raise TrainingError("wrap() was already called in this process")
         on = {p.device.type for p in model.parameters()}
@@ -121,19 +125,25 @@ class Context:
             print(f"hgtrain: rank {self.rank} has a GPU but trains on the CPU: {where}", file=sys.stderr,
                   flush=True)
         self._data.hook(optimizer)      # before the aggregation's hook: a push carries its own batch
-        self._sync = GroupSync(
-            model=model, optimizer=optimizer, group_ranks=self.group_plan.ranks,
-            pg=self._pgs.get(self.group), rank=self.rank, group_id=self.group,
-            accumulate=self.group_plan.accumulate, ps_ranks=self.plan.ps_shards,
-            first_worker=self.plan.workers[0].rank, default_batch=self.env.batch_size or 1,
-            emulator=self.emulator, metrics=self.metrics, timeout_s=self.env.timeout_s,
-            share_with=self._same_node(self.group_plan.ranks), max_grad_norm=max_grad_norm,
-            data_position=self._data.current, overlap=self.plan.overlap, wire=self.plan.wire,
-            bucket_mb=resolve_bucket_mb(bucket_mb, os.environ))
-        self._sync.start()
+        ranks = self.group_plan.ranks
+        spec = GroupSpec(rank=self.rank, group_id=self.group, ranks=ranks, pg=self._pgs.get(self.group),
+                         batches=tuple(self.plan.rank(r).batch_size or self.env.batch_size for r in ranks),
+                         accumulate=self.group_plan.accumulate, share_with=self._same_node(ranks),
+                         default_batch=self.env.batch_size or 1)
+        engine = GroupEngine(model=model, optimizer=optimizer, spec=spec, emulator=self.emulator,
+                             metrics=self.metrics, timeout_s=self.env.timeout_s, max_grad_norm=max_grad_norm,
+                             bucket_mb=resolve_bucket_mb(bucket_mb, os.environ), ddp_options=ddp_options)
+        if self.plan.ps_shards:
+            engine.exchange = PSExchange(
+                group=engine, optimizer=optimizer, ps_ranks=self.plan.ps_shards,
+                first_worker=self.plan.workers[0].rank, metrics=self.metrics, timeout_s=self.env.timeout_s,
+                overlap=self.plan.overlap, wire=self.plan.wire, data_position=self._data.current,
+                frozen=engine.frozen)
+        self._sync = engine
+        trained = engine.start()
         if self.plan.ps_shards:
             self._restore_data_position()
-        return model, optimizer
+        return trained, optimizer
 
     def shard(self, data: Sequence[torch.Tensor], *, batch_size: int, epochs: int = 1,
               seed: int = 0) -> Iterator[tuple[torch.Tensor, ...]]:
@@ -194,12 +204,22 @@ class Context:
             self._sync.finish()
             self.metrics.emit(event="finish", samples=self._sync.samples_seen, steps=self._sync.local_step,
                               compute_s=self.emulator.compute_s, emulated_sleep_s=self.emulator.slept_s,
+                              emulated_step_s=self.emulator.target_s,
                               sync_s=self._sync.sync_s, skipped_steps=self._sync.skipped_steps)
         if self.env.world_size > 1:
             try:
                 shutdown(self.plan, self.env.timeout_s)
             except RuntimeError as exc:
                 raise TrainingError(f"rank {self.rank}: leaving the job failed: {exc}") from exc
+
+    def _device(self, me: m.RankPlan) -> torch.device:
+        """A real GPU rank's device: under hgtrain it sees only its own GPU (CUDA_VISIBLE_DEVICES) as
+        cuda:0; under plain torchrun every GPU of the node, and takes the LOCAL_RANK one."""
+        if not (me.device.startswith("gpu") and not me.emulated and torch.cuda.is_available()):
+            return torch.device("cpu")
+        index = self.env.local_rank if self.env.plan is None else 0
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
 
     def _same_node(self, ranks: tuple[int, ...]) -> tuple[int, ...]:
         """Positions in ``ranks`` of the ranks on this rank's node, by the plan (torchrun's implicit
@@ -218,8 +238,8 @@ class Context:
         with self.emulator.untimed():       # start-up, not the device's work
             pos = fetch_restored(rank=self.rank, leader=self.group_plan.ranks[0], group_id=self.group,
                                  n_members=len(self.group_plan.ranks), pg=self._pgs.get(self.group),
-                                 ps_rank=self.plan.ps_shards[0], device=self._sync._acc.device,
-                                 timeout_s=self.env.timeout_s, collective=self._sync._collective)
+                                 ps_rank=self.plan.ps_shards[0], device=self._sync.device,
+                                 timeout_s=self.env.timeout_s, collective=self._sync.collective)
         if pos is not None:
             self._data.restore(pos)
             print(f"hgtrain: rank {self.rank} (group {self.group}): data continues from epoch "

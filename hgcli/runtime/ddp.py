@@ -77,3 +77,10 @@ def weighted_ddp_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Futu
     buf.mul_(st.batch_size / st.total)
     fut = dist.all_reduce(buf, group=st.process_group, async_op=True).get_future()
     return fut.then(lambda f: f.value()[0])
+
+
+def engine_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """The comm hook of hgtrain's own group engine (engine.py): ``state`` is the GroupEngine, which
+    weights, paces and all-reduces the bucket."""
+    fut: torch.futures.Future[torch.Tensor] = state.reduce_bucket(bucket)
+    return fut

@@ -17,7 +17,7 @@ quartile rather than the median: delays only ever add to a step's CPU time (othe
 caches and cores), so the faster steps are the ones closer to the device's own speed.
 
 Ranks of one all-reduce group on one node pool their estimates (``share``, fed by the group's
-all-reduce in hybrid.py): identical devices run at one speed, but each process's own estimate of
+all-reduce in engine.py): identical devices run at one speed, but each process's own estimate of
 the same step can differ by ~10% on a small shared CPU (which core, whose caches), x10 at speed 0.1,
 so every synchronous step waited ~3 ms for the process that happened to be slowest: an artifact
 of emulating on one shared CPU that no group of real GPUs of one model would show.
@@ -69,6 +69,7 @@ class Emulator:
         self.straggler_seed = straggler_seed
         self.compute_s = 0.0        # totals, for metrics and the benchmark's honesty check
         self.slept_s = 0.0
+        self.target_s = 0.0         # what the steps were stretched to (estimate x factor), summed
         self._stable = StableSpeed()
         self._shared: dict[int, float] = {}   # batch -> the group's pooled estimate on this node
         self._next_step = 0                   # the step being computed (for ``pace``)
@@ -101,6 +102,7 @@ class Emulator:
             time.sleep(pause)
         self.compute_s += cpu
         self.slept_s += pause
+        self.target_s += estimate * factor if factor > 1.0 else 0.0
         self._next_step = step + 1
         self._last_estimate = estimate
         return pause

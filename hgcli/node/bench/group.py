@@ -21,7 +21,7 @@ emulator at ``speed`` (forward + backward on one thread, the emulator's pause, t
 alternating blocks of ``BLOCK`` steps: **free** (no collective; the ranks start each free block
 spread over the step, as independent workers drift apart) and **synchronous** (the runtime's
 all-reduce buffer after each step's pause: the model's parameters, the sample count and two slots
-per rank, hgcli/runtime/hybrid.py). Alternating cancels the machine's drift, which is as large as
+per rank, hgcli/runtime/engine.py). Alternating cancels the machine's drift, which is as large as
 the effect (20-40% over seconds). Per pair of blocks:
 - ``seconds``: rank 0's time inside the all-reduce per synchronous step (the mean of the block:
   throughput follows the mean and single steps are skewed, median 6 ms and the slowest 13-19 ms in
@@ -56,7 +56,7 @@ def measure_group_sync(torch: Any, spec: str, parameters: int, *, ranks: int, ba
     model ``spec`` at ``batch`` and ``speed``; summarise the pairs after the warm-up."""
     import torch.distributed as dist
 
-    from ...runtime.hybrid import sync_buffer_numel   # the runtime's own buffer (imports torch)
+    from ...runtime.engine import sync_buffer_numel   # the runtime's own buffer (imports torch)
     from ...runtime.netbind import master_store
 
     store = master_store("127.0.0.1", 0, ranks + 1, datetime.timedelta(seconds=timeout_s),
@@ -105,7 +105,7 @@ def serve(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     from ...runtime.emulate import Emulator
-    from ...runtime.hybrid import sync_buffer_numel
+    from ...runtime.engine import sync_buffer_numel
     from .modelspec import load, parse_spec
     from .step import default_loss
 
@@ -128,7 +128,7 @@ def serve(args: argparse.Namespace) -> None:
         slot = parameters + 1 + 2 * args.rank   # this rank's (batch, estimate) in the buffer
         # One emulator per kind of block, so each block's pause follows its own steps' CPU: free
         # ranks stretch their own estimate, synchronous ones the members' pooled median, as the
-        # runtime's singletons and groups do (hgcli/runtime/hybrid.py).
+        # runtime's singletons and groups do (hgcli/runtime/engine.py).
         emulators = {False: Emulator(args.speed), True: Emulator(args.speed)}
         step_wall = 0.0
 

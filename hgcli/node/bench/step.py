@@ -3,7 +3,7 @@
 A step is a step of the runtime's training loop (``runtime_step``): fetch the batch, forward + loss +
 backward, ``loss.item()`` and a metrics line, and the optimizer step (SGD with momentum: one state
 tensor per parameter, like most data-parallel recipes) through the runtime's own hooks
-(hgcli/runtime/hybrid.py: sample counting, gradient accumulation). Its fixed cost per step is what
+(hgcli/runtime/engine.py: sample counting, gradient accumulation). Its fixed cost per step is what
 decides small models run with small batches (the main job: a 5k-parameter MLP whose bare step is
 under 0.4 ms), so it is measured, not assumed. Peak memory on a GPU is the CUDA caching allocator's
 ``max_memory_allocated``; on a CPU (and so on emulated devices) it is counted from the tensors a step
@@ -74,14 +74,15 @@ def runtime_hooks(model: Any, optimizer: Any, *, default_batch: int) -> Iterator
     accumulation, the gradient copy and the optimizer), with an emulator of speed 1 (bookkeeping,
     no pause). Yields the metrics line emitter, writing to /dev/null like a pipe nobody slows."""
     from ...runtime.emulate import Emulator
-    from ...runtime.hybrid import GroupSync
+    from ...runtime.engine import GroupEngine, GroupSpec
     from ...runtime.metrics import MetricsSink
 
     fd = os.open(os.devnull, os.O_WRONLY)
     sink = MetricsSink(fd, {"rank": 0, "group": 0, "role": "worker"})
-    sync = GroupSync(model=model, optimizer=optimizer, group_ranks=(0,), pg=None, rank=0, group_id=0,
-                     accumulate=1, ps_ranks=(), first_worker=0, default_batch=default_batch,
-                     emulator=Emulator(1.0), metrics=sink, timeout_s=60.0)
+    sync = GroupEngine(model=model, optimizer=optimizer, emulator=Emulator(1.0), metrics=sink, timeout_s=60.0,
+                       spec=GroupSpec(rank=0, group_id=0, ranks=(0,), pg=None, batches=(default_batch,),
+                                      default_batch=default_batch))
+    sync.start()
     try:
         yield sink.emit
     finally:

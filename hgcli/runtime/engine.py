@@ -1,0 +1,489 @@
+"""The group engine: a synchronous group's gradients, aggregated behind the user's ``optimizer.step()``.
+
+A group of two or more workers trains through torch's ``DistributedDataParallel`` on the group's
+process group: DDP's C++ reducer buckets the gradients in the order backward produces them and
+all-reduces each bucket while backward still runs; :func:`ddp.engine_hook`, its comm hook, adds what
+hgtrain needs on top:
+
+* **the samples-weighted mean.** Rank i's gradient counts with its samples ``n_i``: the group's
+  gradient is ``sum_i n_i g_i / N``, the gradient of the union batch, where DDP's plain mean would
+  count a rank of 3 samples as much as one of 5. The hook multiplies a bucket by ``1/W`` (as DDP
+  does, W members), then by ``n_i W / B`` (B: the plan's batches summed, known on every rank without
+  talking) before the sum, and by ``B / N`` after it. With the plan's batches both factors are
+  exactly 1.0 and are skipped, so a homogeneous plan computes what DDP computes, bit for bit.
+* **one small all-reduce per step** (``broadcast_buffers=False``): with the first bucket it sends
+  the rank's samples, its buffers (BatchNorm statistics) weighted by them and, for emulated ranks of
+  one node, their step-time estimates (emulate.py). At ``opt.step()`` every member loads the
+  samples-weighted mean of the buffers. DDP's default would broadcast rank 0's buffers at every
+  forward instead.
+* **device emulation's pacing**: a bucket leaves when it would on the emulated device
+  (``Emulator.pace``).
+
+A group of one has nothing to reduce: its own gradients are the group's, and no DDP is built.
+
+Gradient accumulation (the plan's ``accumulate`` K > 1; the script still calls ``opt.step()`` after
+every micro-batch): the first K - 1 backwards run under DDP's ``no_sync``; their gradients, each
+weighted by its samples, wait beside the parameters (the step then sees no gradient: the optimizer
+does nothing), and the hook adds them into the K-th backward's buckets, so one all-reduce carries
+the window's samples-weighted sum. A GradScaler's scale is taken out of a bucket before that sum
+and put back after it, since members' scales may differ by then.
+
+After the group's gradient is in ``p.grad``: a step where any member's GradScaler found inf/NaN is
+skipped by the whole group (amp.py). Otherwise the gradient is clipped (``max_grad_norm``, the
+aggregate's norm, torch's own ``clip_grad_norm_``) and either the local optimizer steps on it (an
+allreduce plan: exactly DDP), or the group's exchange with the parameter servers (exchange.py) takes
+it and ``p.grad`` is cleared, so the local optimizer steps on nothing.
+
+What DDP does not allow, the engine does not either: a second backward in one step without a
+forward in between fails with DDP's own error ("Expected to mark a variable ready only once"), and
+a parameter without a gradient needs ``ctx.wrap(..., find_unused_parameters=True)``.
+"""
+from __future__ import annotations
+
+import inspect
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager, Mapping
+
+import torch
+import torch.distributed as dist
+
+from . import amp
+from . import flat as flatten_
+from .emulate import Emulator
+from .errors import TrainingError
+from .metrics import MetricsSink
+
+BUCKET_MB = 25.0            # DDP's bucket_cap_mb
+BUCKET_ENV = "HGTRAIN_BUCKET_MB"
+# ctx.wrap's keyword arguments that DDP takes as they are; the rest are the engine's to set.
+DDP_OPTIONS = ("find_unused_parameters", "gradient_as_bucket_view", "static_graph")
+
+
+def resolve_bucket_mb(value: float | None, environ: Mapping[str, str]) -> float:
+    """The bucket size in MiB: ``value`` (``ctx.wrap(..., bucket_mb=)``), else ``HGTRAIN_BUCKET_MB``,
+    else :data:`BUCKET_MB`; 0: one bucket (one all-reduce after backward)."""
+    where = "bucket_mb"
+    if value is None and environ.get(BUCKET_ENV, "").strip():
+        where, text = BUCKET_ENV, environ[BUCKET_ENV].strip()
+        try:
+            value = float(text)
+        except ValueError:
+            raise TrainingError(f"{BUCKET_ENV}={text!r} is not a number of MiB (0: one bucket)") from None
+    if value is None:
+        return BUCKET_MB
+    if not value >= 0 or value == float("inf"):
+        raise TrainingError(f"{where} must be a finite number of MiB >= 0 (0: one bucket), not {value!r}")
+    return float(value)
+
+
+def step_reduce_numel(members: int, buffers: int = 0) -> int:
+    """Elements of a group's small all-reduce per step: [samples | (batch, estimate) per member, in
+    groups of two or more | the sample-weighted buffers]."""
+    return 1 + (2 * members if members > 1 else 0) + buffers
+
+
+def sync_buffer_numel(parameters: int, members: int, buffers: int = 0) -> int:
+    """Elements a group all-reduces per step: the gradients and the small all-reduce (the bench sizes
+    its measurement by it)."""
+    return parameters + step_reduce_numel(members, buffers)
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """Who the engine's rank trains with. ``batches``: the plan's batch of each member (None where
+    the plan gives none, as under plain torchrun); ``share_with``: positions in ``ranks`` of the
+    members on this rank's node (their emulated steps pool one estimate, emulate.py)."""
+    rank: int
+    group_id: int
+    ranks: tuple[int, ...]
+    pg: Any
+    batches: tuple[int | None, ...]
+    accumulate: int = 1
+    share_with: tuple[int, ...] = ()
+    default_batch: int = 1
+
+
+class GroupEngine:
+    def __init__(self, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, spec: GroupSpec,
+                 emulator: Emulator, metrics: MetricsSink, timeout_s: float,
+                 max_grad_norm: float | None = None, bucket_mb: float = BUCKET_MB,
+                 ddp_options: Mapping[str, Any] | None = None) -> None:
+        if max_grad_norm is not None and not max_grad_norm > 0:
+            raise TrainingError(f"max_grad_norm must be positive, not {max_grad_norm!r}")
+        unknown = sorted(set(ddp_options or {}) - set(DDP_OPTIONS))
+        if unknown:
+            raise TrainingError(f"ctx.wrap() does not take {', '.join(unknown)}: hgtrain sets DDP's process "
+                                f"group, devices, buckets and buffers itself (it takes {', '.join(DDP_OPTIONS)})")
+        self.module = model
+        self.opt = optimizer
+        self.spec = spec
+        self.rank = spec.rank
+        self.group_id = spec.group_id
+        self.ranks = spec.ranks
+        self.leader = spec.ranks[0]
+        self.members = len(spec.ranks)
+        self.pg = spec.pg
+        self.accumulate = max(1, spec.accumulate)
+        self.emulator = emulator
+        self.metrics = metrics
+        self.timeout_s = timeout_s
+        self.max_grad_norm = max_grad_norm
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.frozen = [p for p in model.parameters() if not p.requires_grad]
+        self.buffers = flatten_.synced_buffers(model)
+        self.device = self.params[0].device if self.params else torch.device("cpu")
+        self.exchange: Any = None          # the PS exchange (exchange.PSExchange), set before start()
+        self._me = spec.ranks.index(spec.rank)
+        self._pool_estimates = self.members > 1 and len(spec.share_with) > 1
+        # B: the plan's samples per update over the whole group; learnt from the first step when
+        # the plan gives no batches (every member then uses the same value).
+        self._planned_total: float | None = (float(self.accumulate * sum(b for b in spec.batches if b))
+                                             if spec.batches and all(spec.batches) else None)
+        self.local_step = 0
+        self.samples_seen = 0
+        self.skipped_steps = 0
+        self.buckets_reduced = 0          # DDP buckets this rank all-reduced (its comm hook's calls)
+        self._samples = 0                 # training samples counted by forwards since the last step
+        self._window = 0                  # samples of the accumulation window's earlier micro-steps
+        self._stash: dict[int, torch.Tensor] | None = None     # their weighted gradients, by id(param)
+        self._found_inf = False           # GradScaler found inf/NaN in this rank's step (amp.py)
+        self._window_inf = False          # ... in an earlier micro-step of the accumulation window
+        self._skipped = False
+        self._grad_norm: torch.Tensor | None = None
+        # The step's small all-reduce (started by the first bucket) and the group's samples it gave.
+        self._small: torch.Tensor | None = None
+        self._small_work: Any = None
+        self._total: float | None = None
+        self._nosync: ContextManager[Any] | None = None
+        self._last_bucket_at: float | None = None
+        self._reduce_wait_s = 0.0
+        self.ddp: torch.nn.parallel.DistributedDataParallel | None = None
+        self._ddp_options = dict(ddp_options or {})
+        self._bucket_mb = bucket_mb
+        self._hooks = [
+            model.register_forward_pre_hook(self._count_samples),
+            optimizer.register_step_pre_hook(self._before_step),
+            optimizer.register_step_post_hook(self._after_step),
+        ]
+        amp.hook_scaler(optimizer, self)
+
+    # --- start --------------------------------------------------------------------------------
+    def start(self) -> torch.nn.Module:
+        """Every member starts from the same parameters and buffers (the PS's under hybrid plans, then
+        rank 0's of the group: DDP's own start); returns the module the script trains through."""
+        if self.exchange is not None:
+            self.exchange.start()
+        if self.members > 1 and self.params:
+            self.ddp = self._build_ddp()
+            self._set_sync(self.accumulate == 1)
+        self.emulator.begin_compute()
+        return self.ddp if self.ddp is not None else self.module
+
+    def _build_ddp(self) -> torch.nn.parallel.DistributedDataParallel:
+        from torch.nn.parallel import DistributedDataParallel
+
+        from .ddp import engine_hook
+
+        cap = self._bucket_mb
+        if cap <= 0:        # one bucket: every gradient in it
+            cap = sum(p.numel() * p.element_size() for p in self.params) / 2 ** 20 + 1.0
+        on_gpu = self.device.type == "cuda"
+        # Buffers synchronised at the start (as DDP does), then averaged by the engine, not broadcast
+        # from rank 0 at every forward: torch 2.13 renamed the switch (and warns on the old name).
+        no_forward_sync = ({"forward_sync_buffers": False}
+                           if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+                           else {"broadcast_buffers": False})
+        try:
+            ddp = DistributedDataParallel(
+                self.module, device_ids=[self.device] if on_gpu else None, process_group=self.pg,
+                bucket_cap_mb=cap, **no_forward_sync, **self._ddp_options)
+        except (RuntimeError, ValueError) as exc:
+            raise self._failed("DDP's start (broadcast of rank 0's parameters)", exc) from exc
+        ddp.register_comm_hook(self, engine_hook)
+        return ddp
+
+    # --- hooks ----------------------------------------------------------------------------------
+    def _count_samples(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        if module.training and torch.is_grad_enabled() and args and isinstance(args[0], torch.Tensor):
+            self._samples += args[0].shape[0] if args[0].dim() else 1
+
+    def scaler_step(self, found_inf: bool, step: Callable[[], Any],
+                    scale: torch.Tensor | None = None) -> tuple[Any, bool]:
+        """GradScaler's step for a wrapped optimizer (amp.py): always step, so the engine sees every
+        step; returns the step's result and whether the group skipped the update."""
+        self._found_inf = found_inf
+        return step(), self._skipped
+
+    def reduce_bucket(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        """DDP's comm hook (ddp.engine_hook): weight this rank's bucket, start its all-reduce, and
+        unweight the sum when it lands."""
+        self.emulator.pace()
+        self.buckets_reduced += 1
+        with self.emulator.untimed():
+            buf = bucket.buffer()
+            last = self._samples or self.spec.default_batch
+            mine = self._window + last
+            if bucket.index() == 0:
+                self._start_small(mine, last, buf.device)
+            total = self._planned_total
+            assert total is not None        # _start_small learnt it
+            scale = None
+            if self._stash is not None:
+                scale = amp.last_scale()
+                for view, p in zip(bucket.gradients(), bucket.parameters()):
+                    if scale is not None:
+                        view.div_(scale)
+                    view.mul_(last)
+                    earlier = self._stash.get(id(p))
+                    if earlier is not None:
+                        view.add_(earlier)
+                buf.mul_(1.0 / total)
+            else:
+                buf.mul_(1.0 / self.members)         # DDP's own op, for bitwise equality
+                factor = mine * self.members / total
+                if factor != 1.0:
+                    buf.mul_(factor)
+            try:
+                fut = dist.all_reduce(buf, group=self.pg, async_op=True).get_future()
+            except (RuntimeError, ValueError) as exc:
+                raise self._failed("all-reduce", exc) from exc
+            if bucket.is_last():
+                self._last_bucket_at = time.perf_counter()
+        return fut.then(lambda f: self._unweight(f, scale))
+
+    def _start_small(self, mine: int, last: int, device: torch.device) -> None:
+        small = torch.zeros(step_reduce_numel(self.members, sum(b.numel() for b in self.buffers)),
+                            dtype=torch.float32, device=device)
+        small[0] = mine
+        if self.members > 1:
+            small[1 + 2 * self._me] = last
+            small[2 + 2 * self._me] = self.emulator.estimate(last)
+        if self.buffers:
+            at = step_reduce_numel(self.members)
+            small[at:].copy_(flatten_.flatten(self.buffers, device)).mul_(mine)
+        try:
+            self._small_work = dist.all_reduce(small, group=self.pg, async_op=True)
+        except (RuntimeError, ValueError) as exc:
+            raise self._failed("all-reduce", exc) from exc
+        self._small, self._total = small, None
+        if self._planned_total is None:
+            # No plan batches (plain torchrun without HGTRAIN_BATCH_SIZE): the first step's total is B.
+            self._planned_total = self._group_total()
+
+    def _group_total(self) -> float:
+        """The group's samples this step, on the host (waits for the small all-reduce)."""
+        if self._total is None:
+            try:
+                self._small_work.wait()
+            except (RuntimeError, ValueError) as exc:
+                raise self._failed("all-reduce", exc) from exc
+            assert self._small is not None
+            self._total = float(self._small[0])
+        return self._total
+
+    def _unweight(self, fut: torch.futures.Future[list[torch.Tensor]],
+                  scale: torch.Tensor | None) -> torch.Tensor:
+        try:
+            buf = fut.value()[0]
+        except RuntimeError as exc:
+            raise self._failed("all-reduce", exc) from exc
+        assert self._small is not None and self._planned_total is not None
+        if buf.is_cuda:
+            # No host sync on a GPU: the factor stays on the device (the small all-reduce went first
+            # on the same stream).
+            self._small_work.wait()
+            buf.mul_(self._planned_total / self._small[0])
+        else:
+            factor = self._planned_total / self._group_total()
+            if factor != 1.0:
+                buf.mul_(factor)
+        if scale is not None:
+            buf.mul_(scale)
+        return buf
+
+    def _before_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if amp.scaled_by_optimizer(opt) and (self.exchange is not None or self.max_grad_norm is not None
+                                             or self.accumulate > 1):
+            raise TrainingError(f"rank {self.rank}: GradScaler hands this optimizer still-scaled "
+                                f"gradients (it unscales inside its own step, e.g. fused=True), which "
+                                f"hgtrain's clipping, accumulation and parameter servers cannot take; "
+                                f"use it without fused=True")
+        if self._last_bucket_at is not None:
+            # From the last bucket's start to here, backward only waited for DDP's all-reduces: what
+            # synchronisation cost this step beyond the compute it overlapped.
+            self._reduce_wait_s += time.perf_counter() - self._last_bucket_at
+            self._last_bucket_at = None
+        n = self._samples or self.spec.default_batch
+        self.emulator.end_compute(self.local_step, n)
+        self._samples = 0
+        self.samples_seen += n
+        self.local_step += 1
+        self._skipped = False
+        found_inf, self._found_inf = self._found_inf or self._window_inf, False
+        if self.local_step % self.accumulate:
+            self._window_inf = found_inf      # a group of one adds this gradient in at the window's end
+            self._keep_for_later(n)
+            self._window += n
+            return
+        mine, self._window, self._window_inf = self._window + n, 0, False
+        if self.ddp is not None:
+            if self._small is None:
+                raise TrainingError(
+                    f"rank {self.rank}: the step's gradients were never all-reduced: the model trained "
+                    f"outside the module ctx.wrap() returned (use `model, opt = ctx.wrap(model, opt)` and "
+                    f"train `model`), or opt.step() came without a backward")
+            self._end_small()
+        elif self._stash is not None:
+            for p in self.params:          # a group of one: the window's samples-weighted mean
+                if p.grad is not None:
+                    p.grad.mul_(n)
+                    earlier = self._stash.get(id(p))
+                    if earlier is not None:
+                        p.grad.add_(earlier)
+                    p.grad.div_(mine)
+        self._stash = None
+        if found_inf:
+            # Some member's scaler found inf/NaN in the group's gradient: nobody steps, nothing is
+            # pushed, the parameters stay as they are.
+            self._skipped = True
+            self.skipped_steps += 1
+            self._clear_grads()
+            self.metrics.emit(event="skip", group=self.group_id, step=self.local_step,
+                              version=self.version)
+            return
+        if self.max_grad_norm is not None:
+            self._grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+        if self.exchange is not None:
+            samples = self._group_total() if self.ddp is not None else float(mine)
+            grad = flatten_.flatten([_grad(p) for p in self.params], self.device) \
+                if self.rank == self.leader else None
+            buffers = flatten_.flatten(self.buffers, self.device) if self.buffers else None
+            self._clear_grads()
+            self.exchange.step(grad, samples, buffers)
+
+    def _after_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._small = self._small_work = None
+        self._set_sync((self.local_step + 1) % self.accumulate == 0)
+        self.emulator.begin_compute()
+
+    # --- pieces of a step -----------------------------------------------------------------------
+    def _keep_for_later(self, n: int) -> None:
+        """A micro-step that does not complete the window: its gradient, weighted by its samples,
+        waits (in place: the same tensors), and the optimizer sees none."""
+        stash = self._stash if self._stash is not None else {}
+        for p in self.params:
+            if p.grad is None:
+                continue
+            earlier = stash.get(id(p))
+            if earlier is None:
+                stash[id(p)] = p.grad.mul_(n)
+            else:
+                earlier.add_(p.grad, alpha=n)
+            p.grad = None
+        self._stash = stash
+
+    def _end_small(self) -> None:
+        """The small all-reduce's results: the members' samples-weighted buffers, and the estimates
+        the members on this node pool."""
+        try:
+            self._small_work.wait()
+        except (RuntimeError, ValueError) as exc:
+            raise self._failed("all-reduce", exc) from exc
+        small = self._small
+        assert small is not None
+        if self.buffers:
+            flatten_.load(self.buffers, small[step_reduce_numel(self.members):] / small[0])
+        if self._pool_estimates and small.device.type == "cpu":
+            slots = small[1: step_reduce_numel(self.members)].tolist()
+            batch = slots[2 * self._me]
+            pool = [slots[2 * i + 1] for i in self.spec.share_with if slots[2 * i] == batch and slots[2 * i + 1] > 0]
+            if pool:
+                self.emulator.share(int(batch), statistics.median(pool))
+
+    def _clear_grads(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def _set_sync(self, sync: bool) -> None:
+        """DDP's ``no_sync`` for the backwards that do not complete an accumulation window."""
+        if self.ddp is None:
+            return
+        if not sync and self._nosync is None:
+            self._nosync = self.ddp.no_sync()
+            self._nosync.__enter__()
+        elif sync and self._nosync is not None:
+            self._nosync.__exit__(None, None, None)
+            self._nosync = None
+
+    # --- what the exchange needs (exchange.GroupState) ------------------------------------------
+    @property
+    def version(self) -> int:
+        return self.exchange.version if self.exchange is not None else 0
+
+    def broadcast_state(self, version: int) -> int:
+        """The leader's parameters, synchronised buffers and ``version`` to the group, in one broadcast.
+        The version travels as the bytes of an int64 viewed in the vector's dtype: a broadcast copies
+        bytes, and no float type of the parameters (bf16 holds integers exactly only up to 256) could
+        carry it as a number."""
+        if self.members <= 1:
+            return version
+        params = flatten_.flatten(self.params, self.device)
+        state = torch.cat([params, flatten_.flatten(self.buffers, self.device).to(params.dtype)])
+        word = torch.tensor([version], dtype=torch.int64, device=state.device).view(state.dtype)
+        whole = torch.cat([state, word])
+        self.collective(lambda: dist.broadcast(whole, self.leader, group=self.pg), "broadcast")
+        flatten_.load(self.params, whole[:params.numel()])
+        flatten_.load(self.buffers, whole[params.numel(): state.numel()])
+        return int(whole[state.numel():].clone().view(torch.int64)[0])   # clone: aligned
+
+    def broadcast_flag(self, flag: torch.Tensor) -> None:
+        if self.members > 1:
+            self.collective(lambda: dist.broadcast(flag, self.leader, group=self.pg), "broadcast")
+
+    def collective(self, op: Callable[[], Any], what: str) -> Any:
+        try:
+            return op()
+        except (RuntimeError, ValueError) as exc:
+            raise self._failed(what, exc) from exc
+
+    def _failed(self, what: str, exc: BaseException) -> TrainingError:
+        first = str(exc).splitlines()[0] if str(exc) else repr(exc)
+        return TrainingError(f"rank {self.rank} (group {self.group_id}): {what} in group {self.group_id} "
+                             f"{list(self.ranks)} failed (a peer died or timed out after {self.timeout_s:g} s): "
+                             f"{first}")
+
+    # --- state and end --------------------------------------------------------------------------
+    @property
+    def grad_norm(self) -> float | None:
+        """2-norm of the last aggregated gradient before clipping (read only when asked: a host sync)."""
+        return None if self._grad_norm is None else float(self._grad_norm)
+
+    @property
+    def sync_s(self) -> float:
+        """Wall seconds this rank waited on its group's all-reduces (after backward's last bucket
+        left) and, with a PS, on the exchange and its broadcast."""
+        return self._reduce_wait_s + (self.exchange.sync_s if self.exchange is not None else 0.0)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The model's state dict (copies, the model's own names, no DDP prefix): the PS's parameters
+        under hybrid while training, the local model's otherwise and after ``finish()``."""
+        state = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+        if self.exchange is not None:
+            self.exchange.fill_state(state, self.module)
+        return state
+
+    def finish(self) -> None:
+        """Remove the hooks; with a PS, wait until every group is done and hold its final parameters."""
+        for h in self._hooks:
+            h.remove()
+        self._set_sync(True)
+        amp.unhook_scaler(self.opt)
+        if self.exchange is not None:
+            self.exchange.finish()
+
+
+def _grad(p: torch.Tensor) -> torch.Tensor:
+    return p.grad if p.grad is not None else torch.zeros_like(p)
+
