@@ -30,6 +30,8 @@ prints both shares). Readable table, then one JSON line with every figure and a 
     PYTHONPATH=. .venv/bin/python benchmarks/pipeline_e2e.py --quick      (the MLP; several minutes)
     PYTHONPATH=. .venv/bin/python benchmarks/pipeline_e2e.py --script hgcli.examples.train --quick
                                                                            (the ResNet example)
+    ... --script hgcli.examples.train --quick --scenarios homogeneous --pairs 3
+                     (the runtime against torchrun DDP: the median of three interleaved pairs)
 """
 from __future__ import annotations
 
@@ -164,6 +166,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--straggler-seed", type=int, default=7)
     p.add_argument("--ideal-steps", type=int, help="steps of each ideal run; MLP 40 (--quick 20), ResNet 20 (10)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per command")
+    p.add_argument("--pairs", type=int, default=1,
+                   help="pipeline / proportional-DDP pairs per scenario, run alternately; the ratio to DDP is "
+                        "their median (the first pair's runs fill the table)")
     args = p.parse_args(argv)
     script = SCRIPTS[args.script]
     given = {k for k in SCRIPT_OPTIONS if getattr(args, k) is not None}
@@ -289,8 +294,9 @@ def split(global_batch: int, weights: list[float]) -> list[int]:
 
 
 def pipeline(name: str, speeds: list[float], stragglers: bool, args: argparse.Namespace, script: Script,
-             workdir: Path, cores: int) -> dict[str, Any]:
-    """probe -> bench -> launch (which plans from the stored profiles) in this scenario's own state dir."""
+             workdir: Path, cores: int, attempt: int = 0) -> dict[str, Any]:
+    """probe -> bench -> launch (which plans from the stored profiles) in this scenario's own state dir;
+    a later ``attempt`` launches again on the stored probe and bench."""
     workdir.mkdir(parents=True, exist_ok=True)
     state = workdir / "state"
     cfg = workdir / "cluster.toml"
@@ -298,18 +304,19 @@ def pipeline(name: str, speeds: list[float], stragglers: bool, args: argparse.Na
     env = _base_env(state, stragglers, args)
     hg = [sys.executable, "-m", "hgcli"]
     t0 = time.monotonic()
-    for stage, argv in (("probe", [*hg, "probe", "-c", str(cfg)]),
-                        ("bench", [*hg, "bench", "-c", str(cfg), "--quick", "--model",
-                                   script.bench_model(args, workdir)])):
+    for stage, argv in () if attempt else (("probe", [*hg, "probe", "-c", str(cfg)]),
+                                           ("bench", [*hg, "bench", "-c", str(cfg), "--quick", "--model",
+                                                      script.bench_model(args, workdir)])):
         proc = run(argv, env, workdir / f"{stage}.log", args.timeout)
         if proc.returncode != 0:
             raise SystemExit(f"{name}: hgtrain {stage} exit {proc.returncode}: see {workdir / f'{stage}.log'}")
     bench_s = time.monotonic() - t0
     argv = [*hg, "launch", "-c", str(cfg), "--global-batch", str(args.global_batch), "--",
             sys.executable, "-m", script.module, *script.flags(args)]
-    proc = run(argv, env, workdir / "launch.log", args.timeout)
+    log = workdir / (f"launch-{attempt}.log" if attempt else "launch.log")
+    proc = run(argv, env, log, args.timeout)
     if proc.returncode != 0:
-        raise SystemExit(f"{name}: hgtrain launch exit {proc.returncode}: see {workdir / 'launch.log'}")
+        raise SystemExit(f"{name}: hgtrain launch exit {proc.returncode}: see {log}")
     jobs = sorted((state / "jobs").iterdir())
     job = jobs[-1]
     record = json.loads((job / "job.json").read_text(encoding="utf-8"))
@@ -368,10 +375,19 @@ def scenario(name: str, args: argparse.Namespace, script: Script, workdir: Path,
     for kind, weights in (("ddp-uniform", [1.0] * n), ("ddp-prop", speeds)):
         runs[kind] = ddp(speeds, split(args.global_batch, weights), stragglers, args, script, where / kind, cores)
         print(f"... {name}/{kind}: {runs[kind]}", file=sys.stderr, flush=True)
+    # More pairs (--pairs): the pipeline and proportional DDP again, alternately, so the machine's
+    # drift falls on both; the ratio to DDP is then the median of the pairs'.
+    pairs = [(runs["pipeline"]["samples_per_s"], runs["ddp-prop"]["samples_per_s"])]
+    for k in range(1, args.pairs):
+        again = pipeline(name, speeds, stragglers, args, script, where / "pipeline", cores, attempt=k)
+        peer = ddp(speeds, split(args.global_batch, speeds), stragglers, args, script, where / f"ddp-prop-{k}", cores)
+        pairs.append((again["samples_per_s"], peer["samples_per_s"]))
+        print(f"... {name}/pair {k}: pipeline {pairs[-1][0]:.0f}, ddp-prop {pairs[-1][1]:.0f} samples/s "
+              f"({pairs[-1][0] / pairs[-1][1]:.3f})", file=sys.stderr, flush=True)
     for r in runs.values():
         r["x_ideal"] = r["samples_per_s"] / ideal
     return {"speeds": speeds, "emulated_speeds": [s * args.time_scale for s in speeds],
-            "stragglers": stragglers, "ideal_samples_per_s": ideal, "runs": runs}
+            "stragglers": stragglers, "ideal_samples_per_s": ideal, "runs": runs, "pairs": pairs}
 
 
 # --- goals and output ----------------------------------------------------------------------------
@@ -384,6 +400,9 @@ def ratios_and_goals(results: dict[str, Any]) -> tuple[dict[str, Any], dict[str,
         ratios[f"{name}_x_ideal"] = p["x_ideal"]
         ratios[f"{name}_vs_uniform"] = p["samples_per_s"] / u["samples_per_s"]
         ratios[f"{name}_vs_prop"] = p["samples_per_s"] / q["samples_per_s"]
+        if len(r.get("pairs", [])) > 1:
+            ratios[f"{name}_vs_prop_pairs"] = [a / b for a, b in r["pairs"]]
+            ratios[f"{name}_vs_prop"] = statistics.median(a / b for a, b in r["pairs"])
         ratios[f"{name}_tta_vs_prop"] = _ratio(p["time_to_target_s"], q["time_to_target_s"])
         gap = (None if p["final_accuracy"] is None or q["final_accuracy"] is None
                else 100 * (q["final_accuracy"] - p["final_accuracy"]))

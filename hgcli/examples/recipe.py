@@ -124,11 +124,12 @@ class Report:
     """Progress of one rank: every step's loss, an evaluation after each epoch and the final one.
 
     With ``log`` (hgcli's ``ctx.log``: the launcher's live table and summary read its fields) every
-    rank logs every step, and the main rank its evaluations; without it the main rank prints a line
+    rank logs every step (its loss every ``LOSS_EVERY``), and the main rank its evaluations; without it the main rank prints a line
     now and then. Evaluations run on the main rank only, inside ``untimed`` (hgcli's
     ``ctx.untimed``: device emulation must not stretch them)."""
 
     PRINT_EVERY = 50
+    LOSS_EVERY = 10
 
     def __init__(self, args: argparse.Namespace, device: torch.device, amp: torch.dtype | None, *,
                  main: bool, log: Callable[..., None] | None = None,
@@ -149,7 +150,12 @@ class Report:
             self._start = time.time()     # training time counts from the first batch
         self.samples += samples
         if self._log is not None:
-            self._log(step=step, loss=loss.item(), samples=samples)
+            # Samples every step (the throughput); the loss every LOSS_EVERY steps: reading it is a
+            # host sync on a GPU, which would stall the next step's kernels every step.
+            if step % self.LOSS_EVERY == 0:
+                self._log(step=step, loss=loss.item(), samples=samples)
+            else:
+                self._log(step=step, samples=samples)
         elif self.main and step % self.PRINT_EVERY == 0:
             print(f"step {step}: loss {loss.item():.4f}", flush=True)
 

@@ -226,6 +226,12 @@ class GroupEngine:
             last = self._samples or self.spec.default_batch
             mine = self._window + last
             if bucket.index() == 0:
+                if self._small is not None:
+                    raise TrainingError(
+                        f"rank {self.rank}: two backward passes in one step without a forward of "
+                        f"ctx.wrap()'s module between them: DDP would all-reduce twice. Accumulate by "
+                        f"calling opt.step() after each backward (the plan's accumulation), or run the "
+                        f"earlier backwards under `with model.no_sync():`")
                 self._start_small(mine, last, buf.device)
             total = self._planned_total
             assert total is not None        # _start_small learnt it
@@ -310,10 +316,12 @@ class GroupEngine:
                                 f"gradients (it unscales inside its own step, e.g. fused=True), which "
                                 f"hgtrain's clipping, accumulation and parameter servers cannot take; "
                                 f"use it without fused=True")
+        waited = 0.0
         if self._last_bucket_at is not None:
             # From the last bucket's start to here, backward only waited for DDP's all-reduces: what
             # synchronisation cost this step beyond the compute it overlapped.
-            self._reduce_wait_s += time.perf_counter() - self._last_bucket_at
+            waited = time.perf_counter() - self._last_bucket_at
+            self._reduce_wait_s += waited
             self._last_bucket_at = None
         n = self._samples or self.spec.default_batch
         self.emulator.end_compute(self.local_step, n)
@@ -361,7 +369,7 @@ class GroupEngine:
                 if self.rank == self.leader else None
             buffers = flatten_.flatten(self.buffers, self.device) if self.buffers else None
             self._clear_grads()
-            self.exchange.step(grad, samples, buffers)
+            self.exchange.step(grad, samples, buffers, allreduce_s=waited)
 
     def _after_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._small = self._small_work = None

@@ -148,9 +148,11 @@ class PSExchange:
         self.version = self.group.broadcast_state(self.version)
 
     # --- a step ---------------------------------------------------------------------------------
-    def step(self, grad: torch.Tensor | None, samples: float, buffers: torch.Tensor | None) -> None:
+    def step(self, grad: torch.Tensor | None, samples: float, buffers: torch.Tensor | None, *,
+             allreduce_s: float = 0.0) -> None:
         """The group's aggregated gradient of a completed step (``grad``: the leader's, the flat
-        weighted mean; None on the other members) goes to the PS, and the group takes its answer."""
+        weighted mean; None on the other members) goes to the PS, and the group takes its answer.
+        ``allreduce_s``: what the group's all-reduce cost the step (the engine's), for its metrics."""
         t0 = time.perf_counter()
         if self.overlap:
             if self.is_leader:
@@ -175,7 +177,7 @@ class PSExchange:
         t2 = time.perf_counter()
         self.sync_s += t2 - t0
         self.metrics.emit(event="sync", group=self.group.group_id, version=self.version, samples=samples,
-                          push_s=t1 - t0, broadcast_s=t2 - t1)
+                          allreduce_s=allreduce_s, push_s=t1 - t0, broadcast_s=t2 - t1)
 
     # --- state ----------------------------------------------------------------------------------
     def fill_state(self, state: dict[str, torch.Tensor], model: torch.nn.Module) -> None:

@@ -20,7 +20,8 @@ from hgcli.local.run import run_plan
 from hgcli.runtime import optim
 from hgcli.runtime.env import ps_argv
 from hgcli.runtime.errors import TrainingError
-from hgcli.runtime.hybrid import SyncLayout, synced_buffers
+from hgcli.runtime.engine import step_reduce_numel, sync_buffer_numel
+from hgcli.runtime.flat import synced_buffers
 from hgcli.runtime.metrics import MetricsSink
 from hgcli.runtime.ps import ShardServer, assign_shards
 from hgcli.runtime.data import shard_batches
@@ -114,10 +115,10 @@ def test_synced_buffers_and_the_sync_layout():
     model.register_buffer("cache", torch.zeros(5), persistent=False)
     bn = model[1]
     assert [id(b) for b in synced_buffers(model)] == [id(bn.running_mean), id(bn.running_var)]
-    lay = SyncLayout(params=10, members=3, buffers=8)
-    assert (lay.samples, lay.found_inf, lay.corrections, lay.slots, lay.buffers_at, lay.numel) == (
-        10, 11, 12, 13, 19, 27)
-    assert SyncLayout(params=10, members=1).numel == 13       # a group of one: no member slots
+    # the small all-reduce: samples, (batch, estimate) per member, the buffers
+    assert step_reduce_numel(3, 8) == 1 + 6 + 8
+    assert step_reduce_numel(1) == 1                          # a group of one: no member slots
+    assert sync_buffer_numel(10, 3, 8) == 10 + 15             # what the bench sizes a group's step by
 
 
 def test_a_push_moves_the_ps_buffers_by_the_groups_own_change_weighted_by_its_share():

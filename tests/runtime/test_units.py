@@ -301,7 +301,7 @@ def test_error_feedback_keeps_what_bf16_rounding_drops():
     """bf16 keeps 8 significant bits: 1 + 2^-9 rounds to 1 on every push, so plain rounding loses
     2^-9 per push for good; with error feedback the pushes' sum stays within one rounding of the
     gradients' sum."""
-    from hgcli.runtime.hybrid import ErrorFeedback
+    from hgcli.runtime.exchange import ErrorFeedback
 
     grad = torch.tensor([1 + 2 ** -9, -1e-3 * (1 + 2 ** -9), 0.5])
     feedback = ErrorFeedback(torch.bfloat16)
@@ -397,3 +397,19 @@ def test_a_rank_without_numpy_names_module_node_and_the_install_command_before_j
     message = str(caught.value)
     assert message.startswith("rank 2 (node c): torch.distributed.rpc"), message
     assert "needs numpy" in message and f"'{sys.executable} -m pip install numpy' on node c" in message, message
+
+
+@pytest.mark.parametrize("cuda", [True, False])
+def test_plain_torchrun_puts_each_rank_on_its_local_rank_gpu_where_cuda_is_present(monkeypatch, cuda):
+    """Without a plan (torchrun alone), the implicit plan's ranks are GPUs of their LOCAL_RANK and the
+    group all-reduces with NCCL where CUDA is present; the CPU and gloo elsewhere."""
+    from hgcli.runtime.context import _implicit_plan
+    from hgcli.runtime.env import RankEnv
+    from hgcli.runtime.groups import group_backend
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    env = RankEnv.from_environ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"})
+    plan = _implicit_plan(env)
+    assert {r.device for r in plan.ranks} == ({"gpu1"} if cuda else {"cpu"})
+    assert not any(r.emulated for r in plan.ranks)
+    assert group_backend(plan, plan.groups[0]) == ("nccl" if cuda else "gloo")

@@ -49,11 +49,11 @@ def main():
     (x, y), _ = make_dataset(n_train=4096, n_test=16)
     if ctx.group == args.shift_group:
         x = x + args.shift
-    model = make_model(args.model, args.hidden)
-    opt = make_optimizer(args.opt, model, args)
+    net = make_model(args.model, args.hidden)        # its own names: the DDP module's are "module."-prefixed
+    opt = make_optimizer(args.opt, net, args)
     sched = warmup_cosine(opt, args.steps) if args.schedule else None
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=1000) if args.amp == "fp16" else None
-    model, opt = ctx.wrap(model, opt, max_grad_norm=args.max_grad_norm or None)
+    model, opt = ctx.wrap(net, opt, max_grad_norm=args.max_grad_norm or None)
     lrs, norms = [], []
     for step, (xb, yb) in enumerate(ctx.shard((x, y), batch_size=args.batch, epochs=1000)):
         if step == args.steps:
@@ -64,9 +64,9 @@ def main():
             loss = F.cross_entropy(model(xb), yb)
         opt.zero_grad()
         if scaler is not None:
-            scaler.scale(loss).backward()
             if ctx.rank == args.inf_rank and step == args.inf_step:
-                next(model.parameters()).grad.view(-1)[0] = float("inf")   # an fp16 overflow, say
+                loss = loss * float("inf")          # an fp16 overflow in this rank's backward, say
+            scaler.scale(loss).backward()
             scaler.step(opt)
             scaler.update()
         else:
@@ -76,9 +76,9 @@ def main():
             sched.step()
         norms.append(ctx.grad_norm)
         if ctx.rank == 0 and step == args.state_step:
-            save_state_with_local_corrupted(ctx, model, args)
+            save_state_with_local_corrupted(ctx, net, args)
     ctx.finish()
-    torch.save({"state": model.state_dict(), "version": ctx.version, "lrs": lrs, "grad_norms": norms,
+    torch.save({"state": net.state_dict(), "version": ctx.version, "lrs": lrs, "grad_norms": norms,
                 "scale": scaler.get_scale() if scaler is not None else None}, args.out / f"rank{ctx.rank}.pt")
     print(f"done version {ctx.version}", flush=True)
 

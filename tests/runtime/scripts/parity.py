@@ -4,7 +4,7 @@
     parity.py ddp --out DIR [options]   # torch DDP as a torchrun script writes it
 
 Both train the same model from the same seed on the same per-rank batches (the runtime's own
-indexing function), with SGD + momentum. ``--dtype bf16`` trains bf16 parameters; ``--autocast``
+indexing function), with SGD + momentum. ``--dtype bf16`` (fp16) trains bf16 (fp16) parameters; ``--autocast``
 runs forward under CPU bf16 autocast; ``--accumulate K`` accumulates K micro-batches per update (the
 DDP twin: ``no_sync`` and loss / K, stepping every K; under hg the plan says K and the script steps
 every micro-batch); ``--compile`` compiles the model before DDP / ctx.wrap (backend aot_eager:
@@ -46,7 +46,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=8, help="micro-batches")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--hidden", type=int, default=32)
-    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32")
     p.add_argument("--autocast", action="store_true")
     p.add_argument("--accumulate", type=int, default=1)
     p.add_argument("--compile", action="store_true")
@@ -55,7 +55,7 @@ def main() -> None:
     torch.set_num_threads(1)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     (x, y), _ = make_dataset(n_train=2048, n_test=16)
-    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     model: torch.nn.Module = Net(args.hidden).to(dtype)
     if args.compile:
         model = torch.compile(model, backend="aot_eager")
@@ -93,13 +93,13 @@ def main() -> None:
             if last:
                 opt.step()
                 opt.zero_grad()
-    params = torch.cat([q.detach().reshape(-1) for q in model.parameters()])
-    torch.save(params, args.out / f"rank{rank}.pt")
     if args.mode == "hg":
         (args.out / f"buckets{rank}.txt").write_text(str(ctx._sync.buckets_reduced if ctx._sync else 0))
-        ctx.finish()
+        ctx.finish()          # under a PS: every group now holds its final parameters
     else:
         dist.destroy_process_group()
+    params = torch.cat([q.detach().reshape(-1) for q in model.parameters()])
+    torch.save(params, args.out / f"rank{rank}.pt")
 
 
 if __name__ == "__main__":
