@@ -192,13 +192,14 @@ class GroupEngine:
         on_gpu = self.device.type == "cuda"
         # Buffers synchronised at the start (as DDP does), then averaged by the engine, not broadcast
         # from rank 0 at every forward: torch 2.13 renamed the switch (and warns on the old name).
-        no_forward_sync = ({"forward_sync_buffers": False}
+        no_forward_sync: dict[str, Any] = ({"forward_sync_buffers": False}
                            if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
                            else {"broadcast_buffers": False})
+        options: dict[str, Any] = {**no_forward_sync, **self._ddp_options}
         try:
             ddp = DistributedDataParallel(
                 self.module, device_ids=[self.device] if on_gpu else None, process_group=self.pg,
-                bucket_cap_mb=cap, **no_forward_sync, **self._ddp_options)
+                bucket_cap_mb=cap, **options)
         except (RuntimeError, ValueError) as exc:
             raise self._failed("DDP's start (broadcast of rank 0's parameters)", exc) from exc
         ddp.register_comm_hook(self, engine_hook)
