@@ -13,7 +13,7 @@ Environment (set by pipeline_e2e.py; torchrun passes it to every rank):
 - ``HGTRAIN_EMULATE_STRAGGLER`` / ``HGTRAIN_EMULATE_SEED``: the runtime's dynamic stragglers, same
   rule (hgcli/runtime/emulate.py ``is_straggler``), so both sides see the same slowed steps.
 
-Emulation as in hgcli/runtime/hybrid.py: a step's compute (batch gather, forward, backward) ends
+Emulation as in hgcli/runtime/engine.py: a step's compute (batch gather, forward, backward) ends
 where the gradient exchange starts, which under DDP is the comm hook of the step's first bucket;
 the emulator sleeps there, then the step's all-reduce (``hg.weighted_ddp_hook``: the union-batch
 mean gradient, as the runtime's weighted all-reduce gives), any clipping and the optimizer run
