@@ -380,14 +380,16 @@ class GroupEngine:
     # --- pieces of a step -----------------------------------------------------------------------
     def _keep_for_later(self, n: int) -> None:
         """A micro-step that does not complete the window: its gradient, weighted by its samples,
-        waits (in place: the same tensors), and the optimizer sees none."""
+        waits beside the parameters, and the optimizer sees none. A copy, not ``p.grad`` itself:
+        with ``gradient_as_bucket_view`` that tensor is DDP's bucket, which the window's last
+        backward overwrites."""
         stash = self._stash if self._stash is not None else {}
         for p in self.params:
             if p.grad is None:
                 continue
             earlier = stash.get(id(p))
             if earlier is None:
-                stash[id(p)] = p.grad.mul_(n)
+                stash[id(p)] = p.grad.mul(n)
             else:
                 earlier.add_(p.grad, alpha=n)
             p.grad = None

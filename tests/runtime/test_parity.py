@@ -33,6 +33,7 @@ def _both(tmp_path, *args, accumulate=1, ranks=2):
     ("bf16 parameters", ("--dtype", "bf16"), 1, 2),
     ("bf16 autocast", ("--autocast",), 1, 2),
     ("accumulation", (), 2, 2),
+    ("accumulation, gradients as bucket views zeroed in place", ("--bucket-view", "--zero-grads"), 2, 2),
     ("small buckets", ("--bucket-mb", 0.001), 1, 2),
 ])
 def test_parameters_equal_torchrun_ddp_bit_for_bit(tmp_path, variant, args, accumulate, ranks):

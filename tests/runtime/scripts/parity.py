@@ -9,7 +9,8 @@ runs forward under CPU bf16 autocast; ``--accumulate K`` accumulates K micro-bat
 DDP twin: ``no_sync`` and loss / K, stepping every K; under hg the plan says K and the script steps
 every micro-batch); ``--compile`` compiles the model before DDP / ctx.wrap (backend aot_eager:
 Dynamo and DDP's graph splitting at bucket boundaries, without a C compiler); ``--bucket-mb``
-sets DDP's bucket cap either way. Writes DIR/rank<R>.pt: the final parameters, flat, in their dtype;
+sets DDP's bucket cap either way, ``--bucket-view`` its ``gradient_as_bucket_view``; ``--zero-grads``
+zeroes gradients in place instead of dropping them. Writes DIR/rank<R>.pt: the final parameters, flat, in their dtype;
 DIR/buckets<R>.txt (hg): buckets the engine all-reduced.
 """
 import argparse
@@ -51,6 +52,8 @@ def main() -> None:
     p.add_argument("--accumulate", type=int, default=1)
     p.add_argument("--compile", action="store_true")
     p.add_argument("--bucket-mb", type=float, default=25.0)
+    p.add_argument("--bucket-view", action="store_true", help="DDP's gradient_as_bucket_view, either way")
+    p.add_argument("--zero-grads", action="store_true", help="zero_grad(set_to_none=False): gradients kept, zeroed")
     args = p.parse_args()
     torch.set_num_threads(1)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -64,12 +67,13 @@ def main() -> None:
 
         ctx = hg.init()
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        model, opt = ctx.wrap(model, opt, bucket_mb=args.bucket_mb)
+        model, opt = ctx.wrap(model, opt, bucket_mb=args.bucket_mb, gradient_as_bucket_view=args.bucket_view)
     else:
         from torch.nn.parallel import DistributedDataParallel
 
         dist.init_process_group("gloo")
-        model = DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb)
+        model = DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb,
+                                        gradient_as_bucket_view=args.bucket_view)
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     batches = shard_batches((x, y), [args.batch] * world, rank, epochs=1000, seed=0)
     k = args.accumulate
@@ -83,7 +87,7 @@ def main() -> None:
                 loss = F.cross_entropy(model(xb.to(dtype)), yb)
             loss.backward()
             opt.step()
-            opt.zero_grad()
+            opt.zero_grad(set_to_none=not args.zero_grads)
         else:
             sync = contextlib.nullcontext() if last else model.no_sync()
             with sync:
@@ -92,7 +96,7 @@ def main() -> None:
                 (loss / k if k > 1 else loss).backward()
             if last:
                 opt.step()
-                opt.zero_grad()
+                opt.zero_grad(set_to_none=not args.zero_grads)
     if args.mode == "hg":
         (args.out / f"buckets{rank}.txt").write_text(str(ctx._sync.buckets_reduced if ctx._sync else 0))
         ctx.finish()          # under a PS: every group now holds its final parameters
