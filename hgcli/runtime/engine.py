@@ -34,9 +34,11 @@ aggregate's norm, torch's own ``clip_grad_norm_``) and either the local optimize
 allreduce plan: exactly DDP), or the group's exchange with the parameter servers (exchange.py) takes
 it and ``p.grad`` is cleared, so the local optimizer steps on nothing.
 
-What DDP does not allow, the engine does not either: a second backward in one step without a
-forward in between fails with DDP's own error ("Expected to mark a variable ready only once"), and
-a parameter without a gradient needs ``ctx.wrap(..., find_unused_parameters=True)``.
+What DDP does not allow, the engine does not either: a parameter without a gradient needs
+``ctx.wrap(..., find_unused_parameters=True)``. Two forward-backward passes before one ``opt.step()``
+(a script accumulating itself, without ``no_sync``) would all-reduce twice: the second one's first
+bucket raises a TrainingError saying so. A second backward of the same forward is not all-reduced
+at all, as under DDP (its gradient stays this rank's).
 """
 from __future__ import annotations
 
@@ -229,8 +231,8 @@ class GroupEngine:
             if bucket.index() == 0:
                 if self._small is not None:
                     raise TrainingError(
-                        f"rank {self.rank}: two backward passes in one step without a forward of "
-                        f"ctx.wrap()'s module between them: DDP would all-reduce twice. Accumulate by "
+                        f"rank {self.rank}: two backward passes in one step, without an opt.step() between "
+                        f"them: DDP would all-reduce twice. Accumulate by "
                         f"calling opt.step() after each backward (the plan's accumulation), or run the "
                         f"earlier backwards under `with model.no_sync():`")
                 self._start_small(mine, last, buf.device)
@@ -340,9 +342,10 @@ class GroupEngine:
         if self.ddp is not None:
             if self._small is None:
                 raise TrainingError(
-                    f"rank {self.rank}: the step's gradients were never all-reduced: the model trained "
-                    f"outside the module ctx.wrap() returned (use `model, opt = ctx.wrap(model, opt)` and "
-                    f"train `model`), or opt.step() came without a backward")
+                    f"rank {self.rank}: the step's gradients were never all-reduced: a trained parameter "
+                    f"got no gradient on this rank (pass ctx.wrap(..., find_unused_parameters=True)), "
+                    f"the model trained outside the module ctx.wrap() returned (use `model, opt = "
+                    f"ctx.wrap(model, opt)` and train `model`), or opt.step() came without a backward")
             self._end_small()
         elif self._stash is not None:
             for p in self.params:          # a group of one: the window's samples-weighted mean

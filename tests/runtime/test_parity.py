@@ -48,7 +48,7 @@ def test_parameters_equal_torchrun_ddp_bit_for_bit(tmp_path, variant, args, accu
 
 def test_a_compiled_model_trains_like_ddp_and_keeps_its_buckets(tmp_path):
     """torch.compile before ctx.wrap, as users do with DDP: Dynamo's DDPOptimizer splits the graph at
-    the bucket boundaries, so with 1 MiB buckets (its smallest: no bucket below DDP's first) a
+    the bucket boundaries, so with 1 MiB buckets (the least it takes: Dynamo's first bucket is 1 MiB) a
     4 MiB model's backward reduces several buckets a step, each as backward reaches it, and the
     result is DDP's."""
     steps = 4

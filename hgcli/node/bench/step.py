@@ -70,9 +70,9 @@ def step_samples(torch: Any, loaded: LoadedModel, device: Any, batch_sizes: tupl
 @contextlib.contextmanager
 def runtime_hooks(model: Any, optimizer: Any, *, default_batch: int) -> Iterator[Callable[..., None]]:
     """Attach the runtime's per-step machinery to ``model`` and ``optimizer`` as a one-rank group
-    without PS would (no collective: a group of one skips it; accumulate 1, so every step takes the
-    accumulation, the gradient copy and the optimizer), with an emulator of speed 1 (bookkeeping,
-    no pause). Yields the metrics line emitter, writing to /dev/null like a pipe nobody slows."""
+    without PS would (runtime/engine.py: sample counting and the step hooks; no DDP and no
+    collective in a group of one; accumulate 1, so every step takes the optimizer), with an
+    emulator of speed 1 (bookkeeping, no pause). Yields the metrics line emitter, writing to /dev/null like a pipe nobody slows."""
     from ...runtime.emulate import Emulator
     from ...runtime.engine import GroupEngine, GroupSpec
     from ...runtime.metrics import MetricsSink
