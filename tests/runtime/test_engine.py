@@ -74,3 +74,12 @@ def test_two_backwards_in_one_step_get_one_clear_error(cases):
     (two backwards, one step) would all-reduce twice; the engine says so instead."""
     for result in cases:
         assert "two backward passes in one step" in (result["twice"]["error"] or ""), result["twice"]["error"]
+
+
+@pytest.mark.slow
+def test_training_the_model_passed_in_instead_of_the_returned_module_is_named(cases):
+    """In a group of two, ctx.wrap returns the DDP module: forwards of the original model never reach
+    DDP, so nothing is all-reduced; opt.step() says so instead of stepping on the rank's own gradient."""
+    for result in cases:
+        error = result["outside"]["error"] or ""
+        assert "never all-reduced" in error and "ctx.wrap() returned" in error, error

@@ -58,3 +58,28 @@ def test_twin_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         emulation.settings({k: v for k, v in env.items() if k != "E2E_METRICS"}, world=4)
     with pytest.raises(SystemExit, match="at least 1"):
         emulation.settings({**env, "E2E_BATCHES": "53,53,0,11"}, world=4)
+
+
+def test_with_several_pairs_the_ratio_to_ddp_is_the_pairs_median(e2e: ModuleType) -> None:
+    def run(sps: float) -> dict:
+        return {"samples_per_s": sps, "x_ideal": 0.5, "time_to_target_s": None, "final_accuracy": 0.9,
+                "error": 0.0, "strategy": "allreduce"}
+    runs = {"pipeline": run(90.0), "ddp-uniform": run(100.0), "ddp-prop": run(100.0)}
+    result = {"homogeneous": {"runs": runs, "stragglers": False, "pairs": [(90.0, 100.0), (99.0, 100.0), (96.0, 100.0)]}}
+    ratios, goals = e2e.ratios_and_goals(result)
+    assert ratios["homogeneous_vs_prop_pairs"] == [0.9, 0.99, 0.96]
+    assert ratios["homogeneous_vs_prop"] == 0.96                 # the median, not the first pair's 0.9
+    assert goals["homogeneous_vs_ddp>=0.97"] is False
+
+
+def test_the_examples_loss_is_read_every_tenth_step_and_samples_every_step() -> None:
+    """Reading the loss is a host sync on a GPU: the example logs it every LOSS_EVERY steps only."""
+    import torch
+
+    logged: list[dict] = []
+    report = recipe.Report(recipe.parse_args("twin", []), torch.device("cpu"), None, main=True,
+                           log=lambda **fields: logged.append(fields))
+    for step in range(12):
+        report.step(step, torch.tensor(1.5), 4)
+    assert [f["step"] for f in logged] == list(range(12)) and all(f["samples"] == 4 for f in logged)
+    assert [f["step"] for f in logged if "loss" in f] == [0, 10]
