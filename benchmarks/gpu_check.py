@@ -32,9 +32,9 @@ this order, on the embedded local cluster (this machine, its real GPUs) and a fr
      device): measured samples/s against the plan's prediction and against step 2's peer;
   8. tests/runtime/test_gpu.py: NCCL groups of real-GPU ranks with a PS, and the named error for a
      model left on the CPU (a two-GPU test runs where there are two).
-Dropped from the earlier version to fit the 9 minutes: nvidia-smi with units, the probe's table,
-the launch at global batch 2048 (its figure is in docs/bench.md) and `launch --strategy ps` (a GPU
-worker pushing to a CPU PS over RPC: step 4 does that).
+Left out to fit the 9 minutes: nvidia-smi with units, the probe's table, the launch at global batch
+2048 (its figure is in docs/bench.md) and `launch --strategy ps` (a GPU worker pushing to a CPU PS
+over RPC: step 4 does that).
 A GPU machine of one card cannot host an NCCL group of two ranks: NCCL 2.28.9 answered "invalid
 usage" (two ranks on one device) on an H200; hence step 4's emulated second group.
 
