@@ -1,6 +1,6 @@
 """Parameter-server checkpoints: one file per shard and version, written atomically.
 
-File ``shard{i}-v{version:010d}.pt`` holds shard i's parameters and optimizer state after exactly
+File ``shard{i}-v{version:010d}.pt`` holds shard i's range of the parameters and its optimizer state after exactly
 ``version`` applied pushes. It is written to a hidden temp file in the same directory, fsynced, renamed,
 and the directory fsynced, so a kill at any moment leaves either the old set of files or the new one.
 Every shard passes through the same version numbers (each push goes to every shard), so a *complete*
@@ -18,7 +18,8 @@ from typing import Any, BinaryIO, Iterable, Mapping
 
 from ..state import atomic_write
 
-FORMAT = "hgtrain-ps-shard/1"
+FORMAT = "hgtrain-ps-shard/2"       # /2: a shard holds a flat range ("master", "segments"; shards.py)
+OLD_FORMATS = {"hgtrain-ps-shard/1": "shards of whole tensors"}
 KEEP = 3                                   # own files kept per shard; older ones are removed
 _NAME = re.compile(r"^shard(\d+)-v(\d{10})\.pt$")
 # Fault injection for tests: seconds to pause after the temp file is written, before it is renamed.
@@ -80,6 +81,10 @@ def load(directory: Path, shard: int, version: int) -> dict[str, Any]:
 
     path = shard_path(directory, shard, version)
     data = torch.load(path, map_location="cpu", weights_only=True)
+    older = OLD_FORMATS.get(str(data.get("format")))
+    if older:
+        raise ValueError(f"{path}: written by an older hgtrain ({older}), which this one cannot resume; "
+                         f"start the job without resuming")
     if data.get("format") != FORMAT or data.get("shard") != shard or data.get("version") != version:
         raise ValueError(f"{path}: not a {FORMAT} file for shard {shard} version {version}")
     return data

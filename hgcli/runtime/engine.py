@@ -369,11 +369,10 @@ class GroupEngine:
             self._grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
         if self.exchange is not None:
             samples = self._group_total() if self.ddp is not None else float(mine)
-            grad = flatten_.flatten([_grad(p) for p in self.params], self.device) \
-                if self.rank == self.leader else None
+            grads = [_grad(p) for p in self.params] if self.rank == self.leader else None
             buffers = flatten_.flatten(self.buffers, self.device) if self.buffers else None
+            self.exchange.step(grads, samples, buffers, allreduce_s=waited)
             self._clear_grads()
-            self.exchange.step(grad, samples, buffers, allreduce_s=waited)
 
     def _after_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._small = self._small_work = None

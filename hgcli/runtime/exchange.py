@@ -9,7 +9,13 @@ computes its next step on the parameters it has: at each push it first waits for
 previous push, starts the new push (its gradient was computed on the answer before, whose per-shard
 versions go with it as the base the PS counts staleness from) and hands the group the answer it
 waited for. With ``wire`` "bf16" pushes and pulls travel as bf16; what rounding takes off a push is
-added to the next one (error feedback), so no part of a gradient is lost for good.
+added to the next one (error feedback, staging.py), so no part of a gradient is lost for good.
+
+The parameters are one flat vector cut into contiguous shard ranges (shards.py). The leader copies
+its gradients into a reused push buffer and receives answers into a reused answer buffer
+(staging.py); each shard's part travels over the pair's channel with torch.distributed send/recv
+(transfer.py), and RPC carries what each message is (push, pull, finish) and the small things
+beside it: samples, hyperparameters, buffers, data position, versions.
 
 Parameters reach the PS as fp32 whatever the model's dtype: its master copy and optimizer state are
 fp32 (a bf16 model trains on the PS's fp32 values rounded into its bf16 parameters at each answer).
@@ -24,15 +30,17 @@ from typing import Any, Callable, Iterable, Protocol, Sequence
 import torch
 
 from . import flat as flatten_
-from . import optim
+from . import optim, transfer
 from .errors import TrainingError
 from .metrics import MetricsSink
+from .shards import ELEMENTWISE, ShardLayout, plan_layout
+from .staging import Staging
 
 FINISH_POLL_S = 5.0     # how long a leader's "finished?" call waits on the PS before asking again
 
-# What a PS shard answers: (version, its parameters or None for an acknowledgement, the buffers
-# (shard 0, when the model has synchronised buffers) or None).
-ShardAnswer = tuple[int, "torch.Tensor | None", "torch.Tensor | None"]
+# What a PS shard answers over RPC: (version, True when its parameters follow over the channel (None
+# for an acknowledgement), the buffers (shard 0, when the model has synchronised buffers) or None).
+ShardAnswer = tuple[int, "bool | None", "torch.Tensor | None"]
 Collective = Callable[[Callable[[], Any], str], Any]
 
 
@@ -40,6 +48,7 @@ class GroupState(Protocol):
     """What the exchange needs of its group engine."""
     rank: int
     group_id: int
+    ranks: tuple[int, ...]
     leader: int
     device: torch.device
 
@@ -61,23 +70,6 @@ class GroupState(Protocol):
     def broadcast_flag(self, flag: torch.Tensor) -> None:
         """The leader's ``flag`` to the whole group (a no-op in a group of one)."""
         ...
-
-
-class ErrorFeedback:
-    """Rounding of pushes to a narrower wire format with error feedback: what rounding left out of
-    the previous pushes is added before rounding, and what this rounding leaves out is kept, so
-    the pushes' sum stays within one rounding of the gradients' sum (without it, a component
-    below half a bf16 step of its gradient's scale would never reach the PS)."""
-
-    def __init__(self, dtype: torch.dtype) -> None:
-        self.dtype = dtype
-        self.residual: torch.Tensor | None = None
-
-    def round(self, grad: torch.Tensor) -> torch.Tensor:
-        target = grad if self.residual is None else grad + self.residual
-        sent = target.to(self.dtype)
-        self.residual = target - sent.to(grad.dtype)
-        return sent
 
 
 class PSExchange:
@@ -105,26 +97,26 @@ class PSExchange:
         params = group.params
         # Checked on every worker at wrap time, before anything reaches the PS: each rank fails with
         # the reason, not only the first worker whose seed the PS would refuse.
-        from .ps import assign_shards
         try:
             self._opt_class = optim.class_path(type(optimizer))
-            self._groups = optim.group_indices(optimizer, list(params), list(frozen))
-            optim.build_optimizer(params, optim.shard_spec(optimizer, *self._opt_class, self._groups,
-                                                           range(len(params))))
+            groups = optim.group_indices(optimizer, list(params), list(frozen))
+            group_of = [-1] * len(params)
+            for g, idx in enumerate(groups):
+                for i in idx:
+                    group_of[i] = g
+            self.layout: ShardLayout = plan_layout([tuple(p.shape) for p in params], group_of, len(ps_ranks),
+                                                   elementwise=type(optimizer) in ELEMENTWISE)
+            for s in range(len(ps_ranks)):
+                optim.build_optimizer(_probe(self.layout, s), self._spec(s))
         except TrainingError as exc:
             raise TrainingError(f"rank {group.rank}: hybrid training: {exc}") from exc
         self._seeded = [optim.group_options(g, optimizer.defaults) for g in optimizer.param_groups]
-        self._owner = assign_shards([p.numel() for p in params], len(ps_ranks))
-        self._offsets = [0]
-        for p in params:
-            self._offsets.append(self._offsets[-1] + p.numel())
-        self._numel = self._offsets[-1]
         self._shard_versions: list[int] = [0] * len(ps_ranks)
+        self._staging: Staging | None = None              # the leader's buffers, made at start
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="hgtrain-exchange") if overlap else None
         self._in_flight: "ThreadFuture[list[ShardAnswer]] | None" = None
         self._pushed = False                              # under overlap: every later push hands over an answer
         self._last_answer: torch.Tensor | None = None     # the leader's previous answer (overlap)
-        self._feedback = ErrorFeedback(self.wire_dtype) if self.wire_dtype != torch.float32 else None
         self._finished = False
 
     @property
@@ -133,45 +125,55 @@ class PSExchange:
 
     # --- start ----------------------------------------------------------------------------------
     def start(self) -> None:
-        """The first worker seeds the PS with its parameters; every leader pulls them, and its group
-        hears them."""
+        """The leader of the first worker's group seeds the PS with its parameters; every leader pulls
+        them, and its group hears them."""
         from . import ps
 
-        if self.group.rank == self.first_worker:
-            flat, held = self._flat_params().float(), self._flat_buffers()
+        if self.is_leader:
+            self._staging = Staging(self.layout, self.group.params, self.wire_dtype, self.group.device)
+        if self.is_leader and self.first_worker in self.group.ranks:
+            flat = self._staging.seed(self.group.params) if self._staging else None
+            assert flat is not None
+            held = self._flat_buffers()
             bufs = held.float().cpu() if held.numel() else None
+            sends = [w for s in range(len(self.ps_ranks)) for w in self._send_part(flat, s)]
             self._call_shards(ps._seed, "seed", lambda s: (
-                self.group.group_id, self._shard_flat(flat, s), self._shard_shapes(s), self._spec(s),
+                self.group.group_id, [seg.to_wire() for seg in self.layout.segments[s]], self._spec(s),
                 bufs if s == 0 else None))
+            self._wait_works(sends, "seed")
         if self.is_leader:
             self._load_answers(self._send(None))
         self.version = self.group.broadcast_state(self.version)
 
     # --- a step ---------------------------------------------------------------------------------
-    def step(self, grad: torch.Tensor | None, samples: float, buffers: torch.Tensor | None, *,
+    def step(self, grads: Sequence[torch.Tensor] | None, samples: float, buffers: torch.Tensor | None, *,
              allreduce_s: float = 0.0) -> None:
-        """The group's aggregated gradient of a completed step (``grad``: the leader's, the flat
-        weighted mean; None on the other members) goes to the PS, and the group takes its answer.
-        ``allreduce_s``: what the group's all-reduce cost the step (the engine's), for its metrics."""
+        """The group's aggregated gradient of a completed step (``grads``: the leader's, the weighted
+        mean, one tensor per parameter; None on the other members) goes to the PS, and the group takes
+        its answer. ``allreduce_s``: what the group's all-reduce cost the step (the engine's), for its
+        metrics."""
         t0 = time.perf_counter()
         if self.overlap:
             if self.is_leader:
-                assert grad is not None
-                push = self._push_request(grad, samples, buffers)   # based on the parameters held
-                answers = self._collect()                           # the previous push's answer
-                assert self._pool is not None
-                self._in_flight = self._pool.submit(self._send, push)
+                assert grads is not None
+                # The previous push's answer, then this step's gradient (computed on the parameters
+                # held) into the push buffer, which that exchange has sent; the answer is loaded
+                # before the next exchange may receive into the answer buffer.
+                answers = self._collect()
+                push = self._push_request(grads, samples, buffers)
                 if answers is not None:
                     self._load_answers(answers)
                     self._predict()
+                assert self._pool is not None
+                self._in_flight = self._pool.submit(self._send, push)
             t1 = time.perf_counter()
             if self._pushed:        # every member knows: the first push has no answer to hand over
                 self.version = self.group.broadcast_state(self.version)
             self._pushed = True
         else:
             if self.is_leader:
-                assert grad is not None
-                self._load_answers(self._send(self._push_request(grad, samples, buffers)))
+                assert grads is not None
+                self._load_answers(self._send(self._push_request(grads, samples, buffers)))
             t1 = time.perf_counter()
             self.version = self.group.broadcast_state(self.version)
         t2 = time.perf_counter()
@@ -182,13 +184,23 @@ class PSExchange:
     # --- state ----------------------------------------------------------------------------------
     def fill_state(self, state: dict[str, torch.Tensor], model: torch.nn.Module) -> None:
         """Put the PS's newest parameters and buffers (each shard's newest; shards may differ by the
-        pushes in flight) into ``state``, a copy of the model's state dict; nothing after finish()."""
+        pushes in flight) into ``state``, a copy of the model's state dict; nothing after finish().
+        Over RPC (a script's own checkpoints, on any rank), not the leader's channel."""
         if self._finished:
             return
         from . import ps
 
-        _, flat, buffers = self._assemble(self._call_shards(ps._state, "state", lambda s: ()))
-        flatten_.fill(state, model.named_parameters(remove_duplicate=False), self.group.params, flat)
+        answers = self._call_shards(ps._state, "state", lambda s: ())
+        flat = torch.cat([part for _, part, _ in answers])         # the shards' ranges, in order
+        names: dict[int, list[str]] = {}
+        for name, t in model.named_parameters(remove_duplicate=False):
+            names.setdefault(id(t), []).append(name)
+        params = self.group.params
+        for i, view in zip(self.layout.order, self.layout.views(flat, [tuple(p.shape) for p in params])):
+            for name in names.get(id(params[i]), []):
+                if name in state:
+                    state[name].copy_(view)
+        buffers = answers[0][2]
         if buffers is not None:
             flatten_.fill(state, model.named_buffers(remove_duplicate=False), self.group.buffers, buffers)
 
@@ -211,7 +223,11 @@ class PSExchange:
                     for r in self.ps_ranks]]
                 if all(done for done, *_ in answers):
                     flag[0] = 1
-                    self._load_answers([(v, flat, bufs) for _, v, flat, bufs in answers])
+                    final = [(v, follows, bufs) for _, v, follows, bufs in answers]
+                    # The fp32 master copy, whatever the wire: into a buffer of its own (once).
+                    master = torch.empty(self.layout.numel)
+                    self._receive(final, range(len(answers)), into=master)
+                    self._load_answers(final, source=master)
             self.group.broadcast_flag(flag)
             if flag[0]:
                 self.version = self.group.broadcast_state(self.version)
@@ -221,21 +237,22 @@ class PSExchange:
     # --- helpers --------------------------------------------------------------------------------
     def _spec(self, shard: int) -> optim.OptimizerSpec:
         module, qualname = self._opt_class
-        return optim.shard_spec(self.opt, module, qualname, self._groups, self._shard_index(shard))
+        return optim.segment_spec(self.opt, module, qualname, [seg.group for seg in self.layout.segments[shard]])
 
-    def _push_request(self, grad: torch.Tensor, samples: float,
+    def _push_request(self, grads: Sequence[torch.Tensor], samples: float,
                       buffers: torch.Tensor | None) -> Callable[[int], tuple[Any, ...]]:
-        """The arguments of a push to each shard, taken now on the training thread: the gradient in
-        the wire format, the optimizer's hyperparameters, the buffers (to shard 0), the data
-        position and, under overlap, the version of each shard's parameters the gradient was
-        computed on."""
+        """The push buffer filled with this step's gradients (the wire format), and the arguments of
+        the push's control message to each shard, taken now on the training thread: the optimizer's
+        hyperparameters, the buffers (to shard 0), the data position and, under overlap, the version
+        of each shard's parameters the gradient was computed on."""
+        assert self._staging is not None
+        self._staging.fill(grads)
         hyper = optim.push_hyperparameters(self.opt, self._seeded)
         bufs = buffers.float().cpu() if buffers is not None else None
         pos = self.data_position() if self.data_position else None
-        wire = self._to_wire(grad.float())
         bases = list(self._shard_versions) if self.overlap else None
         gid = self.group.group_id
-        return lambda s: (gid, self._shard_flat(wire, s), samples, hyper, bufs if s == 0 else None,
+        return lambda s: (gid, samples, hyper, bufs if s == 0 else None,
                           pos, *((bases[s],) if bases is not None else ()))
 
     def _predict(self) -> None:
@@ -250,29 +267,65 @@ class PSExchange:
         if previous is not None:
             flatten_.load(self.group.params, 2 * answer - previous)
 
-    def _to_wire(self, grad: torch.Tensor) -> torch.Tensor:
-        return grad if self._feedback is None else self._feedback.round(grad)
-
     def _collect(self) -> list[ShardAnswer] | None:
         """Under overlap: wait for the exchange in flight and return its answers (None if none)."""
         fut, self._in_flight = self._in_flight, None
         return None if fut is None else fut.result()
 
     def _send(self, push: Callable[[int], tuple[Any, ...]] | None) -> list[ShardAnswer]:
-        """Push (``push``: the arguments per shard; None: just start) to every shard; shard 0's
-        answer may be held back by the staleness rule and carries its parameters and the PS's
-        buffers; then the other shards' parameters are pulled."""
+        """Push (``push``: the control arguments per shard; None: just start) to every shard, the
+        push buffer's parts over the channels; shard 0's answer may be held back by the staleness
+        rule and carries the PS's buffers; then the other shards' parameters are pulled. Every
+        answer's parameters are received into the answer buffer."""
         from . import ps
 
-        gid = self.group.group_id
+        assert self._staging is not None
+        gid, shards = self.group.group_id, len(self.ps_ranks)
+        sends: list[Any] = []
         if push is not None:
+            self._staging.push_ready()
+            sends = [w for s in range(shards) for w in self._send_part(self._staging.push, s)]
             answers = self._call_shards(ps._push, "push", push)
         else:
             answers = self._call_shards(ps._pull, "pull", lambda s: (gid,), shards=[0])
-        if len(self.ps_ranks) > 1:
-            rest = self._call_shards(ps._pull, "pull", lambda s: (gid,), shards=range(1, len(self.ps_ranks)))
+        self._staging.answer_free()
+        self._receive(answers, [0])
+        if shards > 1:
+            rest = self._call_shards(ps._pull, "pull", lambda s: (gid,), shards=range(1, shards))
+            self._receive(rest, range(1, shards), offset=1)
             answers = [answers[0], *rest]
+        self._wait_works(sends, "push")
         return answers
+
+    def _send_part(self, flat: torch.Tensor, shard: int) -> list[Any]:
+        from .groups import channel
+
+        lo, hi = self.layout.span(shard)
+        return transfer.send(flat[lo:hi], self.ps_ranks[shard], channel(self.group.group_id, shard))
+
+    def _receive(self, answers: Sequence[ShardAnswer], shards: Iterable[int], offset: int = 0,
+                 into: torch.Tensor | None = None) -> None:
+        """The parameters that follow the answers of ``shards`` (``answers[k - offset]``: shard k's),
+        into the answer buffer (or ``into``)."""
+        from .groups import channel
+
+        assert self._staging is not None
+        dst = self._staging.answer if into is None else into
+        works = []
+        for s in shards:
+            if answers[s - offset][1]:
+                lo, hi = self.layout.span(s)
+                works += transfer.irecv(dst[lo:hi], self.ps_ranks[s],
+                                        channel(self.group.group_id, s))
+        self._wait_works(works, "answer")
+
+    def _wait_works(self, works: Sequence[Any], what: str) -> None:
+        try:
+            transfer.wait(list(works))
+        except (RuntimeError, ValueError) as exc:
+            raise TrainingError(f"rank {self.group.rank} (group {self.group.group_id}): the {what}'s data to or "
+                                f"from the parameter server failed: "
+                                f"{str(exc).splitlines()[0] if str(exc) else exc!r}") from exc
 
     def _call_shards(self, fn: Any, what: str, args: Callable[[int], tuple[Any, ...]],
                      shards: Iterable[int] | None = None) -> list[Any]:
@@ -296,35 +349,22 @@ class PSExchange:
     def _flat_buffers(self) -> torch.Tensor:
         return flatten_.flatten(self.group.buffers, self.group.device)
 
-    def _shard_index(self, shard: int) -> list[int]:
-        return [i for i, s in enumerate(self._owner) if s == shard]
-
-    def _shard_flat(self, flat: torch.Tensor, shard: int) -> torch.Tensor:
-        o = self._offsets
-        return torch.cat([flat[o[i]: o[i + 1]] for i in self._shard_index(shard)]).cpu()
-
-    def _shard_shapes(self, shard: int) -> list[tuple[int, ...]]:
-        return [tuple(self.group.params[i].shape) for i in self._shard_index(shard)]
-
-    def _assemble(self, answers: Sequence[ShardAnswer]) -> tuple[int, torch.Tensor, torch.Tensor | None]:
-        """The shards' answers as (newest version, the full parameter vector, the PS's buffers)."""
-        flat = torch.empty(self._numel)
-        o = self._offsets
-        for shard, (_, shard_flat, _) in enumerate(answers):
-            assert shard_flat is not None
-            pos = 0
-            for i in self._shard_index(shard):
-                n = o[i + 1] - o[i]
-                flat[o[i]: o[i + 1]] = shard_flat[pos: pos + n]
-                pos += n
-        return max(v for v, _, _ in answers), flat, answers[0][2]
-
-    def _load_answers(self, answers: Sequence[ShardAnswer]) -> None:
+    def _load_answers(self, answers: Sequence[ShardAnswer], source: torch.Tensor | None = None) -> None:
+        """The answer buffer (or ``source``), every shard's parameters received, into the group's
+        parameters."""
+        assert self._staging is not None
         self._shard_versions = [v for v, _, _ in answers]
-        self.version, flat, buffers = self._assemble(answers)
-        flatten_.load(self.group.params, flat.to(self.group.device))
+        self.version = max(self._shard_versions)
+        self._staging.load(source)
+        buffers = answers[0][2]
         if buffers is not None and self.group.buffers:
             flatten_.load(self.group.buffers, buffers.to(self.group.device))
+
+
+def _probe(layout: ShardLayout, shard: int) -> list[torch.Tensor]:
+    """Stand-ins of a shard's tensors (one element each, the segments' ranks), to try its optimizer."""
+    return [torch.zeros([1] * len(seg.shape)) if seg.shape is not None else torch.zeros(1)
+            for seg in layout.segments[shard]]
 
 
 def _rpc_async(to: str, fn: Any, args: tuple[Any, ...], timeout_s: float) -> Any:

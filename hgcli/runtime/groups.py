@@ -1,11 +1,12 @@
 """Process groups and RPC for one job, created identically on every rank (workers and PS).
 
-Every rank joins the default gloo group (PS traffic and the final barrier), then every rank calls
-``new_group`` for every all-reduce group of the plan in plan order, as torch requires. RPC uses
+Every rank joins the default gloo group (the final barrier), then every rank calls ``new_group``
+for every all-reduce group of the plan in plan order, as torch requires. A group whose ranks are all
+real GPUs uses NCCL; otherwise gloo. With parameter-server ranks, each group leader and each PS
+shard also share a pair group of their own (gloo: the PS's tensors are CPU tensors) for the bulk
+data of pushes and answers (transfer.py), and RPC carries the control messages. RPC uses
 TensorPipe's TCP transport only: its shared-memory transport failed with spurious EOFs on a busy
-machine, and PS tensors are CPU tensors anyway. A group whose
-ranks are all real GPUs uses NCCL; otherwise gloo. RPC (TensorPipe) is started only when the plan
-has parameter-server ranks. Every collective and RPC gets the job's timeout.
+machine. Every collective and RPC gets the job's timeout.
 
 Every listener binds to one address, and every key lives under the job's secret prefix
 (``netbind``): the store on MASTER_ADDR, gloo/NCCL/TensorPipe on this node's cluster address.
@@ -146,6 +147,14 @@ def init_distributed(env: RankEnv, plan: model.Plan) -> dict[int, dist.ProcessGr
             pg = dist.new_group(list(g.ranks), timeout=timeout, backend=group_backend(plan, g))
             if env.rank in g.ranks:
                 mine[g.id] = pg
+        for g in plan.groups:
+            # One pair group per (group leader, PS shard): the bulk data of pushes and answers
+            # (transfer.py). Gloo: the PS's tensors are CPU tensors.
+            for s, ps_rank in enumerate(plan.ps_shards):
+                step, start = f"the data channel of group {g.id} and PS shard {s}", time.monotonic()
+                pair = dist.new_group([g.ranks[0], ps_rank], timeout=timeout, backend="gloo")
+                if env.rank in (g.ranks[0], ps_rank):
+                    _CHANNELS[(g.id, s)] = pair
         if plan.ps_shards:
             from torch.distributed import rpc
 
@@ -164,6 +173,16 @@ def init_distributed(env: RankEnv, plan: model.Plan) -> dict[int, dist.ProcessGr
 
 
 _RPC_STORES: dict[str, dist.Store] = {}
+_CHANNELS: dict[tuple[int, int], dist.ProcessGroup] = {}
+
+
+def channel(group_id: int, shard: int) -> dist.ProcessGroup:
+    """The process group of group ``group_id``'s leader and PS shard ``shard`` (on those two ranks)."""
+    try:
+        return _CHANNELS[(group_id, shard)]
+    except KeyError:
+        raise TrainingError(f"no data channel between group {group_id} and PS shard {shard} on this "
+                            f"rank (only the group's leader and the shard have one)") from None
 
 
 def _rpc_rendezvous(store: dist.Store) -> str:
@@ -191,4 +210,5 @@ def shutdown(plan: model.Plan, timeout_s: float) -> None:
         from torch.distributed import rpc
 
         rpc.shutdown(graceful=True, timeout=timeout_s)
+    _CHANNELS.clear()
     dist.destroy_process_group()

@@ -24,7 +24,8 @@ import torch
 from .errors import TrainingError
 
 # Constructor flags that choose kernels for the worker's device (CUDA graphs, fused CUDA kernels,
-# foreach implementations), not the maths. The PS steps CPU tensors: it keeps the class's own defaults.
+# foreach implementations), not the maths. The PS steps CPU tensors and picks its own
+# (build_fast_optimizer).
 DEVICE_FLAGS = frozenset({"foreach", "fused", "capturable"})
 
 
@@ -108,16 +109,16 @@ def group_indices(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tenso
     return out
 
 
-def shard_spec(optimizer: torch.optim.Optimizer, module: str, qualname: str,
-               indices: Sequence[Sequence[int]], shard_params: Sequence[int]) -> OptimizerSpec:
-    """The spec one shard builds its optimizer from; ``shard_params``: the global indices of the
-    shard's tensors, in the shard's order. Every group is kept, empty ones too, so group i is group i
-    on every shard and in every push."""
-    where = {i: pos for pos, i in enumerate(shard_params)}
+def segment_spec(optimizer: torch.optim.Optimizer, module: str, qualname: str,
+                 segment_groups: Sequence[int]) -> OptimizerSpec:
+    """The spec one shard builds its optimizer from; ``segment_groups``: the parameter group of each
+    of the shard's tensors (shards.Segment.group; -1: in no group, never stepped). Every group is
+    kept, empty ones too, so group i is group i on every shard and in every push."""
     defaults = {k: v for k, v in optimizer.defaults.items() if k != "params" and k not in DEVICE_FLAGS}
     groups: list[GroupSpec] = [
-        {"params": [where[i] for i in idx if i in where], "options": group_options(g, optimizer.defaults)}
-        for g, idx in zip(optimizer.param_groups, indices)]
+        {"params": [pos for pos, sg in enumerate(segment_groups) if sg == g],
+         "options": group_options(group, optimizer.defaults)}
+        for g, group in enumerate(optimizer.param_groups)]
     return {"module": module, "qualname": qualname, "defaults": defaults, "groups": groups}
 
 
@@ -153,6 +154,27 @@ def build_optimizer(params: Sequence[torch.Tensor], spec: Mapping[str, Any]) -> 
     except (TypeError, ValueError) as exc:
         raise TrainingError(f"optimizer {full['module']}.{full['qualname']} cannot be built on the "
                             f"parameter server: {exc}") from exc
+
+
+def build_fast_optimizer(params: Sequence[torch.Tensor], spec: Mapping[str, Any]
+                         ) -> tuple[torch.optim.Optimizer, str]:
+    """The PS's optimizer, as :func:`build_optimizer` builds it but with torch's fused implementation
+    where the class has one (Adam, AdamW, SGD, Adagrad: one multi-threaded kernel over each tensor),
+    else its foreach one; returns it and the implementation's name ("fused", "foreach", "default")."""
+    full = normalise_spec(spec, len(params))
+    cls = resolve_class(full["module"], full["qualname"])
+    try:
+        accepted = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        accepted = {}   # type: ignore[assignment]
+    for impl in ("fused", "foreach"):
+        if impl in accepted:
+            groups = [{"params": [params[i] for i in g["params"]], **g["options"]} for g in full["groups"]]
+            try:
+                return cls(groups, **{**constructor_kwargs(cls, full["defaults"]), impl: True}), impl
+            except (TypeError, ValueError, RuntimeError):
+                continue     # not for these tensors (or this torch): the next implementation
+    return build_optimizer(params, spec), "default"
 
 
 def same_structure(a: OptimizerSpec, b: OptimizerSpec) -> bool:

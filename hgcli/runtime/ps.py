@@ -1,8 +1,10 @@
 """The parameter-server rank: ``python -m hgcli.runtime.ps [options]`` with the rank environment.
 
-Each PS rank holds one shard of the parameters (whole tensors, balanced by size) and the optimizer
-state for it. Group leaders call it over torch RPC: ``push`` applies a group's gradient at once and
-answers with fresh parameters when the staleness rule allows (see docs/runtime.md):
+Each PS rank holds one shard of the parameters, a contiguous range of the model's flat parameter
+vector (shards.py), and the optimizer state for it. Group leaders send it control messages over torch
+RPC and the bulk data (gradients in, parameters out) over a process group of the pair (ps_io.py,
+transfer.py): ``push`` applies a group's gradient at once and answers with fresh parameters when the
+staleness rule allows (see docs/runtime.md):
 
 * staleness of a push = shard version now - version the group last received; the pushed gradient
   is scaled by samples / global_batch / max(1, delay) before the optimizer step, where delay =
@@ -30,8 +32,13 @@ answers with fresh parameters when the staleness rule allows (see docs/runtime.m
 Other shards apply pushes and answer at once (an acknowledgement; the leader pulls their parameters
 after shard 0 answers), so one shard alone decides who waits and shards cannot deadlock each other.
 
-The optimizer is the worker's class with its parameter groups (optim.py); each push carries the
-groups' current hyperparameters, so the worker's LR schedule drives the PS's steps. Shard 0 also
+The optimizer is the worker's class with its parameter groups (optim.py), built with torch's fused
+(or foreach) implementation where the class has one, over one tensor per parameter group of the
+range for elementwise optimizers; its intra-op threads are the cores this rank has (``ps_threads``).
+Each push carries the groups' current hyperparameters, so the worker's LR schedule drives the PS's
+steps. Pushes land in one staging buffer (the optimizer's ``.grad`` views); answers are sent from the
+parameters themselves (fp32 wire) or from a bf16 copy refreshed at each step, never rebuilt per
+answer: a step waits until the answers and snapshots reading them are done (``readers``). Shard 0 also
 keeps the model's floating-point buffers (BatchNorm statistics), which its answers return: a push
 moves them by the change the group's own steps made to the buffers it was last answered, weighted
 by the group's share of the global batch per step (docs/runtime.md).
@@ -47,7 +54,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch.distributed import rpc
@@ -55,23 +62,21 @@ from torch.futures import Future
 
 from . import checkpoint, optim
 from .env import RankEnv
+from .shards import Segment, segment_views
 from ..schema.stages import WIRE_BYTES
 from .errors import TrainingError
 from .groups import init_distributed, rpc_name, shutdown
 from .metrics import MetricsSink
 
 _SERVER: "ShardServer | None" = None
+_IO: Any = None          # ps_io.ShardIO of this rank's server
+THREADS_ENV = "HGTRAIN_PS_THREADS"
 
-
-def assign_shards(numels: Sequence[int], n_shards: int) -> list[int]:
-    """Shard of each parameter tensor: largest first onto the least loaded shard (deterministic)."""
-    load = [0] * n_shards
-    owner = [0] * len(numels)
-    for i in sorted(range(len(numels)), key=lambda i: (-numels[i], i)):
-        s = min(range(n_shards), key=lambda s: (load[s], s))
-        owner[i] = s
-        load[s] += numels[i]
-    return owner
+# In an answer's fields: "the shard's parameters in the wire format". How they reach the group is the
+# delivery's business (``ShardServer.deliver``): a copy in process, a send over the pair's channel.
+PARAMS = object()
+MASTER = object()        # ... the fp32 master copy itself, whatever the wire (the final parameters)
+Delivery = Callable[[int, Future, tuple[Any, ...]], None]
 
 
 class ShardServer:
@@ -88,7 +93,18 @@ class ShardServer:
         self.timeout_s = timeout_s
         self.metrics = metrics
         self.cv = threading.Condition()
-        self.params: list[torch.Tensor] | None = None
+        self.params: list[torch.Tensor] | None = None   # the optimizer's tensors: views of master
+        self.master: torch.Tensor | None = None          # this shard's range of the flat parameters, fp32
+        self.grad: torch.Tensor | None = None            # the staging buffer of pushes: the params' .grad
+        self.wire_buf: torch.Tensor | None = None        # bf16 wire: what answers carry, refreshed per step
+        self.segments: tuple[Segment, ...] | None = None
+        self.opt_impl = ""
+        # Answers being sent and snapshots being copied from master, wire_buf and the optimizer state:
+        # a step waits until there are none (self.cv held). Nothing else blocks on them.
+        self.readers = 0
+        self.staging = threading.Lock()                  # one push at a time in the staging buffer
+        self.deliver: Delivery = self._deliver_copy
+        self.update_s = 0.0                              # time in optimizer steps (and their scaling)
         self.opt: torch.optim.Optimizer | None = None
         self.opt_spec: dict[str, Any] | None = None
         self.version = 0
@@ -125,7 +141,7 @@ class ShardServer:
         self.last_seen = {g: time.monotonic() for g in group_ids}
         self.waiting: dict[int, Future] = {}          # group -> answer held back (coordinator)
         self.unseeded: list[tuple[int, Future]] = []  # pulls that arrived before the seed
-        self.finishing: list[Future] = []
+        self.finishing: list[tuple[int, Future]] = []
         self.failure: str | None = None
         self.all_done = threading.Event()
         self.ckpt_dir = checkpoint_dir
@@ -150,33 +166,49 @@ class ShardServer:
             self.trace_fh.flush()
 
     # --- RPC handlers (called on RPC threads) -----------------------------------------------
-    def seed(self, group: int, flat: torch.Tensor, shapes: list[tuple[int, ...]],
+    def seed(self, group: int, flat: torch.Tensor, segments: Sequence[Segment],
              opt_spec: dict[str, Any], buffers: torch.Tensor | None = None) -> int:
+        """The first parameters (``flat``: this shard's range, fp32, owned by the shard from now on)
+        cut into ``segments`` for the optimizer ``opt_spec``."""
+        segments = tuple(segments)
+        if flat.numel() != sum(s.length for s in segments):
+            raise TrainingError(f"PS shard {self.shard}: the seed carries {flat.numel()} values for segments "
+                                f"of {sum(s.length for s in segments)}")
         with self.cv:
             self.last_seen[group] = time.monotonic()
             if self.ckpt_last is None:
                 self.ckpt_last = time.monotonic()
             if self.params is None:
-                params = _split(flat, shapes)
-                self.opt = optim.build_optimizer(params, opt_spec)   # refused before anything is held
-                self.params, self.opt_spec = params, opt_spec
+                self._install(flat, segments, opt_spec)
                 self.buffers = buffers
-                self._trace("seed", version=self.version)
+                self._trace("seed", version=self.version, numel=flat.numel(), impl=self.opt_impl)
             else:
-                self._check_resumed(shapes, opt_spec, buffers)
+                self._check_resumed(segments, opt_spec, buffers)
             for g, fut in self.unseeded:
                 self._request(g, fut)
             self.unseeded.clear()
             return self.version
 
-    def _check_resumed(self, shapes: list[tuple[int, ...]], opt_spec: dict[str, Any],
+    def _install(self, master: torch.Tensor, segments: tuple[Segment, ...], opt_spec: dict[str, Any]) -> None:
+        """Hold ``master`` and build the optimizer over its segments (refused before anything is held)."""
+        master = master.float().contiguous().reshape(-1)
+        params = segment_views(master, segments)
+        opt, impl = optim.build_fast_optimizer(params, opt_spec)
+        grad = torch.zeros_like(master)
+        for p, g in zip(params, segment_views(grad, segments)):
+            p.grad = g
+        self.master, self.grad, self.params, self.segments = master, grad, params, segments
+        self.opt, self.opt_spec, self.opt_impl = opt, opt_spec, impl
+        self.wire_buf = master.to(torch.bfloat16) if self.wire_dtype == torch.bfloat16 else None
+
+    def _check_resumed(self, segments: tuple[Segment, ...], opt_spec: dict[str, Any],
                        buffers: torch.Tensor | None) -> None:
         """A seed after a resume: the checkpoint's values win, but the job must be the same model and
         optimizer. Its hyperparameters become the baseline pushes are relative to (optim.py)."""
         assert self.params is not None and self.opt_spec is not None
-        if [tuple(p.shape) for p in self.params] != [tuple(s) for s in shapes]:
-            raise TrainingError(f"PS shard {self.shard}: the model does not match the "
-                                f"checkpointed parameters")
+        if self.segments != segments:
+            raise TrainingError(f"PS shard {self.shard}: the model (or its cut into {len(self.ps_ranks)} shards) "
+                                f"does not match the checkpointed parameters")
         old = optim.normalise_spec(self.opt_spec, len(self.params))
         new = optim.normalise_spec(opt_spec, len(self.params))
         if not optim.same_structure(old, new):
@@ -212,8 +244,13 @@ class ShardServer:
         fut: Future = Future()
         schedule = None
         with self.cv:
-            if self.params is None or self.opt is None or self.opt_spec is None:
+            if self.params is None or self.opt is None or self.opt_spec is None or self.grad is None:
                 raise TrainingError(f"PS shard {self.shard}: push from group {group} before the seed")
+            if grad.numel() != self.grad.numel():
+                raise TrainingError(f"PS shard {self.shard}: group {group} pushed {grad.numel()} values to a "
+                                    f"shard of {self.grad.numel()}")
+            while self.readers:          # answers in flight and snapshots read what this step changes
+                self.cv.wait()
             self.last_seen[group] = time.monotonic()
             if self.overlap and self.coordinator:
                 # The admission rule keeps its own record of the gradient's base: the leader's must agree.
@@ -227,14 +264,18 @@ class ShardServer:
             staleness = self.version - self.base[group]
             delay = self._damping_delay(group)
             scale = (samples / self.global_batch if self.global_batch else 1.0) / max(1, delay)
-            grad = grad.float()          # fp32 master copy and optimizer state, whatever the wire
-            offset = 0
-            for p in self.params:
-                p.grad = grad[offset: offset + p.numel()].view_as(p) * scale
-                offset += p.numel()
+            t0 = time.perf_counter()
+            if grad is not self.grad:    # in process; over the channel the push arrived in place
+                self.grad.copy_(grad)    # widened: fp32 master copy and optimizer state, whatever the wire
+            if scale != 1.0:
+                self.grad.mul_(scale)
             optim.apply_hyperparameters(self.opt, optim.normalise_spec(self.opt_spec, len(self.params))["groups"],
                                         hyper)
             self.opt.step()
+            if self.wire_buf is not None and self.master is not None:
+                self.wire_buf.copy_(self.master)
+            update_s = time.perf_counter() - t0
+            self.update_s += update_s
             if buffers is not None:
                 self._move_buffers(group, buffers, samples)
             self.version += 1
@@ -244,9 +285,9 @@ class ShardServer:
             self._trace("push", group=group, clock=self.clock[group], base=self.base[group],
                         version=self.version, staleness=staleness, delay=delay, samples=samples, scale=scale,
                         clocks=dict(self.clock), active=sorted(self.active),
-                        lr=[h.get("lr") for h in hyper])
+                        lr=[h.get("lr") for h in hyper], update_s=update_s)
             self.metrics.emit(event="ps_push", shard=self.shard, group=group, version=self.version,
-                              staleness=staleness, delay=delay, scale=scale)
+                              staleness=staleness, delay=delay, scale=scale, update_s=update_s)
             self.computing.discard(group)
             if self.overlap and group in self.released:
                 # Its next gradient is being computed on the parameters of its last answer.
@@ -254,7 +295,7 @@ class ShardServer:
             if self.coordinator:
                 self._request(group, fut)
             else:
-                fut.set_result((self.version, None, None))
+                self.deliver(group, fut, (self.version, None, None))
             schedule = self._checkpoint_due()
         if schedule is not None:
             self._schedule_everywhere(schedule)
@@ -272,10 +313,10 @@ class ShardServer:
                 self._release()
             if not self.active:
                 self.all_done.set()
-                fut.set_result((True, self.version, self._flat(), self._buffers_copy()))
+                self.deliver(group, fut, (True, self.version, MASTER, self._buffers_copy()))
             else:
-                self.finishing.append(fut)
-                threading.Timer(wait_s, self._finish_timeout, args=(fut,)).start()
+                self.finishing.append((group, fut))
+                threading.Timer(wait_s, self._finish_timeout, args=(group, fut)).start()
         return fut
 
     def state(self) -> tuple[int, torch.Tensor, torch.Tensor | None]:
@@ -283,7 +324,8 @@ class ShardServer:
         with self.cv:
             if self.params is None:
                 raise TrainingError(f"PS shard {self.shard}: asked for its state before the seed")
-            return self.version, self._flat(), self._buffers_copy()
+            assert self.master is not None
+            return self.version, self.master.clone(), self._buffers_copy()
 
     def data_position(self, group: int) -> dict[str, int] | None:
         with self.cv:
@@ -295,11 +337,11 @@ class ShardServer:
                 self.ckpt_scheduled.add(version)
 
     # --- internals (self.cv held) ------------------------------------------------------------
-    def _finish_timeout(self, fut: Future) -> None:
+    def _finish_timeout(self, group: int, fut: Future) -> None:
         with self.cv:
-            if fut in self.finishing:
-                self.finishing.remove(fut)
-                fut.set_result((False, self.version, None, None))
+            if (group, fut) in self.finishing:
+                self.finishing.remove((group, fut))
+                self.deliver(group, fut, (False, self.version, None, None))
 
     def _damping_delay(self, group: int) -> int:
         """The staleness a push is damped by: versions since the group's newest answer. Without
@@ -365,8 +407,8 @@ class ShardServer:
                     break
         if not self.active:
             self.all_done.set()
-            for fut in self.finishing:
-                fut.set_result((True, self.version, self._flat(), self._buffers_copy()))
+            for g, fut in self.finishing:
+                self.deliver(g, fut, (True, self.version, MASTER, self._buffers_copy()))
             self.finishing.clear()
 
     def _admission_order(self, group: int) -> tuple[int, int]:
@@ -388,14 +430,28 @@ class ShardServer:
         buffers = self._buffers_copy()
         if buffers is not None:
             self.answered_buffers[group] = buffers
-        flat = self._flat().to(self.wire_dtype)
         if self.trace_fh:
-            self._trace("answer", group=group, version=self.version, param_sum=float(flat.double().sum()))
-        fut.set_result((self.version, flat, buffers))
+            self._trace("answer", group=group, version=self.version,
+                        param_sum=float(self.source().double().sum()))
+        self.deliver(group, fut, (self.version, PARAMS, buffers))
 
-    def _flat(self) -> torch.Tensor:
-        assert self.params is not None
-        return torch.cat([p.detach().reshape(-1) for p in self.params])  # a copy: safe to send
+    def source(self) -> torch.Tensor:
+        """What answers carry: the parameters in the wire format (no copy; stable while readers > 0)."""
+        assert self.master is not None
+        return self.wire_buf if self.wire_buf is not None else self.master
+
+    def payload(self, fields: tuple[Any, ...]) -> torch.Tensor | None:
+        """The tensor an answer's fields name (PARAMS, MASTER), if any."""
+        assert self.master is not None
+        if any(f is MASTER for f in fields):
+            return self.master
+        return self.source() if any(f is PARAMS for f in fields) else None
+
+    def _deliver_copy(self, group: int, fut: Future, fields: tuple[Any, ...]) -> None:
+        """In process (tests, tools): the answer with a copy of the parameters."""
+        data = self.payload(fields)
+        fut.set_result(tuple(data.clone() if (f is PARAMS or f is MASTER) and data is not None else f
+                             for f in fields))
 
     def _buffers_copy(self) -> torch.Tensor | None:
         # A copy: the answer is serialised later, on an RPC thread, while pushes may replace the average.
@@ -426,7 +482,10 @@ class ShardServer:
         if (self.ckpt_every and v % self.ckpt_every == 0) or v in self.ckpt_scheduled:
             self.ckpt_scheduled.discard(v)
             self.ckpt_last = time.monotonic()
-            self.writes.put((v, self._snapshot()))
+            # The writer copies the state outside the lock; until it has, steps wait (readers).
+            self.readers += 1
+            self.writes.put((v, {"data_positions": copy.deepcopy(self.data_positions),
+                                 "buffers": self._buffers_copy()}))
         if (self.shard == 0 and self.ckpt_seconds and not self.ckpt_scheduled and self.ckpt_last is not None
                 and time.monotonic() - self.ckpt_last >= self.ckpt_seconds):
             # Shards may differ by up to one push per group; this version is ahead of all of them.
@@ -439,19 +498,28 @@ class ShardServer:
         for r in self.ps_ranks[1:]:
             rpc.rpc_async(rpc_name(r), _schedule_checkpoint, args=(version,))
 
-    def _snapshot(self) -> dict[str, Any]:
-        assert self.params is not None and self.opt is not None
-        state: dict[str, Any] = {"params": [p.detach().clone() for p in self.params], "opt_spec": self.opt_spec,
-                                 "optimizer": copy.deepcopy(self.opt.state_dict()),
-                                 "data_positions": copy.deepcopy(self.data_positions)}
-        if self.buffers is not None:
-            state["buffers"] = self.buffers.clone()
+    def _snapshot(self, taken: dict[str, Any]) -> dict[str, Any]:
+        """The state at the version the checkpoint was scheduled on: ``taken`` holds what was copied
+        under the lock; master and the optimizer state are copied here, on the writer's thread,
+        while the reader it counts keeps steps out."""
+        assert self.master is not None and self.opt is not None and self.segments is not None
+        state: dict[str, Any] = {"master": self.master.clone(), "segments": [s.to_wire() for s in self.segments],
+                                 "opt_spec": self.opt_spec, "optimizer": copy.deepcopy(self.opt.state_dict()),
+                                 "data_positions": taken["data_positions"]}
+        if taken["buffers"] is not None:
+            state["buffers"] = taken["buffers"]
         return state
 
     def _write_loop(self) -> None:
         while (item := self.writes.get()) is not None:
-            version, state = item
+            version, taken = item
             assert self.ckpt_dir is not None
+            try:
+                state = self._snapshot(taken)
+            finally:
+                with self.cv:
+                    self.readers -= 1
+                    self.cv.notify_all()
             path = checkpoint.save(self.ckpt_dir, self.shard, version, state)
             with self.cv:
                 self._trace("checkpoint", version=version, path=str(path))
@@ -475,9 +543,8 @@ class ShardServer:
         except (OSError, ValueError) as exc:
             raise TrainingError(f"PS shard {self.shard}: cannot load checkpoint version {version} "
                                 f"from {self.ckpt_dir}: {exc}") from exc
-        self.params = [p.clone() for p in data["params"]]
-        self.opt_spec = data["opt_spec"]
-        self.opt = optim.build_optimizer(self.params, data["opt_spec"])
+        self._install(data["master"], tuple(Segment.from_wire(s) for s in data["segments"]), data["opt_spec"])
+        assert self.opt is not None
         self.opt.load_state_dict(data["optimizer"])
         # Older checkpoints also hold "group_buffers" (each group's last pushed buffers), which the
         # rule no longer needs: groups are answered the buffers again when they pull.
@@ -507,7 +574,7 @@ class ShardServer:
                     msg = (f"PS shard {self.shard}: no message from group(s) {silent} for "
                            f"{limit:g} s; a worker probably died")
                     self.failure = msg
-                    for fut in [*self.waiting.values(), *self.finishing]:
+                    for fut in [*self.waiting.values(), *(f for _, f in self.finishing)]:
                         fut.set_exception(TrainingError(msg))
                     self.waiting.clear()
                     self.finishing.clear()
@@ -520,28 +587,17 @@ class ShardServer:
             self.trace_fh.close()
 
 
-def _split(flat: torch.Tensor, shapes: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-    out, offset = [], 0
-    for shape in shapes:
-        n = 1
-        for d in shape:
-            n *= d
-        out.append(flat[offset: offset + n].clone().view(*shape))
-        offset += n
-    return out
-
-
-# RPC entry points: module-level so workers can name them; they run on the PS's RPC threads.
+# RPC entry points: module-level so workers can name them; they run on the PS's RPC threads. They
+# carry the control messages; the tensors of seeds, pushes and answers go over the pair's channel.
 @rpc.functions.async_execution
 def _pull(group: int) -> Future:
     return _server().pull(group)
 
 
 @rpc.functions.async_execution
-def _push(group: int, grad: torch.Tensor, samples: float, hyper: optim.Hyperparameters,
-          buffers: torch.Tensor | None, data_position: dict[str, int] | None = None,
-          base: int | None = None) -> Future:
-    return _server().push(group, grad, samples, hyper, buffers, data_position, base)
+def _push(group: int, samples: float, hyper: optim.Hyperparameters, buffers: torch.Tensor | None,
+          data_position: dict[str, int] | None = None, base: int | None = None) -> Future:
+    return _io().push(group, samples, hyper, buffers, data_position, base)
 
 
 @rpc.functions.async_execution
@@ -549,9 +605,9 @@ def _finish(group: int, wait_s: float) -> Future:
     return _server().finish(group, wait_s)
 
 
-def _seed(group: int, flat: torch.Tensor, shapes: list[tuple[int, ...]], spec: dict[str, Any],
-          buffers: torch.Tensor | None) -> int:
-    return _server().seed(group, flat, shapes, spec, buffers)
+@rpc.functions.async_execution
+def _seed(group: int, segments: list[list[Any]], spec: dict[str, Any], buffers: torch.Tensor | None) -> Future:
+    return _io().seed(group, tuple(Segment.from_wire(s) for s in segments), spec, buffers)
 
 
 def _state() -> tuple[int, torch.Tensor, torch.Tensor | None]:
@@ -572,6 +628,29 @@ def _server() -> ShardServer:
     return _SERVER
 
 
+def _io() -> Any:
+    if _IO is None:
+        raise TrainingError("this rank is not a parameter server")
+    return _IO
+
+
+def ps_threads(plan: Any, rank: int, environ: Mapping[str, str], cores: int) -> int:
+    """Intra-op threads of a PS rank (its optimizer steps): HGTRAIN_PS_THREADS, else this node's
+    cores shared evenly by the plan's ranks on the node (at least one)."""
+    raw = environ.get(THREADS_ENV, "").strip()
+    if raw:
+        try:
+            value = int(raw)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise TrainingError(f"{THREADS_ENV}={raw!r} is not a positive whole number of threads")
+        return value
+    node = plan.rank(rank).node
+    here = sum(1 for r in plan.ranks if r.node == node)
+    return max(1, cores // max(1, here))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     global _SERVER
     parser = argparse.ArgumentParser(prog="python -m hgcli.runtime.ps",
@@ -587,12 +666,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "every node's files; implies --resume)")
     parser.add_argument("--trace", type=Path, help="append one JSON line per push/release/checkpoint")
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
+    global _IO
     try:
         env = RankEnv.from_environ()
         plan = env.plan
         if plan is None or env.rank not in plan.ps_shards:
             raise TrainingError(f"rank {env.rank} is not a PS rank of the plan (HGTRAIN_PLAN)")
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        torch.set_num_threads(ps_threads(plan, env.rank, os.environ, cores))
         resume = args.resume or args.resume_version is not None
         if resume and args.checkpoint_dir is None:
             raise TrainingError("--resume needs --checkpoint-dir")
@@ -610,6 +691,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"PS shard {shard}: " + (f"resumed from checkpoint version {version}"
                   if version is not None else "no complete checkpoint, starting fresh"), flush=True)
         init_distributed(env, plan)
+        from .ps_io import ShardIO
+
+        _IO = ShardIO(server, leaders={g.id: g.ranks[0] for g in plan.groups})
         server.wait()
         server.close()
         shutdown(plan, env.timeout_s)

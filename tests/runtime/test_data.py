@@ -10,6 +10,7 @@ import hgcli.runtime as hg
 from hgcli.runtime import checkpoint
 from hgcli.runtime.data import epoch_order, shard_batches, step_slice, steps_per_epoch, tail_shares
 from hgcli.runtime.metrics import MetricsSink
+from hgcli.runtime.shards import Segment
 from hgcli.runtime.ps import ShardServer
 from hgcli.runtime.sampler import RankBatchSampler
 
@@ -196,7 +197,7 @@ def test_the_ps_records_data_positions_in_checkpoints_and_resumes_them(tmp_path)
 
     first = server()
     try:
-        first.seed(0, torch.zeros(3), [(3,)], {"name": "SGD", "kwargs": {"lr": 0.1}})
+        first.seed(0, torch.zeros(3), [Segment(0, 3, None)], {"name": "SGD", "kwargs": {"lr": 0.1}})
         first.pull(0), first.pull(1)
         first.push(0, torch.ones(3), 1.0, LR, None, {"epoch": 0, "step": 1, "steps_per_epoch": 5})
         first.push(1, torch.ones(3), 1.0, LR, None, {"epoch": 0, "step": 1, "steps_per_epoch": 5})

@@ -129,11 +129,13 @@ def _assert_steps_compute_on_predicted_weights(out, trace, members):
     import torch
 
     from hgcli.examples.data import make_model
-    from hgcli.runtime.ps import assign_shards
+    from hgcli.runtime.shards import plan_layout
 
     params = list(make_model(hidden=64).parameters())
-    owner = assign_shards([p.numel() for p in params], 2)
-    mask = torch.cat([torch.full((p.numel(),), o == 0) for p, o in zip(params, owner)])
+    layout = plan_layout([p.shape for p in params], [0] * len(params), 2, elementwise=True)   # SGD
+    assert layout.order == tuple(range(len(params)))         # one group: the model's own order
+    mask = torch.zeros(layout.numel, dtype=torch.bool)
+    mask[slice(*layout.span(0))] = True
     sums = {g: [e["param_sum"] for e in trace_events(trace) if e["event"] == "answer" and e["shard"] == 0
                 and e["group"] == g] for g in members}
     predicted, moved = 0, 0

@@ -23,7 +23,8 @@ from hgcli.runtime.errors import TrainingError
 from hgcli.runtime.engine import step_reduce_numel, sync_buffer_numel
 from hgcli.runtime.flat import synced_buffers
 from hgcli.runtime.metrics import MetricsSink
-from hgcli.runtime.ps import ShardServer, assign_shards
+from hgcli.runtime.shards import ELEMENTWISE, Segment, plan_layout, segment_views
+from hgcli.runtime.ps import ShardServer
 from hgcli.runtime.data import shard_batches
 
 from .helpers import SCRIPTS, load, run_ok, script
@@ -65,24 +66,28 @@ def test_a_class_defined_in_main_or_a_function_is_refused_by_name():
 
 
 def test_each_shard_rebuilds_the_groups_with_their_hyperparameters():
+    """A user's optimizer class (not one torch's elementwise ones): shards of whole tensors in their
+    shapes, each shard's optimizer with both groups (empty ones too) and their options."""
     model = setup.make_model("ln", hidden=8)
     opt = LocalAdamW(setup.two_groups(model, 0.1), lr=0.01, betas=(0.8, 0.99), foreach=False)
     params = [p for p in model.parameters()]
-    owner = assign_shards([p.numel() for p in params], 2)
     indices = optim.group_indices(opt, params)
+    group_of = [next(g for g, idx in enumerate(indices) if i in idx) for i in range(len(params))]
+    layout = plan_layout([tuple(p.shape) for p in params], group_of, 2, elementwise=type(opt) in ELEMENTWISE)
+    assert not layout.elementwise
     module, qualname = optim.class_path(type(opt))
     built = []
     for shard in range(2):
-        mine = [i for i, s in enumerate(owner) if s == shard]
-        spec = optim.shard_spec(opt, module, qualname, indices, mine)
+        segments = layout.segments[shard]
+        spec = optim.segment_spec(opt, module, qualname, [seg.group for seg in segments])
         assert "foreach" not in spec["defaults"]                 # a worker-device flag stays there
-        copies = [params[i].detach().clone() for i in mine]
-        ps_opt = optim.build_optimizer(copies, spec)
-        assert type(ps_opt) is LocalAdamW and len(ps_opt.param_groups) == 2
+        ps_opt, impl = optim.build_fast_optimizer(segment_views(torch.zeros(layout.size(shard)), segments), spec)
+        assert type(ps_opt) is LocalAdamW and len(ps_opt.param_groups) == 2 and impl == "fused"
         assert [g["weight_decay"] for g in ps_opt.param_groups] == [0.1, 0.0]
-        for g, tensors in zip(ps_opt.param_groups, indices):
-            assert [t.shape for t in g["params"]] == [params[i].shape for i in tensors if owner[i] == shard]
+        for g, group in enumerate(ps_opt.param_groups):
+            assert [tuple(t.shape) for t in group["params"]] == [seg.shape for seg in segments if seg.group == g]
         built.append((ps_opt, spec))
+    assert sorted(seg.shape for s in layout.segments for seg in s) == sorted(tuple(p.shape) for p in params)
     # A schedule's new LR and a changed beta travel; unchanged values do not.
     seeded = [optim.group_options(g, opt.defaults) for g in opt.param_groups]
     sched = setup.warmup_cosine(opt, steps=10)          # sets lr to half the seeded value
@@ -128,7 +133,7 @@ def test_a_push_moves_the_ps_buffers_by_the_groups_own_change_weighted_by_its_sh
                          timeout_s=60, metrics=MetricsSink(None, {}), accumulate={1: 3})
     try:
         spec = {"name": "SGD", "kwargs": {"lr": 0.1}}
-        server.seed(0, torch.zeros(3), [(3,)], spec, torch.full((2,), 7.0))
+        server.seed(0, torch.zeros(3), [Segment(0, 3, None)], spec, torch.full((2,), 7.0))
         assert server.pull(0).wait()[2].tolist() == [7.0, 7.0]
         server.pull(1)
         answer = server.push(0, torch.ones(3), 4.0, [{"lr": 0.1}], torch.full((2,), 5.0))
@@ -150,10 +155,10 @@ def test_checkpoints_keep_the_buffers_and_a_resumed_ps_checks_the_optimizer(tmp_
 
     model = torch.nn.Linear(3, 1, bias=False)
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
-    spec = optim.shard_spec(opt, "torch.optim", "AdamW", [[0]], [0])
+    spec = optim.segment_spec(opt, "torch.optim", "AdamW", [0])
     first = server(checkpoint_every=2)
     try:
-        first.seed(0, torch.zeros(3), [(3,)], spec, torch.ones(2))
+        first.seed(0, torch.zeros(3), [Segment(0, 3, None)], spec, torch.ones(2))
         first.pull(0), first.pull(1)
         first.push(0, torch.ones(3), 4.0, [{"lr": 0.1}], torch.full((2,), 3.0))
         first.push(1, torch.ones(3), 4.0, [{"lr": 0.1}], torch.full((2,), 5.0))
@@ -163,11 +168,11 @@ def test_checkpoints_keep_the_buffers_and_a_resumed_ps_checks_the_optimizer(tmp_
     try:
         assert second.resume() == 2
         assert second.buffers.tolist() == [4.0, 4.0]       # 1 + 4/8 * (3 - 1) + 4/8 * (5 - 1)
-        second.seed(0, torch.zeros(3), [(3,)], spec, torch.zeros(2))       # the checkpoint's values win
+        second.seed(0, torch.zeros(3), [Segment(0, 3, None)], spec, torch.zeros(2))       # the checkpoint's values win
         assert second.state()[2].tolist() == [4.0, 4.0]
-        sgd = optim.shard_spec(torch.optim.SGD(model.parameters(), lr=0.1), "torch.optim", "SGD", [[0]], [0])
+        sgd = optim.segment_spec(torch.optim.SGD(model.parameters(), lr=0.1), "torch.optim", "SGD", [0])
         with pytest.raises(TrainingError, match="does not match the checkpointed one"):
-            second.seed(0, torch.zeros(3), [(3,)], sgd, None)
+            second.seed(0, torch.zeros(3), [Segment(0, 3, None)], sgd, None)
     finally:
         second.close()
 

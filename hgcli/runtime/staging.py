@@ -1,0 +1,125 @@
+"""A group leader's buffers for the PS exchange: the push it sends and the answer it receives.
+
+Both are host tensors of the whole flat vector in the layout's order (shards.py), allocated once and
+reused at every step; a shard's part is a slice. On a CUDA leader they are pinned, and the copies
+between them and the device run ``non_blocking`` on a side stream of their own, through one device
+buffer of the flat vector: the gradients are concatenated into it on the training stream, copied to
+the host on the side stream while the training stream goes on, and an answer comes back the same
+way, its parameters loaded by one foreach copy that the training stream then waits for. On the CPU
+the gradients are copied straight into the push buffer, and the answer straight into the
+parameters, by one foreach copy each.
+
+Under the bf16 wire the push buffer holds bf16. The error feedback's residual (exchange.py) is fp32
+beside the gradients (on their device): the gradients are added into it, it is rounded into the
+wire buffer, and what rounding left out stays in it for the next push.
+
+Extra memory of the leader: fp32 wire, the push and the answer (2 x the parameters' fp32 bytes);
+bf16 wire, the residual and two bf16 buffers (2 x); a CUDA leader adds the device buffer (1 x of
+the wire format on the device) and the error feedback's residual lives on the device.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from .shards import ShardLayout
+
+
+class Staging:
+    def __init__(self, layout: ShardLayout, params: Sequence[torch.Tensor], wire: torch.dtype,
+                 device: torch.device) -> None:
+        self.layout = layout
+        self.wire = wire
+        self.device = device
+        self.cuda = device.type == "cuda"
+        shapes = [tuple(p.shape) for p in params]
+        self.shapes = shapes
+        self.ordered = [params[i] for i in layout.order]       # the parameters in flat order
+        n = layout.numel
+        self.push = torch.empty(n, dtype=wire, pin_memory=self.cuda)
+        self.answer = torch.empty(n, dtype=wire, pin_memory=self.cuda)
+        self.answer_views = layout.views(self.answer, shapes)
+        self.push_views = layout.views(self.push, shapes) if wire == torch.float32 and not self.cuda else []
+        self.residual: torch.Tensor | None = None              # bf16 wire: the error feedback's
+        self.residual_views: list[torch.Tensor] = []
+        if wire != torch.float32:
+            self.residual = torch.zeros(n, device=device)
+            self.residual_views = layout.views(self.residual, shapes)
+        self.stream: Any = None
+        self.on_device: torch.Tensor | None = None
+        if self.cuda:
+            self.stream = torch.cuda.Stream(device)
+            self.on_device = torch.empty(n, dtype=wire, device=device)
+            self.device_views = layout.views(self.on_device, shapes)
+        self._pushed: Any = None        # event: the push buffer holds this step's push
+        self._loaded: Any = None        # event: the answer buffer was copied out (it may be reused)
+
+    # --- push ---------------------------------------------------------------------------------
+    def fill(self, grads: Sequence[torch.Tensor]) -> None:
+        """This step's gradients (model order) into the push buffer, in the wire format."""
+        ordered = [grads[i] for i in self.layout.order]
+        with torch.no_grad():
+            if self.residual is not None:
+                torch._foreach_add_(self.residual_views, ordered)
+            if not self.cuda:
+                if self.residual is None:
+                    torch._foreach_copy_(self.push_views, ordered)
+                else:
+                    self.push.copy_(self.residual)
+                    self.residual.sub_(self.push)
+                return
+            assert self.on_device is not None
+            if self.residual is None:
+                torch._foreach_copy_(self.device_views, ordered)
+            else:
+                self.on_device.copy_(self.residual)
+                self.residual.sub_(self.on_device)
+            self._wait_loaded()
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(self.stream):
+                self.push.copy_(self.on_device, non_blocking=True)
+                self._pushed = torch.cuda.Event()
+                self._pushed.record(self.stream)
+
+    def seed(self, params: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The parameters (model order) as the fp32 flat vector a seed carries."""
+        flat = torch.empty(self.layout.numel)
+        with torch.no_grad():
+            torch._foreach_copy_(self.layout.views(flat, self.shapes), [params[i] for i in self.layout.order])
+        return flat
+
+    def push_ready(self) -> None:
+        """Before the push buffer is sent (any thread)."""
+        if self._pushed is not None:
+            self._pushed.synchronize()
+
+    # --- answer -------------------------------------------------------------------------------
+    def answer_free(self) -> None:
+        """Before the answer buffer is received into (any thread)."""
+        self._wait_loaded()
+
+    def load(self, source: torch.Tensor | None = None) -> None:
+        """The answer buffer (or ``source``, a host flat vector: the final fp32 parameters) into the
+        parameters (training thread)."""
+        with torch.no_grad():
+            if source is not None:
+                torch._foreach_copy_(self.ordered, self.layout.views(source, self.shapes))
+                return
+            if not self.cuda:
+                torch._foreach_copy_(self.ordered, self.answer_views)
+                return
+            assert self.on_device is not None
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(self.stream):
+                self.on_device.copy_(self.answer, non_blocking=True)
+                torch._foreach_copy_(self.ordered, self.device_views)
+                self._loaded = torch.cuda.Event()
+                self._loaded.record(self.stream)
+            torch.cuda.current_stream(self.device).wait_stream(self.stream)
+
+    def _wait_loaded(self) -> None:
+        if self._loaded is not None:
+            self._loaded.synchronize()
+            self._loaded = None
+
