@@ -141,6 +141,7 @@ class PSExchange:
                 self.group.group_id, [seg.to_wire() for seg in self.layout.segments[s]], self._spec(s),
                 bufs if s == 0 else None))
             self._wait_works(sends, "seed")
+            self._staging.seeded(flat)
         if self.is_leader:
             self._load_answers(self._send(None))
         self.version = self.group.broadcast_state(self.version)
@@ -224,8 +225,9 @@ class PSExchange:
                 if all(done for done, *_ in answers):
                     flag[0] = 1
                     final = [(v, follows, bufs) for _, v, follows, bufs in answers]
-                    # The fp32 master copy, whatever the wire: into a buffer of its own (once).
-                    master = torch.empty(self.layout.numel)
+                    # The fp32 master copy, whatever the wire.
+                    assert self._staging is not None
+                    master = self._staging.final()
                     self._receive(final, range(len(answers)), into=master)
                     self._load_answers(final, source=master)
             self.group.broadcast_flag(flag)

@@ -156,7 +156,7 @@ class ShardServer:
         self.writer = threading.Thread(target=self._write_loop, daemon=True)
         self.writer.start()
         self.trace_fh = open(trace, "a", encoding="utf-8") if trace else None
-        self._trace("start", pid=os.getpid())
+        self._trace("start", pid=os.getpid(), threads=torch.get_num_threads(), rss_kb=memory_kb("VmRSS"))
 
     # --- events ------------------------------------------------------------------------------
     def _trace(self, event: str, **fields: Any) -> None:
@@ -430,9 +430,9 @@ class ShardServer:
         buffers = self._buffers_copy()
         if buffers is not None:
             self.answered_buffers[group] = buffers
-        if self.trace_fh:
+        if self.trace_fh:      # (a float64 sum of the shard: a debugging aid that costs time on large models)
             self._trace("answer", group=group, version=self.version,
-                        param_sum=float(self.source().double().sum()))
+                        param_sum=float(self.source().sum(dtype=torch.float64)))
         self.deliver(group, fut, (self.version, PARAMS, buffers))
 
     def source(self) -> torch.Tensor:
@@ -583,8 +583,24 @@ class ShardServer:
     def close(self) -> None:
         self.writes.put(None)
         self.writer.join()
+        end = {"version": self.version, "update_s": self.update_s, "peak_rss_kb": memory_kb("VmHWM"),
+               "impl": self.opt_impl}
+        self._trace("end", **end)
+        self.metrics.emit(event="ps_end", shard=self.shard, **end)
         if self.trace_fh:
             self.trace_fh.close()
+
+
+def memory_kb(field: str) -> int | None:
+    """A figure of /proc/self/status (VmRSS: resident now; VmHWM: its peak), in KiB; None elsewhere."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
 
 
 # RPC entry points: module-level so workers can name them; they run on the PS's RPC threads. They
@@ -694,6 +710,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .ps_io import ShardIO
 
         _IO = ShardIO(server, leaders={g.id: g.ranks[0] for g in plan.groups})
+        # Joined the job, nothing held yet: what the shard's state costs is above this.
+        ready = {"rss_kb": memory_kb("VmRSS"), "threads": torch.get_num_threads()}
+        server._trace("ready", **ready)
+        metrics.emit(event="ps_ready", shard=shard, **ready)
         server.wait()
         server.close()
         shutdown(plan, env.timeout_s)

@@ -66,15 +66,13 @@ class Staging:
                 if self.residual is None:
                     torch._foreach_copy_(self.push_views, ordered)
                 else:
-                    self.push.copy_(self.residual)
-                    self.residual.sub_(self.push)
+                    round_into(self.residual, self.push)
                 return
             assert self.on_device is not None
             if self.residual is None:
                 torch._foreach_copy_(self.device_views, ordered)
             else:
-                self.on_device.copy_(self.residual)
-                self.residual.sub_(self.on_device)
+                round_into(self.residual, self.on_device)
             self._wait_loaded()
             self.stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(self.stream):
@@ -82,12 +80,35 @@ class Staging:
                 self._pushed = torch.cuda.Event()
                 self._pushed.record(self.stream)
 
+    def host_fp32(self) -> torch.Tensor:
+        """A host fp32 buffer of the flat vector for the seed and the final parameters, which come
+        once each, outside the steps: the push buffer (fp32 wire) or the error feedback's residual
+        (bf16 wire, CPU), else one of its own."""
+        if self.wire == torch.float32 and not self.cuda:
+            return self.push
+        if self.residual is not None and not self.cuda:
+            return self.residual
+        return torch.empty(self.layout.numel, pin_memory=self.cuda)
+
     def seed(self, params: Sequence[torch.Tensor]) -> torch.Tensor:
-        """The parameters (model order) as the fp32 flat vector a seed carries."""
-        flat = torch.empty(self.layout.numel)
+        """The parameters (model order) as the fp32 flat vector a seed carries (valid until
+        :meth:`seeded`)."""
+        flat = self.host_fp32()
         with torch.no_grad():
             torch._foreach_copy_(self.layout.views(flat, self.shapes), [params[i] for i in self.layout.order])
         return flat
+
+    def seeded(self, flat: torch.Tensor) -> None:
+        """The seed was sent: a residual that carried it starts from zero again."""
+        if flat is self.residual:
+            flat.zero_()
+
+    def final(self) -> torch.Tensor:
+        """Where the final fp32 parameters are received: the answer buffer under the fp32 wire;
+        nothing after them needs the residual."""
+        if self.wire == torch.float32 and not self.cuda:
+            return self.answer
+        return self.host_fp32()
 
     def push_ready(self) -> None:
         """Before the push buffer is sent (any thread)."""
@@ -123,3 +144,18 @@ class Staging:
             self._loaded.synchronize()
             self._loaded = None
 
+
+ROUND_CHUNK = 1 << 20       # elements widened at a time to take a rounding out of the residual
+
+
+def round_into(residual: torch.Tensor, wire: torch.Tensor) -> None:
+    """``wire`` = ``residual`` rounded to the wire's type, and what rounding left out stays in
+    ``residual``. In chunks through one small fp32 buffer: an op mixing bf16 and fp32 tensors
+    would make an fp32 temporary of the whole vector (and run slower)."""
+    wire.copy_(residual)
+    widened = torch.empty(min(ROUND_CHUNK, residual.numel()), device=residual.device)
+    for a in range(0, residual.numel(), ROUND_CHUNK):
+        b = min(residual.numel(), a + ROUND_CHUNK)
+        part = widened[: b - a]
+        part.copy_(wire[a:b])
+        residual[a:b].sub_(part)
