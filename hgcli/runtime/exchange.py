@@ -129,11 +129,12 @@ class PSExchange:
         them, and its group hears them."""
         from . import ps
 
-        if self.is_leader:
-            self._staging = Staging(self.layout, self.group.params, self.wire_dtype, self.group.device)
-        if self.is_leader and self.first_worker in self.group.ranks:
-            flat = self._staging.seed(self.group.params) if self._staging else None
-            assert flat is not None
+        if not self.is_leader:
+            self.version = self.group.broadcast_state(self.version)
+            return
+        staging = self._staging = Staging(self.layout, self.group.params, self.wire_dtype, self.group.device)
+        if self.first_worker in self.group.ranks:
+            flat = staging.seed(self.group.params)
             held = self._flat_buffers()
             bufs = held.float().cpu() if held.numel() else None
             sends = [w for s in range(len(self.ps_ranks)) for w in self._send_part(flat, s)]
@@ -141,9 +142,8 @@ class PSExchange:
                 self.group.group_id, [seg.to_wire() for seg in self.layout.segments[s]], self._spec(s),
                 bufs if s == 0 else None))
             self._wait_works(sends, "seed")
-            self._staging.seeded(flat)
-        if self.is_leader:
-            self._load_answers(self._send(None))
+            staging.seeded(flat)
+        self._load_answers(self._send(None))
         self.version = self.group.broadcast_state(self.version)
 
     # --- a step ---------------------------------------------------------------------------------
