@@ -31,7 +31,10 @@ def main() -> int:
     parser.add_argument("--eval-every", type=int, default=20, help="steps between evaluations")
     parser.add_argument("--eval-samples", type=int, default=4096,
                         help="test samples used by the periodic evaluations (the final one uses all)")
-    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--hidden", type=int, default=128,
+                        help="hidden width (the model has 43 x hidden + 10 parameters)")
+    parser.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd",
+                        help="SGD with momentum, or AdamW with torch's fused kernel (CPU and CUDA)")
     parser.add_argument("--target", type=float, default=TARGET)
     parser.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: no limit)")
     parser.add_argument("--train-samples", type=int, default=16384, help="size of the training set")
@@ -43,7 +46,9 @@ def main() -> int:
     # set is small enough to live there whole, so a step gathers its batch without a host copy.
     (x, y), (xt, yt) = (tuple(t.to(ctx.device) for t in pair) for pair in make_dataset(n_train=args.train_samples))
     model = make_model(hidden=args.hidden).to(ctx.device)
-    opt: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    opt: torch.optim.Optimizer = (torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+                                  if args.optimizer == "sgd" else
+                                  torch.optim.AdamW(model.parameters(), lr=args.lr, fused=True))
     model, opt = ctx.wrap(model, opt)
     start = time.time()
     samples = 0
