@@ -37,8 +37,8 @@ The optimizer is the worker's class with its parameter groups (optim.py), built 
 range for elementwise optimizers; its intra-op threads are the cores this rank has (``ps_threads``).
 Each push carries the groups' current hyperparameters, so the worker's LR schedule drives the PS's
 steps. Pushes land in one staging buffer (the optimizer's ``.grad`` views); answers are sent from the
-parameters themselves (fp32 wire) or from a bf16 copy refreshed at each step, never rebuilt per
-answer: a step waits until the answers and snapshots reading them are done (``readers``). Shard 0 also
+parameters themselves (under the bf16 wire narrowed on the way, through two small buffers), never
+rebuilt per answer: a step waits until the answers and snapshots reading them are done (``readers``). Shard 0 also
 keeps the model's floating-point buffers (BatchNorm statistics), which its answers return: a push
 moves them by the change the group's own steps made to the buffers it was last answered, weighted
 by the group's share of the global batch per step (docs/runtime.md).
@@ -96,10 +96,9 @@ class ShardServer:
         self.params: list[torch.Tensor] | None = None   # the optimizer's tensors: views of master
         self.master: torch.Tensor | None = None          # this shard's range of the flat parameters, fp32
         self.grad: torch.Tensor | None = None            # the staging buffer of pushes: the params' .grad
-        self.wire_buf: torch.Tensor | None = None        # bf16 wire: what answers carry, refreshed per step
         self.segments: tuple[Segment, ...] | None = None
         self.opt_impl = ""
-        # Answers being sent and snapshots being copied from master, wire_buf and the optimizer state:
+        # Answers being sent and snapshots being copied from master and the optimizer state:
         # a step waits until there are none (self.cv held). Nothing else blocks on them.
         self.readers = 0
         self.staging = threading.Lock()                  # one push at a time in the staging buffer
@@ -199,7 +198,6 @@ class ShardServer:
             p.grad = g
         self.master, self.grad, self.params, self.segments = master, grad, params, segments
         self.opt, self.opt_spec, self.opt_impl = opt, opt_spec, impl
-        self.wire_buf = master.to(torch.bfloat16) if self.wire_dtype == torch.bfloat16 else None
 
     def _check_resumed(self, segments: tuple[Segment, ...], opt_spec: dict[str, Any],
                        buffers: torch.Tensor | None) -> None:
@@ -272,8 +270,6 @@ class ShardServer:
             optim.apply_hyperparameters(self.opt, optim.normalise_spec(self.opt_spec, len(self.params))["groups"],
                                         hyper)
             self.opt.step()
-            if self.wire_buf is not None and self.master is not None:
-                self.wire_buf.copy_(self.master)
             update_s = time.perf_counter() - t0
             self.update_s += update_s
             if buffers is not None:
@@ -430,28 +426,24 @@ class ShardServer:
         buffers = self._buffers_copy()
         if buffers is not None:
             self.answered_buffers[group] = buffers
-        if self.trace_fh:      # (a float64 sum of the shard: a debugging aid that costs time on large models)
+        if self.trace_fh and self.master is not None:   # (a float64 sum: a debugging aid, slow on large models)
             self._trace("answer", group=group, version=self.version,
-                        param_sum=float(self.source().sum(dtype=torch.float64)))
+                        param_sum=float(self.master.to(self.wire_dtype).sum(dtype=torch.float64)))
         self.deliver(group, fut, (self.version, PARAMS, buffers))
 
-    def source(self) -> torch.Tensor:
-        """What answers carry: the parameters in the wire format (no copy; stable while readers > 0)."""
-        assert self.master is not None
-        return self.wire_buf if self.wire_buf is not None else self.master
-
-    def payload(self, fields: tuple[Any, ...]) -> torch.Tensor | None:
-        """The tensor an answer's fields name (PARAMS, MASTER), if any."""
-        assert self.master is not None
+    def payload(self, fields: tuple[Any, ...]) -> torch.dtype | None:
+        """The type the parameters an answer's fields name travel in (PARAMS: the wire's; MASTER:
+        fp32), if they name any. Either way they are sent from the master copy (stable while
+        readers > 0), narrowed on the way under the bf16 wire (transfer.send)."""
         if any(f is MASTER for f in fields):
-            return self.master
-        return self.source() if any(f is PARAMS for f in fields) else None
+            return torch.float32
+        return self.wire_dtype if any(f is PARAMS for f in fields) else None
 
     def _deliver_copy(self, group: int, fut: Future, fields: tuple[Any, ...]) -> None:
         """In process (tests, tools): the answer with a copy of the parameters."""
-        data = self.payload(fields)
-        fut.set_result(tuple(data.clone() if (f is PARAMS or f is MASTER) and data is not None else f
-                             for f in fields))
+        dtype, master = self.payload(fields), self.master
+        fut.set_result(tuple(master.to(dtype, copy=True) if (f is PARAMS or f is MASTER) and dtype and master is not None
+                             else f for f in fields))
 
     def _buffers_copy(self) -> torch.Tensor | None:
         # A copy: the answer is serialised later, on an RPC thread, while pushes may replace the average.

@@ -80,8 +80,8 @@ class ShardIO:
     def deliver(self, group: int, fut: Future, fields: tuple[Any, ...]) -> None:
         """(server.cv held) The answer's fields, with ``True`` for the parameters, which follow over
         the channel."""
-        data = self.server.payload(fields)
-        if data is None:
+        dtype = self.server.payload(fields)
+        if dtype is None:
             fut.set_result(fields)
             return
         self.server.readers += 1
@@ -91,11 +91,16 @@ class ShardIO:
         except Exception:
             self.server.readers -= 1
             raise
-        self.sends.submit(self._send, group, leader, pg, data)
+        self.sends.submit(self._send, group, leader, pg, dtype)
 
-    def _send(self, group: int, leader: int, pg: Any, data: torch.Tensor) -> None:
+    def _send(self, group: int, leader: int, pg: Any, dtype: torch.dtype) -> None:
         try:
-            transfer.wait(transfer.send(data, leader, pg))
+            master = self.server.master
+            assert master is not None
+            if dtype == master.dtype:
+                transfer.wait(transfer.send(master, leader, pg))
+            else:
+                transfer.send_narrowed(master, leader, pg, dtype)
         except Exception as exc:      # the leader died or the link broke: the wait loop names it
             self.server._trace("send_failed", group=group, error=str(exc).splitlines()[0] if str(exc) else repr(exc))
         finally:

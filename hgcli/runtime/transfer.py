@@ -7,8 +7,9 @@ messages that say what comes next. A pair has at most one exchange in flight (th
 each answer before its next push), so both ends post their sends and receives in the same order.
 
 A tensor travels as messages of :data:`CHUNK` elements. A receiver that widens (a bf16 push into
-the PS's fp32 gradient) takes them through two small buffers in turn, so it never holds a second
-copy of the whole slice; one that does not receives straight into its destination.
+the PS's fp32 gradient) and a sender that narrows (a bf16 answer from the PS's fp32 master copy)
+take them through two small buffers in turn, so neither holds a second copy of the whole slice;
+the others send and receive straight from and into their tensors.
 """
 from __future__ import annotations
 
@@ -28,6 +29,19 @@ def send(tensor: torch.Tensor, peer: int, pg: Any) -> list[Any]:
     """Start sending the 1-D contiguous ``tensor`` to global rank ``peer``; returns the works to wait
     for (the tensor must not change until they complete)."""
     return [dist.isend(tensor[a:b], peer, group=pg) for a, b in _chunks(tensor.numel())]
+
+
+def send_narrowed(src: torch.Tensor, peer: int, pg: Any, wire: torch.dtype) -> None:
+    """Send the 1-D contiguous ``src`` to ``peer`` as ``wire`` (bf16 answers from the PS's fp32
+    master copy), converting chunk by chunk through two small buffers; returns when sent."""
+    bufs = scratch(wire)
+    works: list[list[Any]] = [[], []]
+    for k, (a, b) in enumerate(_chunks(src.numel())):
+        wait(works[k % 2])               # that buffer's previous chunk has left
+        buf = bufs[k % 2][: b - a]
+        buf.copy_(src[a:b])
+        works[k % 2] = [dist.isend(buf, peer, group=pg)]
+    wait(works[0] + works[1])
 
 
 def wait(works: list[Any]) -> None:

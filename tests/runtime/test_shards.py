@@ -95,3 +95,51 @@ def test_staging_round_trips_fp32_and_bf16_error_feedback_keeps_what_rounding_dr
     exact = 200 * torch.cat(grads)
     assert (total - exact).abs().max() <= 2 ** -8
     assert (200 * torch.cat(grads).to(torch.bfloat16).float() - exact).abs().max() > 0.3   # rounding alone
+
+
+def test_transfer_sends_in_chunks_and_widens_bf16_through_two_small_buffers(tmp_path):
+    import subprocess
+    import sys
+
+    from hgcli.node.ports import free_port
+
+    from .helpers import SCRIPTS
+
+    port, out = free_port(), tmp_path / "got.pt"
+    procs = [subprocess.Popen([sys.executable, str(SCRIPTS / "transfer_pair.py"), str(r), str(port), str(out)])
+             for r in (0, 1)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    got = torch.load(out, weights_only=True)
+    assert torch.equal(got["straight"], got["expected"])
+    assert got["widened"].dtype == torch.float32
+    assert torch.equal(got["widened"], got["expected"].to(torch.bfloat16).float())
+
+
+def test_ps_threads_come_from_the_environment_or_the_nodes_cores_shared_by_its_ranks():
+    import pytest
+
+    from hgcli.local.plans import emulated_plan
+    from hgcli.runtime.errors import TrainingError
+    from hgcli.runtime.ps import ps_threads
+
+    plan = emulated_plan([[1.0], [1.0]], [[4], [4]], n_ps=2, nodes=[["a"], ["b"]], ps_node="b")
+    ps = plan.ps_shards[0]
+    assert ps_threads(plan, ps, {}, 16) == 5                 # node b: a worker and two shards
+    assert ps_threads(plan, ps, {}, 2) == 1                  # never below one
+    assert ps_threads(plan, ps, {"HGTRAIN_PS_THREADS": "3"}, 16) == 3
+    with pytest.raises(TrainingError, match="HGTRAIN_PS_THREADS='0' is not a positive"):
+        ps_threads(plan, ps, {"HGTRAIN_PS_THREADS": "0"}, 16)
+
+
+def test_a_checkpoint_of_whole_tensor_shards_is_refused_with_the_reason(tmp_path):
+    import pytest
+
+    from hgcli.runtime import checkpoint
+
+    checkpoint.save(tmp_path, 0, 5, {"params": [torch.ones(2)]})
+    path = checkpoint.shard_path(tmp_path, 0, 5)
+    data = torch.load(path, weights_only=True)
+    data["format"] = "hgtrain-ps-shard/1"
+    torch.save(data, path)
+    with pytest.raises(ValueError, match=r"older hgtrain \(shards of whole tensors\).*without resuming"):
+        checkpoint.load(tmp_path, 0, 5)

@@ -58,7 +58,7 @@ def test_cpu_device_measures_matmul_bandwidth_and_steps():
     (model,) = [f for f in frames if f["type"] == "model"]
     assert model["parameters"] == 784 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10
     assert any(f["type"] == "progress" and f["stage"] == "batch 64" for f in frames)
-    # A real PS push over RPC to a child process: a model-sized one costs more than a one-element
+    # A real PS push (send/recv with an RPC control message) to a child process: a model-sized one costs more than a one-element
     # one, and the PS's own busy time is part of the model-sized round trip.
     ex = p.exchange
     assert ex is not None and ex.bytes == 4 * model["parameters"]

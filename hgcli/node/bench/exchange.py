@@ -1,12 +1,15 @@
 """What one parameter-server push costs on this node: the planner's PS exchange and PS service time.
 
-A hybrid or ps plan's group leader pushes its gradient to the PS over torch RPC (TensorPipe, TCP,
-as hgcli/runtime/groups.py sets it up), the PS applies it with the optimizer and answers with fresh
-parameters (hgcli/runtime/ps.py). With small models the fixed software cost of that round trip
-(pickling, RPC threads, the PS's locking) dominates and is far above the wire time a link
+A hybrid or ps plan's group leader pushes its gradient to the PS, the PS applies it with the
+optimizer and answers with fresh parameters (hgcli/runtime/ps.py): the data by torch.distributed
+send/recv on a gloo group of the pair (hgcli/runtime/transfer.py), a control message over torch RPC
+(TensorPipe, TCP, as hgcli/runtime/groups.py sets it up). With small models the fixed software cost
+of that round trip (RPC, threads, the PS's locking) dominates and is far above the wire time a link
 benchmark predicts, so it is measured here, the way the runtime does it, over loopback: the client
-(this process, the bench) flattens a model-sized gradient, pushes it, and loads the answer; a
-child process (``--serve``) plays the PS with SGD with momentum, like the step benchmark. Three
+(this process, the bench) copies a model-sized gradient into its push buffer, sends it with the
+control message, and loads the answer into its parameters; a child process (``--serve``) plays
+the PS with SGD with momentum (torch's fused kernel, as the PS builds it), like the step
+benchmark. Three
 figures: the round trip of a model-sized push (``round_trip_s``), of a one-element one
 (``latency_s``: the fixed cost), and the PS's own busy time per model-sized push (``service_s``:
 what a PS serves serially, its capacity).
@@ -35,8 +38,10 @@ _LOCK = threading.Lock()
 def measure_exchange(torch: Any, parameters: int, *, warmup: int, repeats: int,
                      timeout_s: float = 60.0) -> ExchangeProfile:
     """Start the PS child, time pushes of ``parameters`` float32 values and of one value."""
+    import torch.distributed as dist
     from torch.distributed import rpc
 
+    from ...runtime import transfer
     from ...runtime.netbind import master_store
 
     store = master_store("127.0.0.1", 0, 2, _delta(timeout_s), wait_for_workers=False, multi_tenant=True)
@@ -48,23 +53,30 @@ def measure_exchange(torch: Any, parameters: int, *, warmup: int, repeats: int,
     saved = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT")}
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port)})
     try:
+        dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=0, world_size=2,
+                                timeout=_delta(timeout_s))
         _init_rpc(rpc, CLIENT, 0, timeout_s)
         try:
             service: list[float] = []
-            big, small = torch.ones(parameters), torch.ones(1)
+            grad = torch.ones(parameters)
+            staged, answer = torch.empty(parameters), torch.empty(parameters)   # the leader's buffers
             params = torch.empty(parameters)
 
-            def push(grad: Any) -> None:
-                flat = grad.clone()           # the runtime concatenates its shard before a push
-                busy, fresh = rpc.rpc_sync(SERVER, _apply, args=(flat,), timeout=timeout_s)
-                service.append(busy)
-                params[: fresh.numel()].copy_(fresh)   # and loads the answer into its parameters
+            def push(n: int) -> None:
+                staged[:n].copy_(grad[:n])
+                sends = transfer.send(staged[:n], 1, None)
+                fut = rpc.rpc_async(SERVER, _apply, args=(n,), timeout=timeout_s)
+                transfer.wait(transfer.irecv(answer[:n], 1, None))
+                service.append(fut.wait())
+                transfer.wait(sends)
+                params[:n].copy_(answer[:n])          # and loads the answer into its parameters
 
-            round_trip = time_repeats(lambda: push(big), warmup=warmup, repeats=repeats)
+            round_trip = time_repeats(lambda: push(parameters), warmup=warmup, repeats=repeats)
             busy = service[warmup:]
-            latency = time_repeats(lambda: push(small), warmup=warmup, repeats=repeats)
+            latency = time_repeats(lambda: push(1), warmup=warmup, repeats=repeats)
         finally:
             rpc.shutdown(graceful=True, timeout=timeout_s)
+            dist.destroy_process_group()
     finally:
         for k, v in saved.items():
             if v is None:
@@ -94,18 +106,25 @@ def _init_rpc(rpc: Any, name: str, rank: int, timeout_s: float) -> None:
             _transports=["uv"], _channels=["basic"]))
 
 
-def _apply(grad: Any) -> tuple[float, Any]:
-    """The PS's work for one push (hgcli/runtime/ps.py ``push``): scale, optimizer step, copy out.
-    A shorter push (the fixed-cost probe) is answered at once: only the RPC itself is timed."""
+def _apply(n: int) -> float:
+    """The PS's work for one push (hgcli/runtime/ps.py ``push``): receive into the staging buffer,
+    scale, optimizer step, send the parameters back; returns its busy time. A shorter push (the
+    fixed-cost probe) is answered at once: only the messages are timed."""
+    from ...runtime import transfer
+
     start = time.perf_counter()
     with _LOCK:
-        param, opt = _STATE["param"], _STATE["opt"]
-        if grad.numel() < param.numel():
-            return time.perf_counter() - start, grad.clone()
-        param.grad = grad * 1.0
-        opt.step()
-        out = param.detach().clone()
-    return time.perf_counter() - start, out
+        param, opt, staging = _STATE["param"], _STATE["opt"], _STATE["grad"]
+        transfer.recv(staging[:n], 0, None, staging.dtype)
+        if n < param.numel():
+            out = staging[:n]
+        else:
+            staging.mul_(0.5)
+            opt.step()
+            out = param.detach()
+        busy = time.perf_counter() - start
+        transfer.wait(transfer.send(out, 0, None))
+    return busy
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,13 +134,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=60.0)
     args = p.parse_args(argv)
     import torch
+    import torch.distributed as dist
     from torch.distributed import rpc
 
-    torch.set_num_threads(1)    # like the runtime's PS rank
-    param = torch.zeros(args.parameters, requires_grad=True)
-    _STATE.update(param=param, opt=torch.optim.SGD([param], lr=1e-3, momentum=0.9))
+    from ...runtime.optim import build_fast_optimizer
+
+    torch.set_num_threads(1)    # a PS rank's share of a node whose ranks each take a core
+    param = torch.zeros(args.parameters)
+    staging = torch.zeros(args.parameters)
+    param.grad = staging
+    opt, _ = build_fast_optimizer([param], {"module": "torch.optim", "qualname": "SGD", "defaults": {"lr": 1e-3},
+                                            "groups": [{"params": [0], "options": {"lr": 1e-3, "momentum": 0.9}}]})
+    _STATE.update(param=param, opt=opt, grad=staging)
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), 2, is_master=False,
+                          timeout=_delta(args.timeout), multi_tenant=True)
+    dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=1, world_size=2,
+                            timeout=_delta(args.timeout))
     _init_rpc(rpc, SERVER, 1, args.timeout)
     rpc.shutdown(graceful=True, timeout=args.timeout)    # serves until the bench shuts down
+    dist.destroy_process_group()
     return 0
 
 
