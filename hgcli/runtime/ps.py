@@ -708,7 +708,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         metrics.emit(event="ps_ready", shard=shard, **ready)
         server.wait()
         server.close()
-        shutdown(plan, env.timeout_s)
+        shutdown(plan, env.timeout_s)     # its barrier: every leader has what was sent to it
+        _IO.close()
     except TrainingError as exc:
         print(f"hgtrain PS rank: {exc}", file=sys.stderr, flush=True)
         return 1

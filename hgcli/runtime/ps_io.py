@@ -109,8 +109,9 @@ class ShardIO:
                 self.server.cv.notify_all()
 
     def close(self) -> None:
-        self.pushes.shutdown(wait=False, cancel_futures=True)
-        self.sends.shutdown(wait=False, cancel_futures=True)
+        """After the job's final barrier: nothing is left to receive or send."""
+        self.pushes.shutdown()
+        self.sends.shutdown()
 
 
 def _forward(src: Future, dst: Future) -> None:
