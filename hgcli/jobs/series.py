@@ -24,7 +24,7 @@ import collections
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from ..launch.metrics import WINDOW_S, _number, group_predictions, predictions
+from ..launch.metrics import LARGEST, WINDOW_S, _number, group_predictions, predictions
 from ..schema.stages import Plan
 
 PENDING_STEPS = 64   # steps a group waits for a slow (or dead) member before forgetting them
@@ -94,9 +94,11 @@ class Series:
         if data.get("event") == "ps_push" and staleness is not None:
             version = int(_number(data.get("version")) or 0)
             out.append(Point(f"rank{rank}", "staleness", staleness, version, at))
-            group = data.get("group")
-            if group is not None:
-                out.append(Point(group_run(str(group)), "staleness", staleness, version, at))
+            # A run is a directory of TensorBoard files: its name comes from the plan, never from
+            # the record ("group": "/../../x" would write outside the log directory).
+            group = str(data.get("group"))
+            if group in self._members and group != "-":
+                out.append(Point(group_run(group), "staleness", staleness, version, at))
         step, samples = _number(data.get("step")), _number(data.get("samples"))
         if state is None or "event" in data or step is None or samples is None:
             return out
@@ -155,7 +157,7 @@ class Series:
 
     def _job_rate(self, at: float) -> list[Point]:
         assert self._start is not None
-        second = int(at - self._start)
+        second = min(int(LARGEST) - 1, max(0, int(at - self._start)))   # an int64 step
         if second <= self._job_second or len(self._group_rate) < len(self._members):
             return []
         self._job_second = second

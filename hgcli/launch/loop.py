@@ -25,7 +25,7 @@ from ..errors import EXIT_JOB, EXIT_NODES_FAILED
 from .events import (
     Event, LogLines, Metric, Notice, Progress, RankExited, RankStarted, RootCause, Stopping,
 )
-from .metrics import MetricsBoard
+from .metrics import MetricsBoard, clean_record
 from .record import JobBook
 from .mailbox import Mailbox
 from ..schema.stages import JobState, Plan
@@ -141,6 +141,7 @@ class JobController:
         self.reapers: list[threading.Thread] = []
         self.reap_notes: list[tuple[str, str]] = []
         self.role = {r.rank: r.role.value for r in plan.ranks}
+        self.unclean_metrics: set[int] = set()     # ranks told their records had bad numbers
         self.tails: dict[int, collections.deque[str]] = collections.defaultdict(
             lambda: collections.deque(maxlen=TAIL_LINES))
         self.root_cause: RootCause | None = None
@@ -227,6 +228,11 @@ class JobController:
         rank, data = int(frame["rank"]), frame.get("data")
         if not isinstance(data, dict):
             return
+        data, bad = clean_record(data)
+        if bad and rank not in self.unclean_metrics:
+            self.unclean_metrics.add(rank)       # once per rank: a rank may write them every step
+            self._note(node, f"rank {rank}: metric values that are not finite numbers, or beyond "
+                             f"2^63, are treated as missing ({', '.join(bad[:5])})")
         self.book.write_metric(rank, node, data)
         self.board.add(rank, data)
         self.metrics_seen = True

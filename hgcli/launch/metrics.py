@@ -8,6 +8,7 @@ falls behind does not see a burst of fake throughput.
 from __future__ import annotations
 
 import collections
+import math
 import time
 from typing import Any
 
@@ -17,8 +18,43 @@ from ..schema.stages import Plan
 WINDOW_S = 10.0   # the live rate is over the last WINDOW_S seconds
 
 
+# Numbers in rank records beyond this magnitude are treated as missing: steps and versions become
+# int64 in TensorBoard files, and a 400-digit integer does not even convert to a float.
+LARGEST = float(2 ** 63)
+
+
 def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    """A record's number as a float: None for anything else, and for numbers that are not finite
+    or beyond LARGEST (rank output is untrusted: Infinity, NaN and huge integers parse as JSON)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        f = float(value)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) and abs(f) < LARGEST else None
+
+
+def clean_record(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``data`` with every number that ``_number`` would refuse (in lists and nested objects too)
+    replaced by None, and the keys where that happened: what is stored, shown and aggregated of a
+    rank's record, so that --json stays JSON and no reader trips over it."""
+    bad: list[str] = []
+
+    def clean(value: Any, key: str) -> Any:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if _number(value) is None:
+                bad.append(key)
+                return None
+            return value
+        if isinstance(value, dict):
+            return {k: clean(v, f"{key}.{k}" if key else str(k)) for k, v in value.items()}
+        if isinstance(value, list):
+            return [clean(v, key) for v in value]
+        return value
+
+    out = clean(data, "")
+    return out, sorted(set(bad))
 
 
 def predictions(plan: Plan) -> tuple[float | None, float | None]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import time
+import zipfile
 from pathlib import Path
 from typing import Any, BinaryIO, Iterable, Mapping
 
@@ -76,11 +77,27 @@ def complete_versions(directory: Path, n_shards: int) -> list[int]:
     return complete_versions_of([versions_by_shard(directory)], n_shards)
 
 
-def load(directory: Path, shard: int, version: int) -> dict[str, Any]:
+def load(directory: Path, shard: int, version: int, map_only: bool = False) -> dict[str, Any]:
+    """The file's contents; ValueError naming the file when it is not a readable checkpoint of
+    this shard and version (garbage, empty, truncated, another object pickled). ``map_only``:
+    the tensors memory-mapped, not read (a check of the file)."""
+    import pickle
+
     import torch
 
     path = shard_path(directory, shard, version)
-    data = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True, mmap=map_only)
+    except (pickle.UnpicklingError, EOFError, RuntimeError, ValueError, AttributeError, KeyError,
+            TypeError, IndexError, zipfile.BadZipFile) as exc:
+        # Not torch's own text: for a file that does not unpickle it is advice to load it with
+        # weights_only=False, which would run whatever the file holds.
+        why = ("its contents do not unpickle as a checkpoint" if isinstance(exc, pickle.UnpicklingError)
+               else "it is empty or cut short" if isinstance(exc, EOFError)
+               else f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:120]}")
+        raise ValueError(f"{path}: not a readable checkpoint ({why})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a checkpoint (it holds a {type(data).__name__})")
     older = OLD_FORMATS.get(str(data.get("format")))
     if older:
         raise ValueError(f"{path}: written by an older hgtrain ({older}), which this one cannot resume; "
@@ -88,6 +105,25 @@ def load(directory: Path, shard: int, version: int) -> dict[str, Any]:
     if data.get("format") != FORMAT or data.get("shard") != shard or data.get("version") != version:
         raise ValueError(f"{path}: not a {FORMAT} file for shard {shard} version {version}")
     return data
+
+
+def intact(directory: Path, shard: int, version: int) -> str | None:
+    """Why shard ``shard``'s file of ``version`` is not a readable checkpoint, or None: its zip
+    container and every member's CRC, then what :func:`load` checks, with the tensors mapped, not
+    read. How a shard checks the other shards' files of a version before choosing it."""
+    path = shard_path(directory, shard, version)
+    try:
+        with zipfile.ZipFile(path) as zf:
+            bad = zf.testzip()
+    except (OSError, zipfile.BadZipFile, EOFError, ValueError) as exc:
+        return f"{path}: {exc}"
+    if bad:
+        return f"{path}: member {bad} is corrupt"
+    try:
+        load(directory, shard, version, map_only=True)
+    except (OSError, ValueError) as exc:
+        return str(exc)
+    return None
 
 
 def remove_temp_files(directory: Path, shard: int) -> None:

@@ -525,16 +525,17 @@ class ShardServer:
         assert self.ckpt_dir is not None
         checkpoint.remove_temp_files(self.ckpt_dir, self.shard)
         if version is None:
-            versions = checkpoint.complete_versions(self.ckpt_dir, len(self.ps_ranks))
-            if not versions:
+            data = self._newest_readable()
+            if data is None:
                 self._trace("resume", version=None)
                 return None
-            version = versions[0]
-        try:
-            data = checkpoint.load(self.ckpt_dir, self.shard, version)
-        except (OSError, ValueError) as exc:
-            raise TrainingError(f"PS shard {self.shard}: cannot load checkpoint version {version} "
-                                f"from {self.ckpt_dir}: {exc}") from exc
+            version = int(data["version"])
+        else:
+            try:
+                data = checkpoint.load(self.ckpt_dir, self.shard, version)
+            except (OSError, ValueError) as exc:
+                raise TrainingError(f"PS shard {self.shard}: cannot load checkpoint version {version}: "
+                                    f"{exc}") from None
         self._install(data["master"], tuple(Segment.from_wire(s) for s in data["segments"]), data["opt_spec"])
         assert self.opt is not None
         self.opt.load_state_dict(data["optimizer"])
@@ -550,6 +551,24 @@ class ShardServer:
         self._trace("resume", version=self.version,
                     data_positions={str(g): p for g, p in self.data_positions.items()})
         return self.version
+
+    def _newest_readable(self) -> dict[str, Any] | None:
+        """The newest complete set whose files are all readable: every shard sees the same files
+        and makes the same choice, so a corrupt file makes them all fall back to the version
+        before (said on stdout, naming the file)."""
+        assert self.ckpt_dir is not None
+        for version in checkpoint.complete_versions(self.ckpt_dir, len(self.ps_ranks)):
+            why = next((w for s in range(len(self.ps_ranks)) if s != self.shard
+                        for w in [checkpoint.intact(self.ckpt_dir, s, version)] if w), None)
+            if why is None:
+                try:
+                    return checkpoint.load(self.ckpt_dir, self.shard, version)
+                except (OSError, ValueError) as exc:
+                    why = str(exc)
+            print(f"PS shard {self.shard}: checkpoint version {version} is not usable ({why}); "
+                  f"trying the one before", flush=True)
+            self._trace("resume_skipped", version=version, why=why)
+        return None
 
     # --- main thread ---------------------------------------------------------------------------
     def wait(self) -> None:

@@ -143,3 +143,52 @@ def test_a_checkpoint_of_whole_tensor_shards_is_refused_with_the_reason(tmp_path
     torch.save(data, path)
     with pytest.raises(ValueError, match=r"older hgtrain \(shards of whole tensors\).*without resuming"):
         checkpoint.load(tmp_path, 0, 5)
+
+
+def test_a_corrupt_checkpoint_names_its_file_and_every_shard_falls_back_to_the_version_before(tmp_path, capsys):
+    """Garbage, an empty file, a truncated one and a pickled list: one ValueError naming the file
+    (no unpickling traceback), and resume takes the newest set whose files are all readable, on
+    every shard alike, even when the bad file is another shard's."""
+    import pytest
+
+    from hgcli.runtime import checkpoint
+    from hgcli.runtime.metrics import MetricsSink
+    from hgcli.runtime.ps import ShardServer
+    from hgcli.runtime.shards import Segment
+
+    def server(shard):
+        return ShardServer(shard=shard, ps_ranks=[5, 6], group_ids=[0], staleness_bound=0, global_batch=0,
+                           timeout_s=60, metrics=MetricsSink(None, {}), checkpoint_dir=tmp_path, checkpoint_every=1)
+
+    spec = {"name": "SGD", "kwargs": {"lr": 1.0}}
+    for shard in (0, 1):                                # versions 1 and 2 of both shards
+        s = server(shard)
+        try:
+            s.seed(0, torch.zeros(2), [Segment(0, 2, None)], spec)
+            s.pull(0)
+            s.push(0, torch.ones(2), 1.0, [{"lr": 1.0}]).wait()
+            s.push(0, torch.ones(2), 1.0, [{"lr": 1.0}]).wait()
+        finally:
+            s.close()
+    assert checkpoint.complete_versions(tmp_path, 2) == [2, 1]
+    good = checkpoint.shard_path(tmp_path, 1, 2).read_bytes()
+    for bad in (b"garbage" * 10, b"", good[: len(good) // 2], None):
+        path = checkpoint.shard_path(tmp_path, 1, 2)
+        if bad is None:
+            torch.save([1, 2], path)
+        else:
+            path.write_bytes(bad)
+        with pytest.raises(ValueError, match=r"shard1-v0000000002\.pt: not a (readable )?checkpoint") as err:
+            checkpoint.load(tmp_path, 1, 2)
+        assert "\n" not in str(err.value) and "weights_only" not in str(err.value)
+        assert checkpoint.intact(tmp_path, 1, 2) is not None
+        for shard in (0, 1):                            # both fall back to version 1
+            s = server(shard)
+            try:
+                assert s.resume() == 1
+                torch.testing.assert_close(s.master, torch.full((2,), -1.0))
+            finally:
+                s.close()
+        assert "checkpoint version 2 is not usable (" in capsys.readouterr().out
+    path.write_bytes(good)
+    assert checkpoint.intact(tmp_path, 1, 2) is None
