@@ -395,7 +395,7 @@ def metrics(job: str, fmt: str, ranks: str | None, output: Path | None) -> None:
     from .jobs import records as jobs
     from .jobs.logs import parse_ranks
     from .userfile import write_user_file
-    from .jobs.export import read_metrics, to_csv, to_jsonl
+    from .jobs.export import MAX_COLUMNS, read_metrics, to_csv, to_jsonl
 
     if fmt == "tensorboard":
         from .jobs.tensorboard import require_writer
@@ -411,7 +411,13 @@ def metrics(job: str, fmt: str, ranks: str | None, output: Path | None) -> None:
         assert output is not None
         click.echo(f"wrote TensorBoard event files to {export(record, rows, output)}", err=True)
         return
-    text = to_csv(rows) if fmt == "csv" else to_jsonl(rows)
+    if fmt == "csv":
+        text, dropped = to_csv(rows)
+        if dropped:
+            click.echo(f"hgtrain: {dropped} metric keys beyond the first {MAX_COLUMNS} left out of the CSV",
+                       err=True)
+    else:
+        text = to_jsonl(rows)
     if output is None:
         click.echo(text, nl=False)
         return

@@ -17,6 +17,8 @@ from ..errors import ConfigError
 _HOST = re.compile(r"^[A-Za-z0-9_.:%][A-Za-z0-9_.:%-]*$")
 # Far beyond any real allocation; stops a typo like gpu[1-99999999] from eating memory.
 MAX_HOSTS = 100_000
+# Digits in one range bound: far more than any node number, far fewer than int() refuses.
+_MAX_DIGITS = 64
 _SLOTS = re.compile(r"^slots=(\d+)$")
 
 
@@ -68,9 +70,20 @@ def expand_nodelist(nodelist: str, source: str = "SLURM_JOB_NODELIST") -> list[s
     lower bound (as Slurm prints it); several bracket groups in one name expand as their product
     (``r[1-2]n[1-2]`` -> r1n1 r1n2 r2n1 r2n2), like Slurm's multi-dimensional names.
     """
+    items = [_parse_item(item, source) for item in _split_top_level(nodelist, source)]
+    # Counted before anything is expanded: a short list like n[0-99999]m[0-99999] would otherwise
+    # build billions of names before being refused, and MAX_HOSTS caps the whole list, not each item.
+    total = 0
+    for item, choices in items:
+        count = math.prod(_count(choice) for choice in choices)
+        if count > MAX_HOSTS:
+            raise ConfigError(f"{item!r} expands to more than {MAX_HOSTS} hosts", source=source)
+        total += count
+    if total > MAX_HOSTS:
+        raise ConfigError(f"the node list expands to more than {MAX_HOSTS} hosts ({total})", source=source)
     hosts: list[str] = []
-    for item in _split_top_level(nodelist, source):
-        hosts.extend(_expand_item(item, source))
+    for item, choices in items:
+        hosts.extend(_expand_item(item, choices, source))
     if not hosts:
         raise ConfigError("the node list is empty", source=source)
     duplicates = [host for host, count in Counter(hosts).items() if count > 1]
@@ -105,34 +118,47 @@ def _split_top_level(nodelist: str, source: str) -> list[str]:
     return [item.strip() for item in items]
 
 
-def _expand_item(item: str, source: str) -> list[str]:
-    parts = re.split(r"(\[[^\]]*\])", item)
-    choices: list[list[str]] = []
-    for part in parts:
+# One part of a host name: fixed text, or a bracket's ranges as (low, high, zero-padded width).
+_Choice = str | list[tuple[int, int, int]]
+
+
+def _parse_item(item: str, source: str) -> tuple[str, list[_Choice]]:
+    choices: list[_Choice] = []
+    for part in re.split(r"(\[[^\]]*\])", item):
         if part.startswith("["):
-            choices.append(_expand_ranges(part[1:-1], item, source))
+            choices.append(_parse_ranges(part[1:-1], item, source))
         elif part:
-            choices.append([part])
-    if math.prod(len(c) for c in choices) > MAX_HOSTS:
-        raise ConfigError(f"{item!r} expands to more than {MAX_HOSTS} hosts", source=source)
-    hosts = ["".join(combo) for combo in itertools.product(*choices)]
+            choices.append(part)
+    return item, choices
+
+
+def _count(choice: _Choice) -> int:
+    return 1 if isinstance(choice, str) else sum(hi - lo + 1 for lo, hi, _ in choice)
+
+
+def _expand_item(item: str, choices: list[_Choice], source: str) -> list[str]:
+    expanded = [[choice] if isinstance(choice, str)
+                else [str(n).zfill(width) for lo, hi, width in choice for n in range(lo, hi + 1)]
+                for choice in choices]
+    hosts = ["".join(combo) for combo in itertools.product(*expanded)]
     for host in hosts:
         if not valid_host(host):
             raise ConfigError(f"{host!r} (from {item!r}) is not a host name", source=source)
     return hosts
 
 
-def _expand_ranges(ranges: str, item: str, source: str) -> list[str]:
-    values: list[str] = []
+def _parse_ranges(ranges: str, item: str, source: str) -> list[tuple[int, int, int]]:
+    values: list[tuple[int, int, int]] = []
     for rng in ranges.split(","):
         m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", rng)
         if m is None:
             raise ConfigError(f"cannot read range {rng!r} in {item!r}", source=source)
         lo, hi = m.group(1), m.group(2) or m.group(1)
+        if max(len(lo), len(hi)) > _MAX_DIGITS:   # int() of thousands of digits is a ValueError
+            raise ConfigError(f"range {rng.strip()!r} in {item!r} has numbers too long", source=source)
         if int(hi) < int(lo):
             raise ConfigError(f"range {rng.strip()!r} in {item!r} runs backwards", source=source)
         if int(hi) - int(lo) >= MAX_HOSTS:
             raise ConfigError(f"range {rng.strip()!r} in {item!r} is too large", source=source)
-        width = len(lo)
-        values.extend(str(n).zfill(width) for n in range(int(lo), int(hi) + 1))
+        values.append((int(lo), int(hi), len(lo)))
     return values

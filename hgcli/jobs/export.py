@@ -21,6 +21,10 @@ from ..schema.stages import JobRecord
 METRICS_FILE = "metrics.jsonl"
 # First, in this order, where present; every other key follows sorted (one column per key seen).
 LEADING = ("time", "node", "rank", "group", "role", "event", "step", "loss", "samples")
+# More columns than a spreadsheet view is of use for; the rest are left out, and the caller says so.
+MAX_COLUMNS = 256
+# A cell a spreadsheet would read as a formula (OWASP's CSV injection list): written after a "'".
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
 def metrics_path(record: JobRecord) -> Path:
@@ -57,21 +61,28 @@ def read_metrics(record: JobRecord, ranks: Iterable[int] | None = None) -> list[
     return rows
 
 
-def columns(rows: list[dict[str, Any]]) -> list[str]:
-    seen = {key for row in rows for key in row}
-    return [k for k in LEADING if k in seen] + sorted(seen - set(LEADING))
+def columns(rows: list[dict[str, Any]]) -> tuple[list[str], int]:
+    """The CSV's columns and how many keys were left out. At most MAX_COLUMNS: the LEADING ones, then
+    the others in the order they first appear (a rank that logs a new key per step would otherwise
+    turn a 118 KB file into a 9 MB CSV, built in memory)."""
+    seen = dict.fromkeys(key for row in rows for key in row)   # insertion order: first appearance
+    leading = [k for k in LEADING if k in seen]
+    others = [k for k in seen if k not in LEADING][:max(0, MAX_COLUMNS - len(leading))]
+    kept = leading + sorted(others)
+    return kept, len(seen) - len(kept)
 
 
-def to_csv(rows: list[dict[str, Any]]) -> str:
-    """One row per record, one column per key any record has; a missing value is an empty cell,
+def to_csv(rows: list[dict[str, Any]]) -> tuple[str, int]:
+    """One row per record, one column per key any record has (the first MAX_COLUMNS of them; the
+    count of keys left out is returned for the caller to say so); a missing value is an empty cell,
     a nested value (a list, an object) its JSON."""
     out = io.StringIO()
-    names = columns(rows)
+    names, dropped = columns(rows)
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(names)
+    writer.writerow([_neutral(name) for name in names])
     for row in rows:
         writer.writerow([_cell(row.get(name)) for name in names])
-    return out.getvalue()
+    return out.getvalue(), dropped
 
 
 def to_jsonl(rows: list[dict[str, Any]]) -> str:
@@ -83,4 +94,10 @@ def _cell(value: Any) -> Any:
         return ""
     if isinstance(value, (dict, list)):
         return json.dumps(value, sort_keys=True)
-    return value
+    return _neutral(value) if isinstance(value, str) else value   # a number (-1.5) stays a number
+
+
+def _neutral(text: str) -> str:
+    """A rank's string as text, never a formula: =HYPERLINK(...) in a metric would run when the CSV
+    is opened in a spreadsheet."""
+    return "'" + text if text.startswith(_FORMULA_START) else text

@@ -147,10 +147,12 @@ def _figure(record: JobRecord, points: list[Point]) -> Any:
         ax.set_xlim(left=0)   # the same time axis: seconds since the job's first record
     for ax in (axes[0][0], axes[0][1], axes[0][2], axes[1][0], axes[1][1]):
         if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize="small")
+            for text in ax.legend(fontsize="small").get_texts():
+                text.set_parse_math(False)   # labels are run and event names from the job's metrics
         ax.grid(alpha=0.3)
     _summary(axes[1][2], record, rates, _series(points, "throughput/predicted"), groups, color)
-    fig.suptitle(f"{record.id}: {' '.join(record.command)}"[:160], fontsize="medium")
+    # the command is the user's text, not matplotlib math: "$x_$" in it would fail to parse
+    fig.suptitle(f"{record.id}: {' '.join(record.command)}"[:160], fontsize="medium", parse_math=False)
     return fig
 
 
@@ -173,7 +175,7 @@ def _summary(ax: Any, record: JobRecord, rates: dict[str, list[Point]], predicte
         lines.append((f"{name:<10}{cells[0]:>9}   {cells[1]:>9}", color.get(run, "black")))
     for i, (text, tint) in enumerate(lines):
         ax.text(0.0, 1.0 - i * 0.085, text, transform=ax.transAxes, va="top", family="monospace",
-                fontsize="medium", color=tint)
+                fontsize="medium", color=tint, parse_math=False)   # run names: job data, not math
 
 
 def write_report(record: JobRecord, rows: list[dict[str, Any]], path: Path, fmt: str) -> None:

@@ -454,6 +454,26 @@ def test_bad_slurm_nodelist(nodelist, words):
     assert str(info.value).startswith("SLURM_JOB_NODELIST: ") and words in str(info.value)
 
 
+def test_slurm_nodelist_is_counted_before_it_is_expanded():
+    """A short list that names astronomically many hosts is refused at once, not after building
+    them (40 ranges of 100,000 took 0.8 s and 305 MB before; three brackets of them would never end)."""
+    import time
+
+    ranges = ",".join(f"{i * 100000}-{i * 100000 + 99999}" for i in range(40))
+    started = time.monotonic()
+    for nodelist in (f"n[{ranges}]", f"r[{ranges}]c[{ranges}]n[{ranges}]"):
+        with pytest.raises(ConfigError, match=r"^SLURM_JOB_NODELIST: .* expands to more than 100000 hosts$"):
+            expand_nodelist(nodelist)
+    assert time.monotonic() - started < 0.5
+    with pytest.raises(ConfigError, match="numbers too long"):   # int() would raise ValueError
+        expand_nodelist("a[1-" + "9" * 5000 + "]")
+
+
+def test_slurm_nodelist_cap_is_on_the_whole_list():
+    with pytest.raises(ConfigError, match=r"^SLURM_JOB_NODELIST: the node list expands to more than 100000 hosts"):
+        expand_nodelist("a[0-99999],b[0-99999],c[0-99999]")
+    assert len(expand_nodelist("a[0-49999],b[0-49999]")) == 100_000
+
 def test_node_source_choice(tmp_path):
     settings = write(tmp_path / "settings.toml", '[ssh]\nconnect_timeout = 3\n[defaults]\nuser = "u"\n')
     hosts = write(tmp_path / "hosts", "h1\nh2\n")

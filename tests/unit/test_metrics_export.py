@@ -9,6 +9,7 @@ import json
 import pytest
 
 from hgcli.jobs import records as jobs
+from hgcli.jobs.export import to_csv
 from hgcli.cli import main
 from hgcli.launch.record import JobBook
 from hgcli.schema.stages import JobRecord, RankRecord
@@ -117,3 +118,38 @@ def test_output_to_a_link_a_device_or_a_pipe_is_written_in_place(book, tmp_path)
     finally:
         os.close(reader)
     assert main(["metrics", "hg-metrics-1", "-o", str(tmp_path)]) == 2
+
+
+def test_columns_are_capped_and_the_rest_counted_once(book, capsys):
+    from hgcli.jobs.export import MAX_COLUMNS
+
+    path = jobs.job_dir("hg-metrics-1") / "metrics.jsonl"
+    with open(path, "a") as fh:                       # a rank that logs a new key every step
+        for step in range(3000):
+            fh.write(json.dumps({"rank": 0, "step": step, f"k{step:04d}": step}) + "\n")
+    assert main(["metrics", "hg-metrics-1"]) == 0
+    captured = capsys.readouterr()
+    header, *rows = list(csv.reader(io.StringIO(captured.out)))
+    assert len(header) == MAX_COLUMNS and len(rows) == 3003
+    assert header[:8] == ["time", "node", "rank", "group", "role", "event", "step", "loss"]
+    assert {"accuracy", "extra", "k0000"} <= set(header) and "k2999" not in header   # first seen are kept
+    total = len({"time", "node", "rank", "group", "role", "event", "step", "loss", "samples", "accuracy",
+                 "extra"}) + 3000
+    assert captured.err == (f"hgtrain: {total - MAX_COLUMNS} metric keys beyond the first {MAX_COLUMNS} "
+                            "left out of the CSV\n")
+
+
+def test_strings_that_a_spreadsheet_would_run_are_written_as_text(book, capsys):
+    path = jobs.job_dir("hg-metrics-1") / "metrics.jsonl"
+    path.write_text(json.dumps({"rank": 0, "step": -3, "loss": -1.5, "note": '=HYPERLINK("http://x","y")',
+                                "a": "+1", "b": "-2", "c": "@SUM(A1)", "d": "\tx", "f": "ok-=",
+                                "=cmd": 1}) + "\n")
+    assert main(["metrics", "hg-metrics-1"]) == 0
+    captured = capsys.readouterr()
+    row, = csv.DictReader(io.StringIO(captured.out))
+    assert row["note"] == "'=HYPERLINK(\"http://x\",\"y\")" and row["a"] == "'+1" and row["b"] == "'-2"
+    assert row["c"] == "'@SUM(A1)" and row["d"] == "'\tx" and row["f"] == "ok-="
+    assert row["'=cmd"] == "1"                               # a key is a header cell: the same
+    assert row["step"] == "-3" and row["loss"] == "-1.5"     # numbers stay numbers
+    assert captured.err == ""
+    assert to_csv([{"e": "\rx"}]) == ("e\n'\rx\n", 0)     # (csv leaves a lone \r unquoted: not parsed back)

@@ -118,6 +118,21 @@ def test_report_png_and_html_decode_to_a_drawn_picture(job, tmp_path):
     assert imread(io.BytesIO(png), format="png").shape[:2] == (672, 1200) and JOB in text
 
 
+def test_report_draws_dollar_signs_in_job_data_as_text(job, tmp_path, capsys):
+    """A command or an event named with $...$ is not matplotlib math: `$x_$` failed to parse (exit 1)."""
+    import json
+
+    from hgcli.jobs import records as jobs
+    from matplotlib.image import imread
+
+    with open(jobs.job_dir(JOB) / "metrics.jsonl", "a") as fh:   # an event name: a legend label
+        fh.write(json.dumps({"time": 121.0, "rank": 0, "node": "a", "event": "$x_$", "accuracy": 0.9}) + "\n")
+    out = tmp_path / "run.png"
+    assert main(["report", JOB, "-o", str(out)]) == 0, capsys.readouterr().err
+    jobs.save(dataclasses.replace(job, command=("python", "train.py", "--name", "$x_$")))   # the title
+    assert main(["report", JOB, "-o", str(out)]) == 0, capsys.readouterr().err
+    assert out.stat().st_size > 0 and imread(str(out)).shape[:2] == (672, 1200)
+
 def test_missing_extras_say_the_pip_command_and_nothing_is_written(job, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "tensorboard.summary.writer.event_file_writer", None)
     monkeypatch.setitem(sys.modules, "matplotlib", None)
