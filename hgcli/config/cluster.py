@@ -43,6 +43,7 @@ SLURM_SOURCE = "SLURM_JOB_NODELIST"
 
 ROOT_KEYS = ("ssh", "defaults", "nodes", "hostfile")
 SSH_KEYS = ("known_hosts", "strict_host_key_checking", "connect_timeout", "config")
+MAX_EMULATED = 1024       # emulated devices per node: their names travel on the probe's command line
 NODE_KEYS = ("host", "name", "port", "user", "identity_file", "proxy_jump", "python", "gpus", "emulate")
 PER_NODE_KEYS = ("host", "name")        # never in [defaults]: every node would get the same one
 EMULATE_KEYS = ("devices", "speed", "memory_mib")
@@ -184,6 +185,8 @@ def _read_cluster_file(path: Path) -> _Settings:
     text = _read_private_text(path, "cluster file")
     try:
         data = tomllib.loads(text)
+    except RecursionError:
+        raise ConfigError("TOML nested too deeply to be a cluster file", source=str(path)) from None
     except tomllib.TOMLDecodeError as exc:
         m = re.search(r"at line (\d+)", str(exc))
         line = m.group(1) if m else max(1, len(text.splitlines()))   # "at end of document"
@@ -450,6 +453,9 @@ def _emulate(f: _File, value: Any, at: KeyPath) -> EmulateSpec:
     memory = _list(f, value["memory_mib"], at + ("memory_mib",), lambda v, a: _integer(f, v, a, 1, 1 << 30))
     if not devices:
         raise f.error(at + ("devices",), f"{_keyname(at)}.devices: declare at least one device")
+    if len(devices) > MAX_EMULATED:
+        raise f.error(at + ("devices",), f"{_keyname(at)}.devices: {len(devices)} devices, more than the "
+                                         f"{MAX_EMULATED} one node may emulate")
     for key, values in (("speed", speed), ("memory_mib", memory)):
         if len(values) != len(devices):
             entries = "entry" if len(values) == 1 else "entries"

@@ -20,6 +20,7 @@ MAX_HOSTS = 100_000
 # Digits in one range bound: far more than any node number, far fewer than int() refuses.
 _MAX_DIGITS = 64
 _SLOTS = re.compile(r"^slots=(\d+)$")
+MAX_SLOTS = 1024          # devices (ranks) one hostfile line may declare
 
 
 @dataclass(frozen=True)
@@ -53,9 +54,14 @@ def parse_hostfile(text: str, source: str) -> list[HostEntry]:
                 raise ConfigError(f"cannot read {item!r}: expected 'host' or 'host slots=N'", source=where)
             if slots is not None:
                 raise ConfigError("slots given twice", source=where)
-            slots = int(m.group(1))
+            digits = m.group(1).lstrip("0") or "0"
+            if len(digits) > 6:          # int() of thousands of digits fails; no node has a million slots
+                raise ConfigError(f"slots={digits[:12]}... is more than {MAX_SLOTS} slots", source=where)
+            slots = int(digits)
             if slots < 1:
                 raise ConfigError("slots must be at least 1", source=where)
+            if slots > MAX_SLOTS:
+                raise ConfigError(f"slots={slots} is more than {MAX_SLOTS} slots", source=where)
         if host in seen:
             raise ConfigError(f"host {host!r} listed twice (first at line {seen[host]})", source=where)
         seen[host] = number

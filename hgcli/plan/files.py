@@ -28,11 +28,15 @@ def load_plan(path: Path, cluster: Cluster) -> Plan:
         raise ConfigError(f"cannot read plan file: {exc.strerror or exc}", source=str(path)) from exc
     except ValueError as exc:
         raise ConfigError(f"not a JSON plan file: {exc}", source=str(path)) from exc
+    except RecursionError:
+        raise ConfigError("not a JSON plan file: nested too deeply", source=str(path)) from None
     if isinstance(data, dict) and data.get("version", SCHEMA_VERSION) != SCHEMA_VERSION:
         raise ConfigError(f"plan format version {data.get('version')!r}, this hgtrain reads "
                           f"{SCHEMA_VERSION}; run 'hgtrain plan' again", source=str(path))
     try:
         plan = from_dict(Plan, data)
+    except RecursionError:
+        raise ConfigError("not a valid plan: nested too deeply", source=str(path)) from None
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"not a valid plan: {exc}", source=str(path)) from exc
     try:

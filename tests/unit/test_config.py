@@ -612,3 +612,28 @@ def test_example_file_loads_and_docs_cover_every_key():
     for key in ROOT_KEYS + SSH_KEYS + NODE_KEYS + EMULATE_KEYS:
         assert key in example_text, key
         assert f"`{key}`" in reference or f"`[{key}]`" in reference or f"`[[{key}]]`" in reference, key
+
+
+def test_deep_nesting_huge_slot_counts_and_device_floods_are_one_line_refusals(tmp_path):
+    """Untrusted input files: a TOML array nested 100,000 levels, a hostfile 'slots=' of 5000 digits
+    and an emulate table of 200,000 devices each give one ConfigError (exit 2) naming the file,
+    not a RecursionError, ValueError or a probe that fails with 'Argument list too long'."""
+    deep = write(tmp_path / "deep.toml", '[[nodes]]\nhost = "a"\nx = ' + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(ConfigError, match="nested too deeply") as info:
+        load_cluster(deep)
+    assert str(deep) in str(info.value) and info.value.exit_code == EXIT_USAGE
+    hosts = write(tmp_path / "hosts", "node1 slots=" + "9" * 5000 + "\n")
+    cfg = write(tmp_path / "h.toml", f'hostfile = "{hosts}"\n')
+    with pytest.raises(ConfigError, match=r"hosts:1: slots=9{12}\.\.\. is more than 1024 slots") as info:
+        load_cluster(cfg)
+    assert len(str(info.value)) < 200
+    write(hosts, "node1 slots=2000\n")
+    with pytest.raises(ConfigError, match="slots=2000 is more than 1024 slots"):
+        load_cluster(cfg)
+    n = 200_000
+    flood = write(tmp_path / "flood.toml", '[[nodes]]\nhost = "localhost"\nemulate = { devices = ['
+                  + ", ".join(['"T4"'] * n) + "], speed = [" + ", ".join(["1.0"] * n) + "], memory_mib = ["
+                  + ", ".join(["100"] * n) + "] }\n")
+    with pytest.raises(ConfigError, match="200000 devices, more than the 1024 one node may emulate") as info:
+        load_cluster(flood)
+    assert info.value.exit_code == EXIT_USAGE

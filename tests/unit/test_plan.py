@@ -437,6 +437,7 @@ def test_plan_files_round_trip_and_are_refused_on_another_cluster(tmp_path):
     ("{not json", "not a JSON plan file"),
     ('{"strategy": "auto"}', "not a valid plan"),
     ('{"version": 99}', "plan format version 99"),
+    ("[" * 200_000 + "]" * 200_000, "not a JSON plan file: nested too deeply"),
 ])
 def test_bad_plan_files_are_config_errors(tmp_path, content, message):
     path = tmp_path / "plan.json"
