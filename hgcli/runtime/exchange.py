@@ -193,14 +193,8 @@ class PSExchange:
 
         answers = self._call_shards(ps._state, "state", lambda s: ())
         flat = torch.cat([part for _, part, _ in answers])         # the shards' ranges, in order
-        names: dict[int, list[str]] = {}
-        for name, t in model.named_parameters(remove_duplicate=False):
-            names.setdefault(id(t), []).append(name)
-        params = self.group.params
-        for i, view in zip(self.layout.order, self.layout.views(flat, [tuple(p.shape) for p in params])):
-            for name in names.get(id(params[i]), []):
-                if name in state:
-                    state[name].copy_(view)
+        ordered = [self.group.params[i] for i in self.layout.order]   # the flat vector's order
+        flatten_.fill(state, model.named_parameters(remove_duplicate=False), ordered, flat)
         buffers = answers[0][2]
         if buffers is not None:
             flatten_.fill(state, model.named_buffers(remove_duplicate=False), self.group.buffers, buffers)

@@ -143,15 +143,17 @@ def constructor_kwargs(cls: type, defaults: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in defaults.items() if k in accepted}
 
 
-def build_optimizer(params: Sequence[torch.Tensor], spec: Mapping[str, Any]) -> torch.optim.Optimizer:
+def build_optimizer(params: Sequence[torch.Tensor], spec: Mapping[str, Any],
+                    kernel: Mapping[str, Any] | None = None) -> torch.optim.Optimizer:
     """The PS's optimizer over its shard's tensors (the worker builds one too, at wrap time, to refuse
-    a spec the PS could not build before anything is sent)."""
+    a spec the PS could not build before anything is sent); ``kernel``: implementation flags
+    (``{"fused": True}``) on top of the spec's defaults."""
     full = normalise_spec(spec, len(params))
     cls = resolve_class(full["module"], full["qualname"])
     groups = [{"params": [params[i] for i in g["params"]], **g["options"]} for g in full["groups"]]
     try:
-        return cls(groups, **constructor_kwargs(cls, full["defaults"]))
-    except (TypeError, ValueError) as exc:
+        return cls(groups, **{**constructor_kwargs(cls, full["defaults"]), **(kernel or {})})
+    except (TypeError, ValueError, RuntimeError) as exc:
         raise TrainingError(f"optimizer {full['module']}.{full['qualname']} cannot be built on the "
                             f"parameter server: {exc}") from exc
 
@@ -162,17 +164,15 @@ def build_fast_optimizer(params: Sequence[torch.Tensor], spec: Mapping[str, Any]
     where the class has one (Adam, AdamW, SGD, Adagrad: one multi-threaded kernel over each tensor),
     else its foreach one; returns it and the implementation's name ("fused", "foreach", "default")."""
     full = normalise_spec(spec, len(params))
-    cls = resolve_class(full["module"], full["qualname"])
     try:
-        accepted = inspect.signature(cls).parameters
+        accepted = inspect.signature(resolve_class(full["module"], full["qualname"])).parameters
     except (TypeError, ValueError):
         accepted = {}   # type: ignore[assignment]
     for impl in ("fused", "foreach"):
         if impl in accepted:
-            groups = [{"params": [params[i] for i in g["params"]], **g["options"]} for g in full["groups"]]
             try:
-                return cls(groups, **{**constructor_kwargs(cls, full["defaults"]), impl: True}), impl
-            except (TypeError, ValueError, RuntimeError):
+                return build_optimizer(params, spec, {impl: True}), impl
+            except TrainingError:
                 continue     # not for these tensors (or this torch): the next implementation
     return build_optimizer(params, spec), "default"
 

@@ -4,8 +4,8 @@ The RPC handlers (ps.py) hand the bulk work here and return at once, so a transf
 RPC thread. A push is received into the shard's one staging buffer (the optimizer's ``.grad``; a
 bf16 push is widened on the way, transfer.py) on a thread of :attr:`ShardIO.pushes`, then applied
 by ``ShardServer.push``. An answer with parameters is delivered in two parts: its RPC result says
-that parameters follow, and a thread of :attr:`ShardIO.sends` sends them from the shard's answer
-source (no copy). Until that send is done it counts as a reader, which keeps the next step waiting.
+that parameters follow, and a thread of :attr:`ShardIO.sends` sends them from the shard's master
+copy (no copy of it; narrowed to bf16 on the way under the bf16 wire). Until that send is done it counts as a reader, which keeps the next step waiting.
 """
 from __future__ import annotations
 

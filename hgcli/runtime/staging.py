@@ -3,13 +3,13 @@
 Both are host tensors of the whole flat vector in the layout's order (shards.py), allocated once and
 reused at every step; a shard's part is a slice. On a CUDA leader they are pinned, and the copies
 between them and the device run ``non_blocking`` on a side stream of their own, through one device
-buffer of the flat vector: the gradients are concatenated into it on the training stream, copied to
+buffer of the flat vector: the gradients are copied into it on the training stream, copied to
 the host on the side stream while the training stream goes on, and an answer comes back the same
 way, its parameters loaded by one foreach copy that the training stream then waits for. On the CPU
 the gradients are copied straight into the push buffer, and the answer straight into the
 parameters, by one foreach copy each.
 
-Under the bf16 wire the push buffer holds bf16. The error feedback's residual (exchange.py) is fp32
+Under the bf16 wire the push buffer holds bf16. The error feedback's residual (here) is fp32
 beside the gradients (on their device): the gradients are added into it, it is rounded into the
 wire buffer, and what rounding left out stays in it for the next push.
 
@@ -73,7 +73,8 @@ class Staging:
                 torch._foreach_copy_(self.device_views, ordered)
             else:
                 round_into(self.residual, self.on_device)
-            self._wait_loaded()
+            # The device buffer's last use (an answer's load) was on the side stream, which the
+            # training stream waited for: stream order suffices, no host sync.
             self.stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(self.stream):
                 self.push.copy_(self.on_device, non_blocking=True)

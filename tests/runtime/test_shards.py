@@ -192,3 +192,40 @@ def test_a_corrupt_checkpoint_names_its_file_and_every_shard_falls_back_to_the_v
         assert "checkpoint version 2 is not usable (" in capsys.readouterr().out
     path.write_bytes(good)
     assert checkpoint.intact(tmp_path, 1, 2) is None
+
+
+def test_a_step_waits_for_the_answers_still_being_sent_from_the_master_copy():
+    """An answer with parameters is sent from the master copy itself, counted as a reader until the
+    send is done: the next push's optimizer step must not change the master copy before that."""
+    import threading
+
+    from hgcli.runtime.metrics import MetricsSink
+    from hgcli.runtime.ps import PARAMS, ShardServer
+    from hgcli.runtime.shards import Segment
+
+    server = ShardServer(shard=0, ps_ranks=[3], group_ids=[0], staleness_bound=0, global_batch=0,
+                         timeout_s=60, metrics=MetricsSink(None, {}))
+    in_flight = []
+
+    def deliver(group, fut, fields):                  # as ps_io.ShardIO does: a send still going on
+        if any(f is PARAMS for f in fields):
+            server.readers += 1
+            in_flight.append(server.master.clone())
+        fut.set_result(fields)
+
+    server.deliver = deliver
+    try:
+        server.seed(0, torch.zeros(2), [Segment(0, 2, None)], {"name": "SGD", "kwargs": {"lr": 1.0}})
+        server.pull(0)
+        assert server.readers == 1
+        pushed = threading.Thread(target=lambda: server.push(0, torch.ones(2), 1.0, [{"lr": 1.0}]))
+        pushed.start()
+        pushed.join(0.5)
+        assert pushed.is_alive() and torch.equal(server.master, torch.zeros(2))   # waiting, untouched
+        with server.cv:
+            server.readers -= 1                       # the send is done
+            server.cv.notify_all()
+        pushed.join(10)
+        assert not pushed.is_alive() and torch.equal(server.master, torch.full((2,), -1.0))
+    finally:
+        server.close()
