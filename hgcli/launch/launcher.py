@@ -196,14 +196,16 @@ class _Prepared:
 
 
 def _prepare_node(node: NodeSpec, link: AgentLink, plan_json: str, job_id: str, jobs_root: str,
-                  want_port: bool, checkpoints: str | None) -> _Prepared:
-    """Start the node's agent (shipping the package if needed) and let it write the plan file, find a
-    free port there and, with ``checkpoints`` (a directory on the node), list the PS checkpoint
-    versions in it (``node/prelaunch.py``); its spec follows once every node is prepared."""
+                  store_address: str | None, checkpoints: str | None) -> _Prepared:
+    """Start the node's agent (shipping the package if needed) and let it write the plan file; with
+    ``store_address`` (rank 0's node: MASTER_ADDR) bind a free port there for the job's store, which
+    the agent serves (``node/agent/store.py``); with ``checkpoints`` (a directory on the node) list the
+    PS checkpoint versions in it (``node/prelaunch.py``). Its spec follows once every node is prepared."""
     try:
         link.start()
         ok = link.prepare({"job_id": job_id, "node": node.name, "jobs_root": jobs_root, "plan": plan_json,
-                           "port": want_port, "checkpoints": checkpoints})
+                           "port": store_address is not None, "address": store_address,
+                           "checkpoints": checkpoints})
     except BaseException:
         link.close(join_s=0.5)   # a retry starts a fresh link; this one must not linger
         raise
@@ -334,6 +336,7 @@ class _Attempt:
                                       resume=number > 0, resume_version=_resume_version(plan, prepared))
             specs = {n: agent_spec(plan=plan, job_id=agent_id, node=launches[n], command=request.command,
                                    user_env=self.env, master_addr=self.master_addr, master_port=port,
+                                   agent_store=True,
                                    jobs_root=request.jobs_root, grace_s=request.grace_s,
                                    heartbeat_interval_s=request.heartbeat_interval_s,
                                    heartbeat_timeout_s=request.heartbeat_timeout_s, detach=request.detach,
@@ -385,7 +388,7 @@ class _Attempt:
         while True:
             results = fanout(todo, lambda n: _prepare_node(
                 n, AgentLink(self.transports[n.name], inbox), plan_json, agent_id, request.jobs_root,
-                n.name == plan.rank(0).node, self.checkpoint_dirs.get(n.name) if number and n.name in ps_nodes else None))
+                self.master_addr if n.name == plan.rank(0).node else None, self.checkpoint_dirs.get(n.name) if number and n.name in ps_nodes else None))
             done.update((r.node.name, r.value) for r in results.succeeded if r.value is not None)
             failed = list(results.failed)
             if not failed or self.interrupt.count or time.monotonic() + RETRY_S > deadline:

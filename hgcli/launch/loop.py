@@ -30,7 +30,7 @@ from .record import JobBook
 from .mailbox import Mailbox
 from ..schema.stages import JobState, Plan
 from ..node.protocol import (
-    DetachedFrame, EndFrame, ErrorFrame, ExitFrame, FrameType, LogsFrame, MetricFrame, RankState, StartedFrame,
+    DetachedFrame, EndFrame, ErrorFrame, ExitFrame, FrameType, LogsFrame, MetricFrame, RankState, StartedFrame, StoppingFrame,
     WarningFrame, frame_type,
 )
 from .agentlink import AgentLink, Inbound, frame_bytes
@@ -201,6 +201,12 @@ class JobController:
             self._note(node, "the connection was too slow to forward every log line; the "
                              "node-local files are complete ('hgtrain logs' reads them)")
 
+    def _stopping(self, node: str, frame: StoppingFrame) -> None:
+        """An agent stops its ranks on its own: only a failure of its own part (the job's store) is
+        the job's root cause; for the rest (a stop asked for, a lost link) the ranks' exits say it."""
+        if frame.get("failed"):
+            self._fail_node(node, str(frame.get("reason") or "failed"), EXIT_JOB)
+
     def _detached(self, node: str, frame: DetachedFrame) -> None:
         self.nodes[node].detached = True
 
@@ -265,7 +271,7 @@ class JobController:
 
     HANDLERS: ClassVar[dict[FrameType | None, Callable[[JobController, str, Any], None]]] = {
         FrameType.LOGS: _logs, FrameType.METRIC: _metric, FrameType.STARTED: _started, FrameType.EXIT: _exit,
-        FrameType.END: _end, FrameType.DETACHED: _detached, FrameType.WARNING: _warning, FrameType.ERROR: _error,
+        FrameType.END: _end, FrameType.STOPPING: _stopping, FrameType.DETACHED: _detached, FrameType.WARNING: _warning, FrameType.ERROR: _error,
     }
 
     def _connection_ended(self, node: _Node) -> None:

@@ -116,7 +116,7 @@ class NodeJobState(_States):
     RUNNING = "running"
     STOPPING = "stopping"
     SUCCEEDED = "succeeded"
-    FAILED = "failed"              # a rank failed (the end frame's first_failure)
+    FAILED = "failed"              # a rank failed (the end frame's first_failure), or the job's store
     STOPPED = "stopped"
     ORPHANED = "orphaned"          # --status: the agent died before finishing; ranks still run
     LOST = "lost"                  # --status: the agent died before finishing; none runs
@@ -212,6 +212,7 @@ class HeartbeatFrame(TypedDict, total=False):
 class StoppingFrame(TypedDict):
     type: str
     reason: str
+    failed: bool                   # the agent's own part failed (the job's store): the root cause
 
 
 class RankError(TypedDict):

@@ -31,11 +31,43 @@ SHIP_TIMEOUT_S = 120.0
 # Both scripts run with ``python -c`` on the node and answer with one frame, so login-shell noise on
 # stdout cannot be mistaken for the answer. Standard library only: the package is not there yet
 # (so the frame is written out here: a ``ship`` frame, see hgcli.node.protocol).
+#
+# The code there is run by the agent, so it must be this user's alone: ``unsafe`` walks ~/.cache,
+# ~/.cache/hgtrain (either may be a link), the package directory and every entry below it (the .py
+# files and the __pycache__ that Python writes beside them), and refuses any that another user
+# owns, that group or others may write, or (below the cache) that is a symbolic link. Both scripts answer "unsafe" with the first such
+# path instead of using or extending it (the controller refuses the node in one line).
 _PRELUDE = r"""
-import json, os, sys
-root = os.path.join(os.path.expanduser("~"), ".cache", "hgtrain", "pkg-" + sys.argv[1])
-def answer(state):
-    sys.stdout.write("\x1ehgtrain " + json.dumps({"type": "%s", "state": state, "root": root}) + "\n")
+import json, os, stat, sys
+cache = os.path.join(os.path.expanduser("~"), ".cache")
+root = os.path.join(cache, "hgtrain", "pkg-" + sys.argv[1])
+def answer(state, why=None):
+    sys.stdout.write("\x1ehgtrain " + json.dumps({"type": "%s", "state": state, "root": root, "why": why}) + "\n")
+def problem(path, follow=False):
+    st = os.stat(path) if follow else os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        return path + " is a symbolic link"
+    if st.st_uid != os.geteuid():
+        return "%%s belongs to another user (uid %%d)" %% (path, st.st_uid)
+    if st.st_mode & 0o022:
+        return "%%s is writable by others (mode %%04o)" %% (path, stat.S_IMODE(st.st_mode))
+def unsafe():
+    for path in (cache, os.path.dirname(root)):
+        if os.path.exists(path) and problem(path, follow=True):   # ~/.cache may be a link to a bigger disk
+            return problem(path, follow=True)
+    if not os.path.lexists(root):
+        return None
+    if problem(root):
+        return problem(root)
+    for top, dirs, files in os.walk(root):
+        for name in dirs + files:
+            why = problem(os.path.join(top, name))
+            if why:
+                return why
+why = unsafe()
+if why:
+    answer("unsafe", why)
+    sys.exit(0)
 """ % FrameType.SHIP.value
 
 CHECK_SCRIPT = _PRELUDE + r"""
@@ -67,9 +99,12 @@ answer("shipped")
 
 
 # ``sh -c GUARD_SCRIPT sh <root> <command...>``: run the command only if the package is still at
-# <root> (someone may have cleared ~/.cache); else answer "missing" with MISSING_EXIT. No Python
-# start-up, so a node command costs one round trip, as with a plain ssh.
-GUARD_SCRIPT = ('[ -d "$1/hgcli" ] || { printf \'\\036hgtrain {"type":"%s","state":"missing"}\\n\'; '
+# <root> (someone may have cleared ~/.cache) and still this user's; else answer "missing" with
+# MISSING_EXIT, and the transport checks (and refuses, or ships) again. No Python start-up and no
+# process of its own, so a node command costs one round trip, as with a plain ssh; the full walk
+# of ``unsafe`` runs whenever the package is checked or shipped.
+GUARD_SCRIPT = ('{ [ -d "$1/hgcli" ] && [ -O "$1" ] && [ -O "$1/hgcli" ] && [ -O "$1/.." ]; } || '
+                '{ printf \'\\036hgtrain {"type":"%s","state":"missing"}\\n\'; '
                 'exit 97; }; shift; exec "$@"') % FrameType.SHIP.value
 MISSING_EXIT = 97
 
@@ -126,6 +161,10 @@ def ensure_package(transport: Transport) -> str:
     frame = _answer(transport, CHECK_SCRIPT, None)
     if frame["state"] == "missing":
         frame = _answer(transport, EXTRACT_SCRIPT, package_tar())
+    if frame["state"] == "unsafe":
+        raise RemoteError(transport.node.name, f"refusing to run hgtrain's node code from {frame['root']}: "
+                                               f"{frame.get('why')}; only this user may write the package "
+                                               "cache (remove it, or chmod go-w it)")
     return str(frame["root"])
 
 

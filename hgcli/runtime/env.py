@@ -63,10 +63,13 @@ class RankEnv:
 def rank_env(plan: model.Plan, rank: int, *, master_addr: str, master_port: int, plan_path: str,
              job_id: str, metrics_fd: int | None = None, timeout_s: float | None = None,
              bind_addr: str | None = None, token: str | None = None,
-             run_id: str | None = None, restart_count: int = 0, max_restarts: int = 0) -> dict[str, str]:
+             run_id: str | None = None, restart_count: int = 0, max_restarts: int = 0,
+             agent_store: bool = False) -> dict[str, str]:
     """The variables a launcher sets for ``rank`` (added to the inherited environment). ``bind_addr``:
     the address this rank's node is known by, where its listeners bind (``netbind``; None: torch's
-    choice); ``token``: the job's rendezvous secret.
+    choice); ``token``: the job's rendezvous secret; ``agent_store``: the store at MASTER_PORT is
+    served by the agent (``hgtrain launch``), so every rank is its client, as under torchrun's agent;
+    else rank 0 hosts it (``hgcli.local``).
 
     torchrun's whole set, with torchrun's meaning (``torch/distributed/run.py``), so frameworks that
     detect torchelastic (``torch.distributed.is_torchelastic_launched()``, Lightning) see one: a node
@@ -87,8 +90,9 @@ def rank_env(plan: model.Plan, rank: int, *, master_addr: str, master_port: int,
         "ROLE_WORLD_SIZE": str(len(role_ranks)),
         "TORCHELASTIC_RUN_ID": run_id or job_id, "TORCHELASTIC_RESTART_COUNT": str(restart_count),
         "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
-        # The ranks make their own store (rank 0 hosts it at MASTER_PORT): there is no agent store.
-        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        # torch's env:// rendezvous reads it: "True", every rank connects to the store at MASTER_PORT
+        # as a client; "False", rank 0 starts the server there (on every interface).
+        "TORCHELASTIC_USE_AGENT_STORE": str(agent_store),
         "HGTRAIN_PLAN": plan_path, "HGTRAIN_ROLE": rp.role.value,
         "HGTRAIN_GROUP": "" if rp.group is None else str(rp.group),
         "HGTRAIN_BATCH_SIZE": "" if rp.batch_size is None else str(rp.batch_size),

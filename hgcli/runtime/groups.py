@@ -82,10 +82,12 @@ def check_rpc_needs(env: RankEnv) -> None:
 
 
 def open_store(env: RankEnv, addr: str, port: int, timeout: datetime.timedelta) -> dist.Store:
-    """Rank 0 hosts the store on ``addr`` only: it binds the listening socket itself and gives it to
-    torch (TCPStore would bind every interface). The job's keys sit under its token's prefix, so a
-    client without the token sees and writes none of them."""
-    if env.rank == 0:
+    """Under ``hgtrain launch`` (and torchrun) the agent serves the store
+    (``TORCHELASTIC_USE_AGENT_STORE=True``) and every rank is a client; otherwise rank 0 hosts it on
+    ``addr`` only: it binds the listening socket itself and gives it to torch (TCPStore would bind
+    every interface). The job's keys sit under its token's prefix, so a client without the token
+    sees and writes none of them."""
+    if env.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         base = netbind.master_store(addr, port, env.world_size, timeout, wait_for_workers=False,
                                     multi_tenant=True)
     else:
@@ -96,8 +98,8 @@ def open_store(env: RankEnv, addr: str, port: int, timeout: datetime.timedelta) 
 
 def join(env: RankEnv, timeout: datetime.timedelta) -> dist.Store:
     """The rendezvous, done so that a rank that never joins is *named* after the timeout (torch's own
-    only counts clients: "1/2 clients joined"). Rank 0 hosts the store on MASTER_ADDR:MASTER_PORT
-    (multi-tenant, so RPC's rendezvous shares it); every rank checks in under its own key and
+    only counts clients: "1/2 clients joined"). The store is at MASTER_ADDR:MASTER_PORT (the agent's,
+    or rank 0's, multi-tenant, so RPC's rendezvous shares it); every rank checks in under its own key and
     waits for all the others' keys."""
     addr, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500"))
     start = time.monotonic()

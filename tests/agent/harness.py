@@ -54,6 +54,23 @@ def job_pids(job_id: str, node: str | None = None) -> list[int]:
     return found
 
 
+def store_pid(job_id: str) -> int | None:
+    """The job's store process (served by rank 0's agent under a launch), if it runs."""
+    for pid in job_pids(job_id):
+        try:
+            if b"hgcli.node.agent.store" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
+        except OSError:
+            pass
+    return None
+
+
+def rank_pids(job_id: str, node: str | None = None) -> list[int]:
+    """``job_pids`` but the job's store: the ranks (and their children)."""
+    store = store_pid(job_id)
+    return [pid for pid in job_pids(job_id, node) if pid != store]
+
+
 def log_lines(found: list[dict[str, Any]], rank: int, stream: str = "out") -> list[str]:
     """Whole lines of one stream from its ``logs`` frames, the pieces of long lines joined."""
     out, cur = [], ""

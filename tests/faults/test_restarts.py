@@ -20,7 +20,7 @@ import pytest
 
 from hgcli.jobs.records import attempt_job_id
 from hgcli.schema.stages import Cluster
-from tests.agent.harness import job_pids
+from tests.agent.harness import rank_pids, job_pids
 from tests.launch.hg import WAIT_S, cluster_toml
 from tests.launch.plans import local_cluster, make_plan, plan_file
 
@@ -109,7 +109,7 @@ def test_status_and_stop_reach_the_restarted_attempt(hg, tmp_path):
     assert status.returncode == 0, status.stderr
     data = json.loads(status.stdout)
     assert len(data["restarts"]) == 1 and [n["state"] for n in data["live"]["nodes"]] == ["running"] * 2, data
-    assert len(job_pids(attempt_job_id(job_id, 1))) == 2
+    assert len(rank_pids(attempt_job_id(job_id, 1))) == 2
     stop = cli(hg, "stop", job_id, "--json")
     assert stop.returncode == 0, stop.stderr
     run.finish(timeout=WAIT_S)

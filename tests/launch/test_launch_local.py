@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 
-from tests.agent.harness import job_pids, wait_until
+from tests.agent.harness import rank_pids, job_pids, wait_until
 
 from .hg import assert_not_in_any_cmdline, cluster_toml, text_under
 from .plans import local_cluster, make_plan, plan_file
@@ -149,7 +149,7 @@ def test_controller_sigkilled_leaves_the_agents_to_clean_up(hg, tmp_path):
                    PY, "-c", "import time; time.sleep(600)")
     run.wait_all_started(3)
     job_id = run.job_id
-    assert len(job_pids(job_id)) == 3
+    assert len(rank_pids(job_id)) == 3
     run.proc.kill()
     run.finish()
     wait_until(lambda: job_pids(job_id) == [], what="the agents to stop their ranks")
@@ -237,14 +237,14 @@ def test_detach_returns_at_once_and_the_agent_stop_ends_only_that_job(hg, tmp_pa
         assert hg.record(started[-1])["state"] == "running" and hg.record(started[-1])["detached"]
         assert not list(hg.job_dir(started[-1]).glob("rank*.log"))   # the logs live on the nodes
     for job_id in started:
-        wait_until(lambda: len(job_pids(job_id)) == 3, what="the detached ranks")
+        wait_until(lambda: len(rank_pids(job_id)) == 3, what="the detached ranks")
     from tests.agent.harness import transport
     from hgcli.remote.transport import node_module_argv
     argv, env = node_module_argv(transport("a"), "agent", "--stop", started[0])
     done = transport("a").run(argv, env=env, timeout=120)
     assert done.exit_code == 0, done.stdout + done.stderr
     wait_until(lambda: job_pids(started[0]) == [], what="the stopped job's ranks to end")
-    assert len(job_pids(started[1])) == 3       # the other job on the same nodes runs on
+    assert len(rank_pids(started[1])) == 3       # the other job on the same nodes runs on
     argv, env = node_module_argv(transport("a"), "agent", "--stop", started[1])
     assert transport("a").run(argv, env=env, timeout=120).exit_code == 0
 
@@ -324,7 +324,7 @@ def test_detached_job_is_seen_by_status_and_ended_by_stop_from_another_directory
     assert code == 0, err
     job_id = json.loads(out.splitlines()[-1])["job_id"]
     assert hg.record(job_id)["cluster_source"] == str(ctoml)     # absolute: readable from anywhere
-    wait_until(lambda: len(job_pids(job_id)) == 3, what="the detached ranks")
+    wait_until(lambda: len(rank_pids(job_id)) == 3, what="the detached ranks")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
 

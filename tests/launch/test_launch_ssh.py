@@ -15,7 +15,7 @@ import pytest
 
 from hgcli.launch.spec import unforwarded_names
 from hgcli.schema.stages import Cluster
-from tests.agent.harness import job_pids, wait_until
+from tests.agent.harness import rank_pids, job_pids, wait_until
 
 from .hg import assert_not_in_any_cmdline, cluster_toml, text_under
 from .plans import make_plan, plan_file
@@ -46,19 +46,14 @@ import json, os, socket, sys, time
 print(json.dumps({k: os.environ.get(k) for k in ('RANK', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT', 'HOME')}))
 print(json.dumps(sys.argv[1:]))
 addr = (os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']))
-if os.environ['RANK'] == '0':      # rank 0 listens on MASTER_PORT; the others reach it at MASTER_ADDR
-    srv = socket.create_server(('0.0.0.0', addr[1]))
-    srv.settimeout(60)
-    for _ in range(int(os.environ['WORLD_SIZE']) - 1):
-        srv.accept()[0].close()
-    print('rank 0 met everyone')
-else:
-    for _ in range(600):
-        try:
-            socket.create_connection(addr, timeout=30).close()
-            break
-        except ConnectionRefusedError:
-            time.sleep(0.1)
+# rank 0's agent serves the job's store there: every rank, on every host, reaches it at MASTER_ADDR
+for _ in range(600):
+    try:
+        socket.create_connection(addr, timeout=30).close()
+        break
+    except ConnectionRefusedError:
+        time.sleep(0.1)
+print('reached the store')
 """
 
 ARGS = ["$HOME", "a b", "it's", 'say "hi"', "; echo pwned", "`id`", "$(id)", "*", "x\ny", "\\", ""]
@@ -79,7 +74,8 @@ def test_job_across_three_hosts_runs_to_completion_and_args_arrive_literally(hos
     for rank, (node, env) in seen.items():
         assert env["MASTER_ADDR"] == hosts[0].address                   # rank 0's host as the others reach it
         assert env["HOME"] == str(hosts[int(node[-1]) - 1].home)          # it really ran on that host
-    assert [e["line"] for e in logs if e["rank"] == 0].count("rank 0 met everyone") == 1
+    assert [e["rank"] for e in logs if e["line"] == "reached the store"].count(0) == 1
+    assert sorted(e["rank"] for e in logs if e["line"] == "reached the store") == [0, 1, 2, 3]
     for rank in range(4):
         argv_line = [e["line"] for e in logs if e["rank"] == rank and e["line"].startswith("[")]
         assert json.loads(argv_line[0]) == ARGS
@@ -135,7 +131,7 @@ def test_two_detached_jobs_on_the_same_hosts_stop_independently(hosts, cluster, 
         assert code == 0, err
         jobs.append(json.loads(out.splitlines()[-1])["job_id"])
     for job_id in jobs:
-        wait_until(lambda: len(job_pids(job_id)) == 3, what="the detached ranks")
+        wait_until(lambda: len(rank_pids(job_id)) == 3, what="the detached ranks")
     from hgcli.remote.fanout import open_transport
     from hgcli.remote.transport import node_module_argv
 
@@ -146,7 +142,7 @@ def test_two_detached_jobs_on_the_same_hosts_stop_independently(hosts, cluster, 
                 assert t.run(argv, env=env, timeout=120).exit_code == 0
 
     stop(jobs[0])
-    assert job_pids(jobs[0]) == [] and len(job_pids(jobs[1])) == 3
+    assert job_pids(jobs[0]) == [] and len(rank_pids(jobs[1])) == 3
     stop(jobs[1])
     assert job_pids(jobs[1]) == []
 

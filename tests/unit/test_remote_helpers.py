@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 import io
+import os
 import shlex
+import shutil
+import stat
 import subprocess
 import tarfile
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -107,3 +111,55 @@ def test_guard_runs_the_command_only_when_the_package_is_there(tmp_path):
     (tmp_path / "hgcli").mkdir()
     present = guarded(tmp_path)
     assert present.stdout == "ran\n" and not ship.says_missing(present)
+    # the package now belongs to another user: the guard sends the transport back to the full check
+    os.chown(tmp_path / "hgcli", NOBODY, NOBODY)
+    foreign = guarded(tmp_path)
+    assert ship.says_missing(foreign) and "ran" not in foreign.stdout
+
+
+NOBODY = 65534
+
+
+def planted(home: Path) -> Path:
+    """A complete package copy where the shipper would put it, with code that leaves a mark if run."""
+    root = home / ".cache" / "hgtrain" / f"pkg-{ship.package_digest()}"
+    for name, data in ship.package_files():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    for path in [home / ".cache", home / ".cache" / "hgtrain", root, *root.rglob("*")]:
+        path.chmod(0o700 if path.is_dir() else 0o600)
+    return root
+
+
+@pytest.mark.parametrize("plant, why", [
+    (lambda root: root.parent.chmod(0o777), "/.cache/hgtrain is writable by others (mode 0777)"),
+    (lambda root: os.chown(root / "hgcli", NOBODY, NOBODY), f"/hgcli belongs to another user (uid {NOBODY})"),
+    (lambda root: (root / "hgcli" / "node" / "agent" / "main.py").chmod(0o666),
+     "/hgcli/node/agent/main.py is writable by others (mode 0666)"),
+    (lambda root: (root / "hgcli" / "__pycache__").mkdir(mode=0o777) or (root / "hgcli" / "__pycache__").chmod(0o777),
+     "/hgcli/__pycache__ is writable by others (mode 0777)"),
+    (lambda root: (root / "hgcli" / "evil.py").symlink_to("/tmp/evil.py"), "/hgcli/evil.py is a symbolic link"),
+])
+def test_a_package_cache_others_could_write_is_refused_not_used(tmp_path, monkeypatch, plant, why):
+    """A planted ~/.cache/hgtrain of mode 0777, or a package in it another user owns, was reported
+    present and its code run by the agent."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    root = planted(tmp_path)
+    plant(root)
+    transport = LocalTransport(NodeSpec(name="n1", host="localhost"))
+    with pytest.raises(RemoteError) as info:
+        ship.ensure_package(transport)
+    assert info.value.host == "n1"
+    assert info.value.reason.startswith(f"refusing to run hgtrain's node code from {root}: {tmp_path}")
+    assert why in info.value.reason and info.value.reason.endswith("(remove it, or chmod go-w it)")
+
+
+def test_a_private_package_cache_is_used_and_a_missing_one_shipped_privately(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    root = planted(tmp_path)
+    transport = LocalTransport(NodeSpec(name="n1", host="localhost"))
+    assert ship.ensure_package(transport) == str(root)
+    shutil.rmtree(tmp_path / ".cache")
+    assert ship.ensure_package(transport) == str(root)     # shipped: every entry private to this user
+    modes = {stat.S_IMODE(p.lstat().st_mode) & 0o022 for p in [root, *root.rglob("*")]}
+    assert modes == {0}

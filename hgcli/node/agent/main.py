@@ -25,6 +25,7 @@ from .jobdir import node_dirs
 from .output import FrameWriter
 from .prelaunch import prepare
 from .spec import DEFAULT_JOBS_ROOT, parse_spec
+from .store import StoreHost
 from .supervisor import Supervisor, prepare_job_dir
 from ...errors import StateError
 
@@ -52,11 +53,13 @@ def _read_frame(timeout_s: int) -> dict | None:
 
 def run_agent() -> int:
     first = _read_frame(SPEC_TIMEOUT_S)
+    listener = None   # rank 0's node: the socket the job's store will serve on (store.py)
     if first is not None and frame_type(first) is FrameType.PREPARE:   # the launcher's plan file and port
         try:
-            frames.emit(prepare(first))
+            prepared, listener = prepare(first)
         except (ValueError, StateError) as exc:
             return _error(f"cannot prepare the job: {exc}", EXIT_BAD_INPUT)
+        frames.emit(prepared)
         first = _read_frame(SPEC_AFTER_PREPARE_S)
     try:
         spec = parse_spec(first)
@@ -67,7 +70,7 @@ def run_agent() -> int:
         return _error(str(exc), EXIT_BAD_INPUT)
     if spec.detach and not detach():
         return EXIT_OK
-    return Supervisor(spec, detached=spec.detach).run()
+    return Supervisor(spec, detached=spec.detach, store=StoreHost(listener) if listener else None).run()
 
 
 def run_control(args: argparse.Namespace) -> int:

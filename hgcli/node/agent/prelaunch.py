@@ -9,30 +9,35 @@ Python per node instead of two.
 The plan is written to ``<jobs root>/<job>/<node>/plan.json`` (the agent's job directory, created here
 0700; the spec that follows is accepted because the directory holds no ``agent.json`` yet), so
 ``HGTRAIN_PLAN`` points at a file on the node itself. With ``port`` this node's kernel is asked for a
-free TCP port for ``MASTER_PORT``: a port free on the controller says nothing about rank 0's node. The
-port is released before rank 0 binds it, so another process could take it in between (torchrun has
-the same window); hgcli.node.ports picks it below the ephemeral range, where no outgoing connection lands.
+free TCP port for ``MASTER_PORT``: a port free on the controller says nothing about rank 0's node.
+With an ``address`` too (MASTER_ADDR) the agent binds that port on that address at once and keeps the
+socket: the job's store is served on it (``store.py``), so no other process can take the port before
+the ranks start. Without one the port is only picked (below the ephemeral range, where no outgoing
+connection lands: hgcli.node.ports) and released, for rank 0 to bind a moment later.
 With ``checkpoints`` (a restart of a job with PS ranks) it lists the PS checkpoint versions each shard
 has a file of in that directory (shard -> versions, else null): PS shards on different nodes each keep
 their own files, so only the launcher, from every node's list, can tell which version is complete.
 """
 from __future__ import annotations
 
+import errno
 import json
+import socket
 from pathlib import Path
 from typing import Any
 
 from .spec import DEFAULT_JOBS_ROOT, job_dir
-from ..ports import free_port
+from ..ports import TRIES, free_port
 from ..protocol import FrameType, PreparedFrame
 from ...state import ensure_private_dir, write_private
 
 PLAN_FILE = "plan.json"
 
 
-def prepare(request: dict[str, Any]) -> PreparedFrame:
-    """Write the plan, find the port; the ``prepared`` answer. ValueError for a bad request,
-    StateError when the directory or file cannot be written."""
+def prepare(request: dict[str, Any]) -> tuple[PreparedFrame, socket.socket | None]:
+    """Write the plan, find the port; the ``prepared`` answer, and the listening socket of the job's
+    store when the request named its address. ValueError for a bad request or an address this node
+    cannot bind, StateError when the directory or file cannot be written."""
     plan = request.get("plan")
     if not isinstance(plan, str):
         raise ValueError("the prepare request has no plan")
@@ -48,5 +53,27 @@ def prepare(request: dict[str, Any]) -> PreparedFrame:
         listed: dict[int, list[int]] | None = versions_by_shard(Path(str(checkpoints)))
     else:
         listed = None
-    return {"type": FrameType.PREPARED, "job_dir": str(path), "plan": str(path / PLAN_FILE),
-            "port": free_port() if request.get("port") else None, "checkpoints": listed}
+    listener, port = None, None
+    address = request.get("address")
+    if request.get("port") and isinstance(address, str) and address:
+        listener = store_listener(address)
+        port = listener.getsockname()[1]
+    elif request.get("port"):
+        port = free_port()
+    return ({"type": FrameType.PREPARED, "job_dir": str(path), "plan": str(path / PLAN_FILE),
+             "port": port, "checkpoints": listed}, listener)
+
+
+def store_listener(address: str) -> socket.socket:
+    """A socket listening on ``address`` only, at a port ``free_port`` picks; ValueError naming the
+    address when this node holds no such address."""
+    from ...runtime.netbind import listen_on
+
+    for _ in range(TRIES):
+        try:
+            return listen_on(address, free_port(address))
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:   # taken since it was picked: pick again
+                raise ValueError(f"cannot listen on MASTER_ADDR {address} on this node: "
+                                 f"{exc.strerror or exc}") from None
+    raise ValueError(f"no free port on {address} after {TRIES} tries")

@@ -24,6 +24,7 @@ from .logs import Capture
 from .secrets import redact_env
 from .spec import AgentSpec, RankSpec
 from ..protocol import ExitFrame, FrameType, RankError, RankState
+from ...runtime import netbind
 
 STREAMS = ("out", "err")
 ERROR_FILE_MAX = 1 << 20   # an @record error file larger than this is not read back
@@ -74,6 +75,12 @@ class Rank:
         env = {**job.env_defaults, **os.environ, **job.env, **self.spec.env,
                **procs.job_marker(job.job_id, job.node), "HGTRAIN_METRICS_FD": str(metrics_w),
                "TORCHELASTIC_ERROR_FILE": str(self.error_file)}
+        try:
+            # gloo, NCCL and TensorPipe listen on the node's cluster address for any script, not only
+            # one that calls hg.init() (which pins them itself, and says so when it cannot).
+            netbind.pin_interfaces(env)
+        except ValueError:
+            pass
         try:
             self.popen = subprocess.Popen(
                 list(self.spec.argv), stdin=subprocess.DEVNULL, stdout=pipes["out"][1],

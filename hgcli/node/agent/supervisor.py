@@ -26,6 +26,7 @@ from .output import FrameWriter
 from .ranks import STREAMS, Rank, signal_name
 from .secrets import redact_env
 from .spec import AgentSpec
+from .store import StoreFailure, StoreHost
 from ...errors import StateError
 from ...state import write_json
 
@@ -45,14 +46,17 @@ class Event(enum.Enum):
     STOP = "stop"          # (STOP,): the controller sent a stop frame
     EOF = "eof"            # (EOF,): the controller's end of stdin closed
     BROKEN = "broken"      # (BROKEN,): a write to the controller failed
+    STORE = "store"        # (STORE, StoreFailure): the job's store ended before the job
 
 
 CONNECTION_EVENTS = (Event.STOP, Event.EOF, Event.BROKEN)   # a detached agent has no connection
 
 
 class Supervisor:
-    def __init__(self, spec: AgentSpec, *, detached: bool) -> None:
+    def __init__(self, spec: AgentSpec, *, detached: bool, store: StoreHost | None = None) -> None:
         self.spec = spec
+        self.store = store          # rank 0's node: the job's rendezvous store, served beside the ranks
+        self.store_failed = False
         self.dir = spec.job_dir
         self.detached = detached
         self.events: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
@@ -81,20 +85,36 @@ class Supervisor:
         self.writer.post({"type": FrameType.AGENT, "job_id": self.spec.job_id, "node": self.spec.node,
                           "pid": os.getpid(), "job_dir": str(self.dir), "detached": self.detached})
         self._write_record()
-        failed_start = self._start_ranks()
+        store_error = self._start_store()
+        failed_start = self._start_ranks() if store_error is None else None
         self.state = NodeJobState.RUNNING
         self._write_record()
         if self.detached:
             self._detach_output()
         else:
             self._start_connection_threads()
-        if failed_start is not None:
+        if store_error is not None:
+            self._on_store(StoreFailure(None, store_error))
+        elif failed_start is not None:
             self._stop(f"rank {failed_start} could not start")
         while not all(r.exited for r in self.ranks.values()):
             if self.stopping:   # _stop returned with ranks that SIGKILL could not end
                 break
             self._handle(self._next_event(0.5))
         return self._finish()
+
+    def _start_store(self) -> str | None:
+        """Serve the job's store before any rank starts (they connect as its clients); the reason
+        when it cannot, with every rank marked not started."""
+        if self.store is None:
+            return None
+        try:
+            self.store.start(self.dir, self.marker, lambda failure: self.events.put((Event.STORE, failure)))
+        except OSError as exc:
+            for rank in self.ranks.values():
+                rank.exited, rank.state, rank.reason = True, RankState.STOPPED, "not started"
+            return f"cannot start {exc.filename or 'python'}: {exc.strerror or exc}"
+        return None
 
     def _start_ranks(self) -> int | None:
         """Start every rank in order; the first that cannot start is a failure (the rest are skipped)."""
@@ -192,6 +212,14 @@ class Supervisor:
                 self.first_failure = rank_id
             self._stop(f"rank {rank_id} {rank.reason}")
 
+    def _on_store(self, failure: StoreFailure) -> None:
+        """The store the ranks rendezvous through is gone: nothing of the job can go on."""
+        if self.stopping:
+            return
+        self.store_failed = True
+        assert self.store is not None
+        self._stop(f"the job's rendezvous store on {self.store.address} {failure.message}", failed=True)
+
     def _on_signal(self, signum: int) -> None:
         if self.stopping:
             self.hurry = True
@@ -213,18 +241,20 @@ class Supervisor:
 
     HANDLERS: ClassVar[dict[Event, Callable[..., None]]] = {
         Event.EXIT: _on_exit, Event.SIGNAL: _on_signal, Event.STOP: _on_stop_request,
-        Event.EOF: _on_eof, Event.BROKEN: _on_broken,
+        Event.EOF: _on_eof, Event.BROKEN: _on_broken, Event.STORE: _on_store,
     }
 
     # ---- stopping ----------------------------------------------------------------------------
 
-    def _stop(self, reason: str) -> None:
+    def _stop(self, reason: str, *, failed: bool = False) -> None:
+        """Stop every rank; ``failed``: for a failure of the agent's own (the store), which the
+        controller takes as the job's root cause."""
         if self.stopping:
             return
         self.stopping = True
         self.stop_reason = reason
         self.state = NodeJobState.STOPPING
-        self.writer.post({"type": FrameType.STOPPING, "reason": reason})
+        self.writer.post({"type": FrameType.STOPPING, "reason": reason, "failed": failed})
         self._write_record()
         self._terminate()
 
@@ -249,7 +279,13 @@ class Supervisor:
                 if r.pid is not None and r.popen is not None and r.popen.returncode is None}
 
     def _gone(self) -> bool:
-        return all(r.exited for r in self.ranks.values()) and not procs.job_processes(self._groups(), self.marker)
+        return all(r.exited for r in self.ranks.values()) and not self._job_processes(self._groups())
+
+    def _job_processes(self, groups: dict[int, int | None]) -> list[procs.ProcStat]:
+        """The job's processes on this node but the store (which carries the job's marker, so that
+        'hgtrain stop' finds it when its agent is gone, and is ended last, by ``_finish``)."""
+        store = self.store.pid if self.store is not None else None
+        return [p for p in procs.job_processes(groups, self.marker) if p.pid != store]
 
     def _signal(self, sig: int) -> None:
         groups = self._groups()
@@ -259,13 +295,13 @@ class Supervisor:
             except (ProcessLookupError, PermissionError):
                 pass
         # Processes that left the ranks' groups (setsid daemons) still carry the job's marker.
-        strays = [p for p in procs.job_processes(groups, self.marker) if p.pgid not in groups]
+        strays = [p for p in self._job_processes(groups) if p.pgid not in groups]
         procs.signal_all(strays, sig)
 
     # ---- the end -----------------------------------------------------------------------------
 
     def _finish(self) -> int:
-        if not self.stopping and procs.job_processes(self._groups(), self.marker):
+        if not self.stopping and self._job_processes(self._groups()):
             self._terminate()   # children a finished rank left behind in its group
         for rank in self.ranks.values():
             if not rank.exited:
@@ -273,11 +309,13 @@ class Supervisor:
                 rank.reason = "did not exit after SIGKILL (uninterruptible sleep?)"
                 self.writer.post(rank.frame())
             rank.reap(1.0)
+        if self.store is not None:
+            self.store.stop()   # after the ranks: a rank ending late may still be talking to it
         deadline = time.monotonic() + CAPTURE_WAIT_S
         for rank in self.ranks.values():
             for cap in rank.captures.values():
                 cap.done.wait(max(0.0, deadline - time.monotonic()))
-        if self.first_failure is not None:
+        if self.first_failure is not None or self.store_failed:
             self.state = NodeJobState.FAILED
         elif self.stopping:
             self.state = NodeJobState.STOPPED
