@@ -24,7 +24,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable, Mapping
+from typing import Callable, Mapping
 
 STORE_LOG = "store.log"   # in the job directory: what the child said, read back when it fails
 STOP_WAIT_S = 5.0
@@ -84,19 +84,19 @@ class StoreHost:
         return lines[-1].strip() if lines else "(no output)"
 
     def stop(self) -> None:
-        """End the child: close its stdin (it exits), SIGKILL if it has not after a while."""
+        """End the child at once (SIGKILL: the ranks are gone, and a store keeps nothing worth a
+        graceful end; a child still importing torch would otherwise finish that first)."""
         self.stopping = True
         if self.popen is None:
             self.listener.close()
             return
-        stdin: IO[bytes] | None = self.popen.stdin
-        if stdin is not None:
-            stdin.close()
+        self.popen.kill()
         try:
             self.popen.wait(STOP_WAIT_S)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait(STOP_WAIT_S)
+        except subprocess.TimeoutExpired:   # uninterruptible sleep: nothing more to do from here
+            pass
+        if self.popen.stdin is not None:
+            self.popen.stdin.close()
 
 
 def serve(fd: int) -> int:
