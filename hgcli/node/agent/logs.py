@@ -42,6 +42,12 @@ GATHER_S = 0.01          # ... so let more gather this long before the next read
 PIPE_READ = 1 << 20     # a rank's pipe is grown to this (F_SETPIPE_SZ; 1 MiB is the unprivileged
                         # limit): a flooding rank then rarely waits for the capture thread, and the
                         # thread moves its output in few large reads instead of one per 64 KiB
+CAPTURE_SMALL = 64 * 1024   # a pipe read smaller than this: the rank writes in small pieces (a Python
+CAPTURE_LINGER_S = 0.002    # rank with PYTHONUNBUFFERED, as torchrun runs it, writes each line by
+                            # itself) so wait this long before the next read: one read per ~2 ms
+                            # instead of one per line (a wake-up, a file write and a follower wake
+                            # each, most of a flood's cost on the node). The first line after a
+                            # quiet spell is read at once; the pipe (1 MiB) holds 2 ms of any rank.
 
 
 def open_private_append(path: Path) -> int:
@@ -59,8 +65,11 @@ class Capture:
         self._fd = fd
         try:
             fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_READ)
+            # Only a pipe that holds 1 MiB may be left alone for a while: the default 64 KiB would
+            # make a flooding rank wait.
+            self._linger = CAPTURE_LINGER_S
         except OSError:
-            pass   # not a pipe, or over this node's pipe-max-size: the default size still works
+            self._linger = 0.0   # not a pipe, or over this node's pipe-max-size: the default size still works
         self._out = open_private_append(path)
         self._thread = threading.Thread(target=self._run, name=f"capture-{name}", daemon=True)
         self._thread.start()
@@ -77,6 +86,8 @@ class Capture:
                     break
                 self._append(view[:n])
                 self.wake.set()
+                if n < CAPTURE_SMALL and self._linger:
+                    time.sleep(self._linger)
         finally:
             os.close(self._fd)
             os.close(self._out)

@@ -10,14 +10,16 @@ itself, on MASTER_ADDR only (the node's cluster address, loopback for an all-loc
 
 The store runs in a child process of its own (``python -m hgcli.node.agent.store FD``), not in the
 agent: the agent stays free of torch (its start-up is on every launch's critical path) and a crash in
-the store's C++ cannot take the supervisor with it. The child serves until its stdin reaches EOF,
-which happens when the agent closes the pipe at the end of the job or dies: no store outlives its
-agent. It carries the job's marker (so 'hgtrain stop' finds it should its agent be gone) but is
-not in the ranks' process groups: stopping the ranks leaves it serving until the agent is done.
+the store's C++ cannot take the supervisor with it. It is started when the first rank connects. The
+child serves until the agent kills it after the ranks are gone, or until its stdin (a pipe from the
+agent) reaches EOF, which happens when the agent dies: no store outlives its agent. It carries the
+job's marker (so 'hgtrain stop' finds it should its agent be gone) but is not in the ranks'
+process groups: stopping the ranks leaves it serving until the agent is done.
 """
 from __future__ import annotations
 
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -37,7 +39,12 @@ class StoreFailure:
 
 
 class StoreHost:
-    """The child process that serves the store on ``listener`` (a bound, listening socket)."""
+    """The child process that serves the store on ``listener`` (a bound, listening socket).
+
+    The child is started when the first client connects (the connection waits in the socket's
+    backlog meanwhile), not with the job: its import of torch costs a second of CPU on a small node,
+    which a job that never rendezvouses (a script without torch.distributed) should not pay while
+    its ranks start and run; a job that does pays it once, overlapped with its other ranks' start."""
 
     def __init__(self, listener: socket.socket) -> None:
         self.listener = listener
@@ -46,32 +53,50 @@ class StoreHost:
         self.popen: subprocess.Popen[bytes] | None = None
         self.log: Path | None = None
         self.stopping = False
+        self._lock = threading.Lock()       # stop() against the watcher starting the child
+        self._wake_r, self._wake_w = os.pipe()
 
     @property
     def pid(self) -> int | None:
-        return self.popen.pid if self.popen is not None else None
+        popen = self.popen
+        return popen.pid if popen is not None else None
 
     def start(self, job_dir: Path, marker: Mapping[str, str], on_exit: Callable[[StoreFailure], None]) -> None:
-        """Start serving, the child carrying the job's ``marker``; OSError when it cannot start.
-        ``on_exit`` is called (from a waiter thread) if it ends before ``stop``."""
+        """Serve from the first connection on, the child carrying the job's ``marker``. ``on_exit``
+        is called (from a watcher thread) if the child cannot start or ends before ``stop``."""
         self.log = job_dir / STORE_LOG
+        threading.Thread(target=self._watch, args=(marker, on_exit), name="store", daemon=True).start()
+
+    def _watch(self, marker: Mapping[str, str], on_exit: Callable[[StoreFailure], None]) -> None:
+        select.select([self.listener.fileno(), self._wake_r], [], [])   # a client, or stop()
+        failure: StoreFailure | None = None
+        with self._lock:
+            if self.stopping:
+                return
+            try:
+                self.popen = self._spawn(marker)
+            except OSError as exc:
+                failure = StoreFailure(None, f"could not start: {exc.strerror or exc}")
+            self.listener.close()   # the child holds it now
+        if failure is not None:
+            on_exit(failure)
+            return
+        assert self.popen is not None
+        code = self.popen.wait()
+        if not self.stopping:
+            on_exit(StoreFailure(code, f"exited with code {code}: {self._last_line()}"))
+
+    def _spawn(self, marker: Mapping[str, str]) -> subprocess.Popen[bytes]:
+        assert self.log is not None
         fd = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            self.popen = subprocess.Popen(
+            return subprocess.Popen(
                 [sys.executable, "-m", "hgcli.node.agent.store", str(self.listener.fileno())],
                 stdin=subprocess.PIPE, stdout=fd, stderr=fd, pass_fds=(self.listener.fileno(),),
                 env={**os.environ, **marker},
                 start_new_session=True)   # never gets the terminal's signals meant for the agent
         finally:
             os.close(fd)
-        self.listener.close()   # the child holds it now
-        threading.Thread(target=self._wait, args=(on_exit,), name="store", daemon=True).start()
-
-    def _wait(self, on_exit: Callable[[StoreFailure], None]) -> None:
-        assert self.popen is not None
-        code = self.popen.wait()
-        if not self.stopping:
-            on_exit(StoreFailure(code, f"exited with code {code}: {self._last_line()}"))
 
     def _last_line(self) -> str:
         try:
@@ -85,18 +110,22 @@ class StoreHost:
 
     def stop(self) -> None:
         """End the child at once (SIGKILL: the ranks are gone, and a store keeps nothing worth a
-        graceful end; a child still importing torch would otherwise finish that first)."""
-        self.stopping = True
-        if self.popen is None:
-            self.listener.close()
-            return
-        self.popen.kill()
+        graceful end; a child still importing torch would otherwise finish that first); without
+        one, close the socket."""
+        with self._lock:
+            self.stopping = True
+            os.write(self._wake_w, b"x")   # a watcher still waiting for the first client gives up
+            popen = self.popen
+            if popen is None:
+                self.listener.close()
+                return
+        popen.kill()
         try:
-            self.popen.wait(STOP_WAIT_S)
+            popen.wait(STOP_WAIT_S)
         except subprocess.TimeoutExpired:   # uninterruptible sleep: nothing more to do from here
             pass
-        if self.popen.stdin is not None:
-            self.popen.stdin.close()
+        if popen.stdin is not None:
+            popen.stdin.close()
 
 
 def serve(fd: int) -> int:

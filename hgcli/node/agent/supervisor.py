@@ -85,36 +85,22 @@ class Supervisor:
         self.writer.post({"type": FrameType.AGENT, "job_id": self.spec.job_id, "node": self.spec.node,
                           "pid": os.getpid(), "job_dir": str(self.dir), "detached": self.detached})
         self._write_record()
-        store_error = self._start_store()
-        failed_start = self._start_ranks() if store_error is None else None
+        if self.store is not None:   # before any rank: they connect as its clients
+            self.store.start(self.dir, self.marker, lambda failure: self.events.put((Event.STORE, failure)))
+        failed_start = self._start_ranks()
         self.state = NodeJobState.RUNNING
         self._write_record()
         if self.detached:
             self._detach_output()
         else:
             self._start_connection_threads()
-        if store_error is not None:
-            self._on_store(StoreFailure(None, store_error))
-        elif failed_start is not None:
+        if failed_start is not None:
             self._stop(f"rank {failed_start} could not start")
         while not all(r.exited for r in self.ranks.values()):
             if self.stopping:   # _stop returned with ranks that SIGKILL could not end
                 break
             self._handle(self._next_event(0.5))
         return self._finish()
-
-    def _start_store(self) -> str | None:
-        """Serve the job's store before any rank starts (they connect as its clients); the reason
-        when it cannot, with every rank marked not started."""
-        if self.store is None:
-            return None
-        try:
-            self.store.start(self.dir, self.marker, lambda failure: self.events.put((Event.STORE, failure)))
-        except OSError as exc:
-            for rank in self.ranks.values():
-                rank.exited, rank.state, rank.reason = True, RankState.STOPPED, "not started"
-            return f"cannot start {exc.filename or 'python'}: {exc.strerror or exc}"
-        return None
 
     def _start_ranks(self) -> int | None:
         """Start every rank in order; the first that cannot start is a failure (the rest are skipped)."""
