@@ -336,7 +336,6 @@ class _Attempt:
                                       resume=number > 0, resume_version=_resume_version(plan, prepared))
             specs = {n: agent_spec(plan=plan, job_id=agent_id, node=launches[n], command=request.command,
                                    user_env=self.env, master_addr=self.master_addr, master_port=port,
-                                   agent_store=True,
                                    jobs_root=request.jobs_root, grace_s=request.grace_s,
                                    heartbeat_interval_s=request.heartbeat_interval_s,
                                    heartbeat_timeout_s=request.heartbeat_timeout_s, detach=request.detach,

@@ -144,7 +144,6 @@ class RunAttempt:
 
 def agent_spec(*, plan: Plan, job_id: str, node: NodeLaunch, command: Sequence[str],
                user_env: Mapping[str, str], master_addr: str, master_port: int, jobs_root: str,
-               agent_store: bool = False,
                grace_s: float, heartbeat_interval_s: float, heartbeat_timeout_s: float,
                detach: bool, checkpoint: CheckpointPolicy = CheckpointPolicy(),
                bind_addr: str | None = None, token: str | None = None,
@@ -152,8 +151,8 @@ def agent_spec(*, plan: Plan, job_id: str, node: NodeLaunch, command: Sequence[s
     """The spec of ``node``'s agent. ``user_env`` = forwarded allowlist + env file + ``--env``;
     ``bind_addr``: the node's cluster address, where its ranks listen; ``token``: the job's rendezvous
     secret (only ever in this spec, on the agent's stdin); ``secret``: ``--secret-env`` names;
-    ``attempt``: which run of ``--restarts`` this is (torchrun's restart variables); ``agent_store``:
-    rank 0's agent serves the job's store at MASTER_ADDR:MASTER_PORT (every rank is its client)."""
+    ``attempt``: which run of ``--restarts`` this is (torchrun's restart variables). Rank 0's agent
+    serves the job's store at MASTER_ADDR:MASTER_PORT, so every rank is its client."""
     from ..runtime.env import rank_env, torchrun_defaults
 
     attempt = attempt or RunAttempt(run_id=job_id)
@@ -165,7 +164,7 @@ def agent_spec(*, plan: Plan, job_id: str, node: NodeLaunch, command: Sequence[s
             continue
         renv = rank_env(plan, rp.rank, master_addr=master_addr, master_port=master_port,
                         plan_path=node.plan_path, job_id=job_id, bind_addr=bind_addr, token=token,
-                        agent_store=agent_store,
+                        agent_store=True,
                         run_id=attempt.run_id, restart_count=attempt.number, max_restarts=attempt.max_restarts)
         ranks.append(RankSpec(rank=rp.rank, argv=rank_argv(plan, rp, command, node, checkpoint), env=renv))
     return AgentSpec(job_id=job_id, node=node.name, ranks=tuple(ranks), env=env, secret=tuple(secret),

@@ -35,8 +35,9 @@ SHIP_TIMEOUT_S = 120.0
 # The code there is run by the agent, so it must be this user's alone: ``unsafe`` walks ~/.cache,
 # ~/.cache/hgtrain (either may be a link), the package directory and every entry below it (the .py
 # files and the __pycache__ that Python writes beside them), and refuses any that another user
-# owns, that group or others may write, or (below the cache) that is a symbolic link. Both scripts answer "unsafe" with the first such
-# path instead of using or extending it (the controller refuses the node in one line).
+# owns, that group or others may write, or (below the cache) that is a symbolic link. Both scripts
+# answer "unsafe" with the first such path instead of using or extending it (the controller refuses
+# the node in one line).
 _PRELUDE = r"""
 import json, os, stat, sys
 cache = os.path.join(os.path.expanduser("~"), ".cache")
@@ -53,12 +54,14 @@ def problem(path, follow=False):
         return "%%s is writable by others (mode %%04o)" %% (path, stat.S_IMODE(st.st_mode))
 def unsafe():
     for path in (cache, os.path.dirname(root)):
-        if os.path.exists(path) and problem(path, follow=True):   # ~/.cache may be a link to a bigger disk
-            return problem(path, follow=True)
+        why = os.path.exists(path) and problem(path, follow=True)   # ~/.cache may be a link to a bigger disk
+        if why:
+            return why
     if not os.path.lexists(root):
         return None
-    if problem(root):
-        return problem(root)
+    why = problem(root)
+    if why:
+        return why
     for top, dirs, files in os.walk(root):
         for name in dirs + files:
             why = problem(os.path.join(top, name))
