@@ -265,6 +265,9 @@ def unknown_option_message(command: click.Command, ctx: click.Context, word: str
 @click.option("--tensorboard", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
               help="Write TensorBoard event files of the metrics to DIR/JOB while the job runs "
                    "(pip install 'hgtrain[tensorboard]').")
+@click.option("--adapt/--no-adapt", default=True, show_default=True,
+              help="Re-split each synchronous group's batch as its members' measured speeds change "
+                   "(ctx.sampler/ctx.loader/ctx.shard hand out the new sizes; the global batch is kept).")
 @json_option
 @raw_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
@@ -273,7 +276,7 @@ def launch(ctx: click.Context, cluster_file: Path | None, nproc_per_node: int | 
            strategy: str, global_batch: int | None, env: tuple[str, ...], env_file: Path | None,
            secret_env: tuple[str, ...], ranks: str | None, detach: bool, grace_s: float,
            heartbeat_timeout_s: float, restarts: int, checkpoint_every: int, checkpoint_seconds: float,
-           tensorboard: Path | None, as_json: bool, raw: bool, command: tuple[str, ...]) -> None:
+           tensorboard: Path | None, adapt: bool, as_json: bool, raw: bool, command: tuple[str, ...]) -> None:
     """Start the plan's ranks on the nodes and stream their logs and metrics.
 
     \b
@@ -292,7 +295,7 @@ def launch(ctx: click.Context, cluster_file: Path | None, nproc_per_node: int | 
         job=JobSpec(strategy=Strategy(strategy), global_batch=global_batch), env=env, env_file=env_file,
         secret_env=secret_env, detach=detach, grace_s=grace_s, heartbeat_timeout_s=heartbeat_timeout_s, restarts=restarts,
         checkpoint_every=checkpoint_every, checkpoint_seconds=checkpoint_seconds,
-        console_may_skip=sys.stdout.isatty() and not as_json, tensorboard=tensorboard)
+        console_may_skip=sys.stdout.isatty() and not as_json, tensorboard=tensorboard, adapt=adapt)
     result = run_launch(request, make_sink(as_json=as_json, ranks=shown, raw=raw))
     ctx.exit(result.exit_code)
 

@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping
 
 from ..errors import ConfigError
 from ..schema.names import RULE as NAME_RULE, valid_name
-from ..schema.stages import Cluster, EmulateSpec, HostKeyPolicy, NodeSpec, SshSettings
+from ..schema.stages import Cluster, EmulateSpec, HostKeyPolicy, NodeSpec, Slowdown, SshSettings
 from .nodelists import HostEntry, expand_nodelist, parse_hostfile, valid_host
 from .tomllines import TomlLines
 
@@ -46,7 +46,8 @@ SSH_KEYS = ("known_hosts", "strict_host_key_checking", "connect_timeout", "confi
 MAX_EMULATED = 1024       # emulated devices per node: their names travel on the probe's command line
 NODE_KEYS = ("host", "name", "port", "user", "identity_file", "proxy_jump", "python", "gpus", "emulate")
 PER_NODE_KEYS = ("host", "name")        # never in [defaults]: every node would get the same one
-EMULATE_KEYS = ("devices", "speed", "memory_mib")
+EMULATE_KEYS = ("devices", "speed", "memory_mib", "slowdown")
+EMULATE_REQUIRED = EMULATE_KEYS[:3]
 # Keys whose cluster-file value beats the ssh config's (as `ssh -o` beats ~/.ssh/config).
 SSH_OVERRIDABLE = frozenset({"port", "user", "identity_file", "proxy_jump"})
 
@@ -444,7 +445,7 @@ def _emulate(f: _File, value: Any, at: KeyPath) -> EmulateSpec:
         raise f.error(at, f"{_keyname(at)}: expected a table like {{ devices = [...], speed = [...], "
                           f"memory_mib = [...] }}, got {_show(value)}")
     _check_keys(f, value, at, EMULATE_KEYS, _keyname(at))
-    for key in EMULATE_KEYS:
+    for key in EMULATE_REQUIRED:
         if key not in value:
             raise f.error(at, f"{_keyname(at)}: missing key {key!r} (emulate needs devices, speed "
                               "and memory_mib, one entry per device)")
@@ -461,7 +462,33 @@ def _emulate(f: _File, value: Any, at: KeyPath) -> EmulateSpec:
             entries = "entry" if len(values) == 1 else "entries"
             raise f.error(at + (key,), f"{_keyname(at)}.{key} has {len(values)} {entries} for "
                                        f"{len(devices)} devices: give one per device")
-    return EmulateSpec(devices=devices, speed=speed, memory_mib=memory)
+    slowdown = _slowdowns(f, value.get("slowdown", []), at + ("slowdown",), len(devices))
+    return EmulateSpec(devices=devices, speed=speed, memory_mib=memory, slowdown=slowdown)
+
+
+def _slowdowns(f: _File, value: Any, at: KeyPath, devices: int) -> tuple[Slowdown, ...]:
+    """``slowdown = [[DEVICE_INDEX, AFTER_SECONDS, FACTOR], ...]``: FACTOR >= 1 divides the device's
+    speed from AFTER_SECONDS on (1: its declared speed again, a recovery)."""
+    def entry(item: Any, where: KeyPath) -> Slowdown:
+        if (not isinstance(item, list) or len(item) != 3
+                or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in item)):
+            shown = json.dumps(item) if isinstance(item, list) else _show(item)
+            raise f.error(where, f"{_keyname(where)}: each entry is [DEVICE_INDEX, AFTER_SECONDS, FACTOR], "
+                                 f"got {shown}")
+        index, after, factor = item
+        if not isinstance(index, int) or not 0 <= index < devices:
+            raise f.error(where, f"{_keyname(where)}: device index {_show(index)} is not one of the "
+                                 f"{devices} emulated devices (0 to {devices - 1})")
+        if not (math.isfinite(after) and after >= 0):
+            raise f.error(where, f"{_keyname(where)}: AFTER_SECONDS must be a number >= 0, got {_show(after)}")
+        if not (math.isfinite(factor) and factor >= 1):
+            raise f.error(where, f"{_keyname(where)}: FACTOR must be a number >= 1 (the speed is divided "
+                                 f"by it; 1 restores it), got {_show(factor)}")
+        return Slowdown(device=index, after_s=float(after), factor=float(factor))
+
+    if not isinstance(value, list):
+        raise f.error(at, f"{_keyname(at)}: expected a list like [[0, 60, 4]], got {_show(value)}")
+    return tuple(entry(item, at + (k,)) for k, item in enumerate(value))
 
 
 _NODE_CONVERTERS: dict[str, Callable[[_File, Any, KeyPath], Any]] = {

@@ -93,7 +93,11 @@ def _figure(record: JobRecord, points: list[Point]) -> Any:
         job_predicted = _series(points, "throughput/predicted").get("job")
         if job_predicted:
             ax.axhline(job_predicted[-1].value, color="black", linestyle="--", linewidth=1.2)
-    title = "Throughput (dashed: the plan's prediction)"
+    adapts = _series(points, "adapt")
+    for run, got in adapts.items():
+        for p in got:      # a group re-split its batch (rebalancing): when, in its colour
+            ax.axvline(p.time - t0, color=color.get(run, "gray"), linestyle=":", linewidth=1.2)
+    title = "Throughput (dashed: the plan's prediction" + ("; dotted: batch re-splits)" if adapts else ")")
     drawn = [y for line in ax.get_lines() for y in line.get_ydata() if y > 0]
     if drawn and max(drawn) > LOG_RATIO * min(drawn):
         # a prediction far from the measurement (a bench of another model) would flatten the

@@ -14,7 +14,10 @@ in file order (the order the controller received them). A point belongs to a *ru
   whose step is the samples the group has trained on; ``staleness`` of the group's pushes;
 * the job, at most once per second of the ranks' clocks (step = seconds since the first record):
   the total ``throughput/samples_per_s`` (of the groups that stepped in the last ``WINDOW_S``)
-  with the plan's ``throughput/predicted`` and ``ideal``; and every ``accuracy/<event>``.
+  with the plan's ``throughput/predicted`` and ``ideal``; and every ``accuracy/<event>``;
+* rebalancing (a group leader's ``adapt`` records, checked against the plan): each member's
+  ``batch`` from the data step it changed at (the plan's batch at step 0 first), and on the group
+  an ``adapt`` point per change (its value: how much shorter the slowest step was predicted).
 
 Pure Python (no torch, no numpy): the controller imports it.
 """
@@ -24,6 +27,7 @@ import collections
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from ..launch.events import Adapted
 from ..launch.metrics import LARGEST, WINDOW_S, _number, group_predictions, predictions
 from ..schema.stages import Plan
 
@@ -69,6 +73,8 @@ class Series:
         self._predicted, self._ideal = predictions(plan)
         self._start: float | None = None
         self._job_second = -1
+        self._groups = {g.id: tuple(g.ranks) for g in plan.groups}
+        self._batches_drawn: set[int] = set()      # groups whose plan batches have a point
 
     @property
     def start(self) -> float | None:
@@ -99,12 +105,26 @@ class Series:
             group = str(data.get("group"))
             if group in self._members and group != "-":
                 out.append(Point(group_run(group), "staleness", staleness, version, at))
+        adapted = Adapted.parse("", rank, data, self._groups)
+        if adapted is not None:
+            out += self._adapted(adapted, at)
         step, samples = _number(data.get("step")), _number(data.get("samples"))
         if state is None or "event" in data or step is None or samples is None:
             return out
         loss = _number(data.get("loss"))
         state.step = int(step)
         out += self._rank_step(rank, state, int(step), loss, samples, at)
+        return out
+
+    def _adapted(self, event: Adapted, at: float) -> list[Point]:
+        out = []
+        if event.group not in self._batches_drawn:
+            self._batches_drawn.add(event.group)
+            out += [Point(f"rank{r}", "batch", float(b), 0, at) for r, b in zip(event.ranks, event.before)]
+        step = min(int(LARGEST) - 1, event.data_step)
+        out += [Point(f"rank{r}", "batch", float(b), step, at) for r, b in zip(event.ranks, event.batches)]
+        gain = 1.0 - event.step_after_s / event.step_before_s if event.step_before_s > 0 else 0.0
+        out.append(Point(group_run(str(event.group)), "adapt", gain, min(int(LARGEST) - 1, event.step), at))
         return out
 
     def _rank_step(self, rank: int, state: _Rank, step: int, loss: float | None, samples: float,

@@ -116,6 +116,61 @@ class Metric:
 
 
 @dataclass(frozen=True)
+class Adapted:
+    """A group re-split its batch as its members' speeds changed (runtime/rebalance.py; the leader's
+    ``adapt`` metric, checked against the plan): from data step ``data_step`` on, ``ranks`` take
+    ``batches`` instead of ``before``."""
+
+    job_id: str
+    group: int
+    step: int                      # the group's step that decided it
+    data_step: int
+    ranks: tuple[int, ...]
+    before: tuple[int, ...]
+    batches: tuple[int, ...]
+    rates: tuple[float, ...]       # each member's measured samples per compute second
+    step_before_s: float           # the slowest member's step at the old split, predicted from them
+    step_after_s: float
+
+    @classmethod
+    def parse(cls, job_id: str, rank: int, data: dict[str, Any],
+              groups: dict[int, tuple[int, ...]]) -> "Adapted | None":
+        """The event in a rank's metric record ``data``, or None when it is not one a group's leader
+        could have sent (a rank's records are untrusted: only numbers that fit the plan pass)."""
+        if data.get("event") != "adapt" or data.get("kind") != "rebalance":
+            return None
+        group, ranks = data.get("group"), data.get("ranks")
+        if not (_is_int(group) and group in groups and isinstance(ranks, list)
+                and tuple(ranks) == groups[group] and ranks[:1] == [rank]):
+            return None
+        n = len(ranks)
+        before, after, rates = data.get("before"), data.get("batches"), data.get("rates")
+        lists = (before, after, rates)
+        if not all(isinstance(v, list) and len(v) == n for v in lists):
+            return None
+        assert isinstance(before, list) and isinstance(after, list) and isinstance(rates, list)
+        if not (all(_is_int(b) and b > 0 for b in before + after) and sum(before) == sum(after)
+                and all(_is_number(r) and r > 0 for r in rates)):
+            return None
+        numbers = [data.get(k) for k in ("step", "data_step", "step_before_s", "step_after_s")]
+        if not (all(_is_number(v) and float(v or 0) >= 0 for v in numbers)
+                and _is_int(numbers[0]) and _is_int(numbers[1])):
+            return None
+        return cls(job_id=job_id, group=int(group), step=int(data["step"]), data_step=int(data["data_step"]),
+                   ranks=tuple(ranks), before=tuple(before), batches=tuple(after),
+                   rates=tuple(float(r) for r in rates), step_before_s=float(data["step_before_s"]),
+                   step_after_s=float(data["step_after_s"]))
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+@dataclass(frozen=True)
 class RankExited:
     job_id: str
     rank: int
@@ -224,12 +279,12 @@ class JobEnded:
     detached: bool = False
 
 
-Event = (Stage | JobStarted | RankStarted | LogLines | Metric | RankExited | Notice | Stopping | Progress
-         | JobRestarted | JobEnded)
+Event = (Stage | JobStarted | RankStarted | LogLines | Metric | Adapted | RankExited | Notice | Stopping
+         | Progress | JobRestarted | JobEnded)
 
 EVENT_NAMES: dict[type, str] = {
     Stage: "stage", JobStarted: "job_started", RankStarted: "rank_started", LogLines: "logs",
-    Metric: "metric", RankExited: "rank_exited", Notice: "notice", Stopping: "stopping",
+    Metric: "metric", Adapted: "adapt", RankExited: "rank_exited", Notice: "notice", Stopping: "stopping",
     Progress: "progress", JobRestarted: "job_restarted", JobEnded: "job_ended",
 }
 

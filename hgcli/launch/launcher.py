@@ -65,6 +65,7 @@ class LaunchRequest:
     # lines (all are in the rank files). Scripts, pipes and --json readers get every line.
     console_may_skip: bool = False
     tensorboard: Path | None = None        # write TensorBoard event files of the metrics here, live
+    adapt: bool = True                     # groups rebalance their batches as speeds change (HGTRAIN_ADAPT)
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -184,7 +185,9 @@ def _plan(request: LaunchRequest, emit: Callable[[Event], None], job_id: str) ->
         from ..plan.pipeline import refuse_unrunnable_plan_file
 
         refuse_unrunnable_plan_file(plan, cluster, on_stage)
-    return plan
+    from ..plan.slowdowns import with_slowdowns
+
+    return with_slowdowns(plan, cluster)
 
 
 @dataclass(frozen=True)
@@ -341,7 +344,8 @@ class _Attempt:
                                    heartbeat_timeout_s=request.heartbeat_timeout_s, detach=request.detach,
                                    checkpoint=policy, token=self.token, secret=request.secret_env,
                                    bind_addr=bind_address(request.cluster.node(n), plan, request.cluster),
-                                   attempt=RunAttempt(run_id=job_id, number=number, max_restarts=request.restarts))
+                                   attempt=RunAttempt(run_id=job_id, number=number, max_restarts=request.restarts),
+                                   adapt=request.adapt)
                      for n in node_names}
             predicted, ideal = predictions(plan)
             if number == 0:

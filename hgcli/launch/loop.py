@@ -23,7 +23,7 @@ from typing import Any, Callable, ClassVar, Mapping
 
 from ..errors import EXIT_JOB, EXIT_NODES_FAILED
 from .events import (
-    Event, LogLines, Metric, Notice, Progress, RankExited, RankStarted, RootCause, Stopping,
+    Adapted, Event, LogLines, Metric, Notice, Progress, RankExited, RankStarted, RootCause, Stopping,
 )
 from .metrics import MetricsBoard, clean_record
 from .record import JobBook
@@ -128,6 +128,7 @@ class JobController:
         self.job_id = job_id
         self.agent_job_id = agent_job_id or job_id   # what the agents run under (a restart's own id)
         self.plan = plan
+        self.group_ranks = {g.id: tuple(g.ranks) for g in plan.groups}
         self.nodes = {link.node: _Node(link) for link in links}
         self.inbox = inbox
         self.book = book
@@ -243,6 +244,9 @@ class JobController:
         self.board.add(rank, data)
         self.metrics_seen = True
         self.emit(Metric(self.job_id, rank, node, self.role.get(rank, "?"), data))
+        adapted = Adapted.parse(self.job_id, rank, data, self.group_ranks)
+        if adapted is not None:
+            self.emit(adapted)
 
     def _started(self, node: str, frame: StartedFrame) -> None:
         rank = int(frame["rank"])

@@ -147,11 +147,13 @@ def agent_spec(*, plan: Plan, job_id: str, node: NodeLaunch, command: Sequence[s
                grace_s: float, heartbeat_interval_s: float, heartbeat_timeout_s: float,
                detach: bool, checkpoint: CheckpointPolicy = CheckpointPolicy(),
                bind_addr: str | None = None, token: str | None = None,
-               secret: Sequence[str] = (), attempt: RunAttempt | None = None) -> AgentSpec:
+               secret: Sequence[str] = (), attempt: RunAttempt | None = None,
+               adapt: bool = True) -> AgentSpec:
     """The spec of ``node``'s agent. ``user_env`` = forwarded allowlist + env file + ``--env``;
     ``bind_addr``: the node's cluster address, where its ranks listen; ``token``: the job's rendezvous
     secret (only ever in this spec, on the agent's stdin); ``secret``: ``--secret-env`` names;
-    ``attempt``: which run of ``--restarts`` this is (torchrun's restart variables). Rank 0's agent
+    ``attempt``: which run of ``--restarts`` this is (torchrun's restart variables); ``adapt``:
+    ``launch --adapt/--no-adapt`` (HGTRAIN_ADAPT). Rank 0's agent
     serves the job's store at MASTER_ADDR:MASTER_PORT, so every rank is its client."""
     from ..runtime.env import rank_env, torchrun_defaults
 
@@ -164,7 +166,7 @@ def agent_spec(*, plan: Plan, job_id: str, node: NodeLaunch, command: Sequence[s
             continue
         renv = rank_env(plan, rp.rank, master_addr=master_addr, master_port=master_port,
                         plan_path=node.plan_path, job_id=job_id, bind_addr=bind_addr, token=token,
-                        agent_store=True,
+                        agent_store=True, adapt=adapt,
                         run_id=attempt.run_id, restart_count=attempt.number, max_restarts=attempt.max_restarts)
         ranks.append(RankSpec(rank=rp.rank, argv=rank_argv(plan, rp, command, node, checkpoint), env=renv))
     return AgentSpec(job_id=job_id, node=node.name, ranks=tuple(ranks), env=env, secret=tuple(secret),

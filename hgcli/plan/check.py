@@ -8,9 +8,9 @@ Types and enum values are already checked by the schema codec when the file is r
 """
 from __future__ import annotations
 
-from collections import Counter
-
 import dataclasses
+import math
+from collections import Counter
 
 from ..schema.stages import Plan, RankPlan, Role
 
@@ -71,6 +71,11 @@ def _check_workers(plan: Plan) -> None:
                                                     f"(it is in group {r.group})")
         if not r.speed > 0:
             raise PlanProblem(f"{where}.speed", f"must be > 0, not {r.speed}")
+        for k, s in enumerate(r.slowdown):
+            if not (math.isfinite(s.after_s) and s.after_s >= 0):
+                raise PlanProblem(f"{where}.slowdown[{k}].after_s", f"must be a number >= 0, not {s.after_s}")
+            if not (math.isfinite(s.factor) and s.factor >= 1):
+                raise PlanProblem(f"{where}.slowdown[{k}].factor", f"must be a number >= 1, not {s.factor}")
     if not plan.workers:
         raise PlanProblem("ranks", "the plan has no worker rank")
 

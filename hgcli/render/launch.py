@@ -23,7 +23,7 @@ from typing import Callable, TextIO
 
 from .safe import visible
 from ..launch.events import (
-    Event, JobEnded, JobStarted, JobRestarted, LogLines, Metric, Notice, Progress, RankExited,
+    Adapted, Event, JobEnded, JobStarted, JobRestarted, LogLines, Metric, Notice, Progress, RankExited,
     RankStarted, RootCause, Stage, Stopping, Summary, event_dict,
 )
 
@@ -127,6 +127,19 @@ def strategy_line(s: Summary) -> str | None:
     return "strategy allreduce" + (f" (the others predicted against it: {', '.join(others)})" if others else "")
 
 
+def adapt_line(event: Adapted) -> str:
+    """``[adapt] group 0 at step 8: batches 16/16 -> 25/7 (measured 1,991/607 samples/s; slowest
+    step 26 -> 13 ms)``: numbers only (Adapted.parse checked them)."""
+    def ms(s: float) -> str:
+        return f"{s * 1000:,.0f} ms" if s >= 0.01 else f"{s * 1000:.1f} ms"
+
+    batches = "/".join(map(str, event.before)) + " -> " + "/".join(map(str, event.batches))
+    rates = "/".join(f"{r:,.0f}" for r in event.rates)
+    return (f"[adapt] group {event.group} at step {event.step}: batches {batches} of ranks "
+            f"{'/'.join(map(str, event.ranks))} (measured {rates} samples/s; slowest step "
+            f"{ms(event.step_before_s)} -> {ms(event.step_after_s)})")
+
+
 def status_line(event: Event) -> str | None:
     """hgtrain's own one-line messages (everything but rank output, metrics and the ending)."""
     if isinstance(event, Stage):
@@ -141,6 +154,8 @@ def status_line(event: Event) -> str | None:
         return f"{event.node}: {event.message}" if event.node else event.message
     if isinstance(event, Stopping):
         return f"stopping every rank: {event.reason}"
+    if isinstance(event, Adapted):
+        return adapt_line(event)
     if isinstance(event, JobRestarted):
         start = ("PS ranks resume from their last complete checkpoint" if event.resume
                  else "no parameter server: training starts from scratch")

@@ -23,6 +23,7 @@ from .engine import GroupEngine, GroupSpec, resolve_bucket_mb
 from .exchange import PSExchange
 from .metrics import MetricsSink
 from .position import DataPosition, fetch_restored
+from .rebalance import GroupSplit
 from .sampler import RankBatchSampler, dataset_length, make_loader
 
 
@@ -64,13 +65,16 @@ class Context:
                                                      "role": "worker"}, echo=echo)
         self.emulator = Emulator(env.speed, worker_index=self.worker_index, n_workers=len(workers),
                                  straggler_factor=float(os.environ.get("HGTRAIN_EMULATE_STRAGGLER") or 1),
-                                 straggler_seed=int(os.environ.get("HGTRAIN_EMULATE_SEED") or 0))
+                                 straggler_seed=int(os.environ.get("HGTRAIN_EMULATE_SEED") or 0),
+                                 slowdown=[(s.after_s, s.factor) for s in me.slowdown])
         if me.emulated or env.speed < 1.0:
             torch.set_num_threads(1)        # emulated devices share one CPU
         self.device = self._device(me)
         self._pgs = init_distributed(env, self.plan) if env.world_size > 1 else {}
         self._sync: GroupEngine | None = None
         self._data = DataPosition()
+        self._split = self._group_split() if env.adapt else None
+        self._split_taken = False           # the first data source (the training data) follows it
 
     # --- identity -------------------------------------------------------------------------------
     @property
@@ -129,7 +133,7 @@ class Context:
         spec = GroupSpec(rank=self.rank, group_id=self.group, ranks=ranks, pg=self._pgs.get(self.group),
                          batches=tuple(self.plan.rank(r).batch_size or self.env.batch_size for r in ranks),
                          accumulate=self.group_plan.accumulate, share_with=self._same_node(ranks),
-                         default_batch=self.env.batch_size or 1)
+                         default_batch=self.env.batch_size or 1, split=self._split)
         engine = GroupEngine(model=model, optimizer=optimizer, spec=spec, emulator=self.emulator,
                              metrics=self.metrics, timeout_s=self.env.timeout_s, max_grad_norm=max_grad_norm,
                              bucket_mb=resolve_bucket_mb(bucket_mb, os.environ), ddp_options=ddp_options)
@@ -149,7 +153,7 @@ class Context:
               seed: int = 0) -> Iterator[tuple[torch.Tensor, ...]]:
         """This rank's batches of ``data`` (a tuple of tensors); ``batch_size`` unless the plan says."""
         return shard_batches(data, self._batch_sizes(batch_size), self.worker_index,
-                             epochs=epochs, seed=seed)
+                             epochs=epochs, seed=seed, split=self._take_split(batch_size))
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The model's state dict with the current parameters and buffers, copied, for a script's own
@@ -171,7 +175,8 @@ class Context:
         is read), for ``DataLoader(dataset, batch_sampler=...)``; ``batch_size`` unless the plan says.
         The first one made is the training data: its position is checkpointed and restored."""
         sampler = RankBatchSampler(dataset_length(dataset), self._batch_sizes(batch_size), self.worker_index,
-                                   shuffle=shuffle, seed=seed, drop_last=drop_last)
+                                   shuffle=shuffle, seed=seed, drop_last=drop_last,
+                                   split=self._take_split(batch_size))
         self._data.track(sampler)
         return sampler
 
@@ -231,6 +236,28 @@ class Context:
 
     def _batch_sizes(self, default: int) -> list[int]:
         return [b or default for b in self._batches]
+
+    def _group_split(self) -> GroupSplit | None:
+        """The group's re-splittable batches (rebalance.py), for a group of two or more whose members
+        are adjacent in the plan's worker order (the planner's plans always are) and have plan batches."""
+        ranks = self.group_plan.ranks
+        workers = [w.rank for w in self.plan.workers]
+        if len(ranks) < 2:
+            return None
+        first = workers.index(ranks[0])
+        if tuple(workers[first:first + len(ranks)]) != tuple(ranks):
+            return None
+        planned = [self.plan.rank(r).batch_size for r in ranks]
+        if not all(planned):
+            return None
+        return GroupSplit(first, [int(b) for b in planned if b])
+
+    def _take_split(self, batch_size: int) -> GroupSplit | None:
+        """The split, for the process's first data source when it cuts the plan's batches."""
+        if self._split is None or self._split_taken or self._batches != self._batch_sizes(batch_size):
+            return None
+        self._split_taken = True
+        return self._split
 
     def _restore_data_position(self) -> None:
         """After a PS resume, the group continues from the data position its checkpoint recorded."""

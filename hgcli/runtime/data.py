@@ -14,6 +14,8 @@ from typing import Iterator, Sequence
 
 import torch
 
+from .rebalance import GroupSplit
+
 
 def epoch_order(n: int, epoch: int, seed: int, shuffle: bool = True) -> torch.Tensor:
     """The order of the ``n`` sample indices in ``epoch``: the same on every rank (same seed)."""
@@ -52,26 +54,45 @@ def tail_shares(rest: int, batch_sizes: Sequence[int]) -> list[int]:
     return shares
 
 
-def step_slice(n: int, batch_sizes: Sequence[int], index: int, step: int) -> tuple[int, int]:
+def step_slice(n: int, batch_sizes: Sequence[int], index: int, step: int,
+               group: tuple[int, Sequence[int]] | None = None) -> tuple[int, int]:
     """Positions ``[start, stop)`` in the epoch's order of worker ``index``'s batch at ``step``: the
-    workers' slices of one step are adjacent, in worker order, and together one contiguous block."""
+    workers' slices of one step are adjacent, in worker order, and together one contiguous block.
+
+    ``group``: (the first worker of ``index``'s group, the group's current sizes), a re-split of the
+    group's batch (rebalance.py): the group's block of the step is the plan's, cut by these sizes.
+    A last partial step (``drop_last=False``) is cut by the plan's batches."""
     global_batch = sum(batch_sizes)
     base = step * global_batch
     rest = n - base
     sizes = list(batch_sizes) if rest >= global_batch else tail_shares(rest, batch_sizes)
+    if group is not None and rest >= global_batch:
+        first, current = group
+        start = base + sum(sizes[:first]) + sum(current[:index - first])
+        return start, start + current[index - first]
     start = base + sum(sizes[:index])
     return start, start + sizes[index]
 
 
 def shard_batches(tensors: Sequence[torch.Tensor], batch_sizes: Sequence[int], index: int, *,
-                  epochs: int, seed: int) -> Iterator[tuple[torch.Tensor, ...]]:
+                  epochs: int, seed: int, split: GroupSplit | None = None) -> Iterator[tuple[torch.Tensor, ...]]:
+    """``split``: the group's rebalanced sizes by data step (``epoch * steps + step``), followed."""
     n = len(tensors[0])
     if any(len(t) != n for t in tensors):
         raise ValueError("all tensors of a dataset need the same first dimension")
     steps = steps_per_epoch(n, batch_sizes)
+    if split is not None:
+        split.attach()
     for epoch in range(epochs):
         perm = epoch_order(n, epoch, seed)
         for step in range(steps):
-            start, stop = step_slice(n, batch_sizes, index, step)
+            start, stop = step_slice(n, batch_sizes, index, step, group_sizes(split, epoch * steps + step))
+            if split is not None:
+                split.handed_out(epoch * steps + step)
             idx = perm[start:stop]
             yield tuple(t[idx] for t in tensors)
+
+
+def group_sizes(split: GroupSplit | None, data_step: int) -> tuple[int, tuple[int, ...]] | None:
+    """``step_slice``'s ``group`` at ``data_step`` (None: the plan's batches)."""
+    return None if split is None else (split.first, split.sizes(data_step))

@@ -5,7 +5,8 @@
 calling thread). CPU time, not wall time: on a CPU shared by several ranks, wall time also counts
 the time the rank waited for a core, and stretching that would multiply the machine's noise. The
 rank then sleeps until the step's wall time reaches compute / speed (times a straggler factor on
-steps where it is the straggler). Only time changes, never the maths; communication is not
+steps where it is the straggler, and by the factor of a declared slowdown once its time has come).
+Only time changes, never the maths; communication is not
 stretched (links are real).
 
 What is stretched is not the step's own CPU time but ``StableSpeed``'s estimate of it: the lower
@@ -28,7 +29,7 @@ import contextlib
 import random
 import time
 from collections import deque
-from typing import Iterator
+from typing import Iterator, Sequence
 
 # Steps of one batch size whose CPU times make the stable estimate: enough that slow steps (most of
 # them) do not move the lower quartile, few enough to follow a lasting change of the machine's load
@@ -61,8 +62,12 @@ class StableSpeed:
 
 class Emulator:
     def __init__(self, speed: float, *, worker_index: int = 0, n_workers: int = 1,
-                 straggler_factor: float = 1.0, straggler_seed: int = 0) -> None:
+                 straggler_factor: float = 1.0, straggler_seed: int = 0,
+                 slowdown: Sequence[tuple[float, float]] = ()) -> None:
         self.speed = speed
+        # (seconds after this emulator started, factor): the latest one whose time has come applies.
+        self.slowdown = sorted((float(a), float(f)) for a, f in slowdown)
+        self._born = time.monotonic()
         self.worker_index = worker_index
         self.n_workers = n_workers
         self.straggler_factor = straggler_factor
@@ -128,9 +133,21 @@ class Emulator:
     def _factor(self, step: int) -> float:
         """How much longer than its CPU time step ``step`` lasts: 1 / speed, x the straggler factor
         on the steps where this worker is the straggler."""
-        factor = 1.0 / self.speed
+        factor = 1.0 / self.speed * self.slowdown_factor()
         if self.is_straggler(step):
             factor *= self.straggler_factor
+        return factor
+
+    def slowdown_factor(self) -> float:
+        """The declared slowdown in force now (1.0 before the first, or without any)."""
+        if not self.slowdown:
+            return 1.0
+        age = time.monotonic() - self._born
+        factor = 1.0
+        for after, f in self.slowdown:
+            if age < after:
+                break
+            factor = f
         return factor
 
     def _elapsed(self) -> tuple[float, float]:

@@ -12,8 +12,9 @@ hgtrain needs on top:
   talking) before the sum, and by ``B / N`` after it. With the plan's batches both factors are
   exactly 1.0 and are skipped, so a homogeneous plan computes what DDP computes, bit for bit.
 * **one small all-reduce per step** (``broadcast_buffers=False``): with the first bucket it sends
-  the rank's samples, its buffers (BatchNorm statistics) weighted by them and, for emulated ranks of
-  one node, their step-time estimates (emulate.py). At ``opt.step()`` every member loads the
+  the rank's samples, its buffers (BatchNorm statistics) weighted by them, for emulated ranks of
+  one node their step-time estimates (emulate.py), and what rebalancing needs (rebalance.py: the
+  member's compute seconds and samples since the last check, and its data source's next step). At ``opt.step()`` every member loads the
   samples-weighted mean of the buffers. DDP's default would broadcast rank 0's buffers at every
   forward instead.
 * **device emulation's pacing**: a bucket leaves when it would on the emulated device
@@ -56,9 +57,13 @@ from . import flat as flatten_
 from .emulate import Emulator
 from .errors import TrainingError
 from .metrics import MetricsSink
+from .rebalance import Change, GroupSplit, Rebalancer
 
 BUCKET_MB = 25.0            # DDP's bucket_cap_mb
 BUCKET_ENV = "HGTRAIN_BUCKET_MB"
+# Slots of each member in the step's small all-reduce: its batch and emulated estimate (pooled on a
+# node), and for rebalancing its compute seconds, samples and data source's next step.
+MEMBER_SLOTS = 5
 # ctx.wrap's keyword arguments that DDP takes as they are; the rest are the engine's to set.
 DDP_OPTIONS = ("find_unused_parameters", "gradient_as_bucket_view", "static_graph")
 
@@ -81,9 +86,9 @@ def resolve_bucket_mb(value: float | None, environ: Mapping[str, str]) -> float:
 
 
 def step_reduce_numel(members: int, buffers: int = 0) -> int:
-    """Elements of a group's small all-reduce per step: [samples | (batch, estimate) per member, in
+    """Elements of a group's small all-reduce per step: [samples | MEMBER_SLOTS per member, in
     groups of two or more | the sample-weighted buffers]."""
-    return 1 + (2 * members if members > 1 else 0) + buffers
+    return 1 + (MEMBER_SLOTS * members if members > 1 else 0) + buffers
 
 
 def sync_buffer_numel(parameters: int, members: int, buffers: int = 0) -> int:
@@ -105,6 +110,9 @@ class GroupSpec:
     accumulate: int = 1
     share_with: tuple[int, ...] = ()
     default_batch: int = 1
+    # The group's batches as the data hands them out, re-split as the members' speeds change
+    # (rebalance.py); None: the plan's batches throughout (launch --no-adapt, a group of one).
+    split: GroupSplit | None = None
 
 
 class GroupEngine:
@@ -161,6 +169,14 @@ class GroupEngine:
         self._nosync: ContextManager[Any] | None = None
         self._last_bucket_at: float | None = None
         self._reduce_wait_s = 0.0
+        # Rebalancing: this member's compute since the last check (sent with the next small all-reduce).
+        self.rebalancer = (Rebalancer(spec.split) if spec.split is not None and self.members > 1
+                           and len(spec.split.planned) == self.members else None)
+        self._windows = 0                 # accumulation windows (steps of the group) completed
+        self._window_began = 0.0          # when the current window's first compute began
+        self._compute_s = 0.0
+        self._computed = 0.0
+        self.changes: list[Change] = []
         self.ddp: torch.nn.parallel.DistributedDataParallel | None = None
         self._ddp_options = dict(ddp_options or {})
         self._bucket_mb = bucket_mb
@@ -181,6 +197,7 @@ class GroupEngine:
             self.ddp = self._build_ddp()
             self._set_sync(self.accumulate == 1)
         self.emulator.begin_compute()
+        self._window_began = time.perf_counter()
         return self.ddp if self.ddp is not None else self.module
 
     def _build_ddp(self) -> torch.nn.parallel.DistributedDataParallel:
@@ -267,8 +284,13 @@ class GroupEngine:
                             dtype=torch.float32, device=device)
         small[0] = mine
         if self.members > 1:
-            small[1 + 2 * self._me] = last
-            small[2 + 2 * self._me] = self.emulator.estimate(last)
+            at = 1 + MEMBER_SLOTS * self._me
+            small[at] = last
+            small[at + 1] = self.emulator.estimate(last)
+            small[at + 2] = self._compute_s
+            small[at + 3] = self._computed
+            split = self.spec.split
+            small[at + 4] = split.next_step if split is not None else -1
         if self.buffers:
             at = step_reduce_numel(self.members)
             small[at:].copy_(flatten_.flatten(self.buffers, device)).mul_(mine)
@@ -320,6 +342,7 @@ class GroupEngine:
                                 f"hgtrain's clipping, accumulation and parameter servers cannot take; "
                                 f"use it without fused=True")
         waited = 0.0
+        bucket_at = self._last_bucket_at
         if self._last_bucket_at is not None:
             # From the last bucket's start to here, backward only waited for DDP's all-reduces: what
             # synchronisation cost this step beyond the compute it overlapped.
@@ -327,7 +350,9 @@ class GroupEngine:
             self._reduce_wait_s += waited
             self._last_bucket_at = None
         n = self._samples or self.spec.default_batch
-        self.emulator.end_compute(self.local_step, n)
+        if self.emulator.end_compute(self.local_step, n) > 0 and bucket_at is not None:
+            # An emulated device still computing after its last bucket left: its compute ends now.
+            bucket_at = time.perf_counter()
         self._samples = 0
         self.samples_seen += n
         self.local_step += 1
@@ -347,6 +372,12 @@ class GroupEngine:
                     f"the model trained outside the module ctx.wrap() returned (use `model, opt = "
                     f"ctx.wrap(model, opt)` and train `model`), or opt.step() came without a backward")
             self._end_small()
+            self._windows += 1
+            if bucket_at is not None:
+                # The window's compute: from its start to its last bucket (or its emulated end), the
+                # wait for the others left out.
+                self._compute_s += bucket_at - self._window_began
+                self._computed += mine
         elif self._stash is not None:
             for p in self.params:          # a group of one: the window's samples-weighted mean
                 if p.grad is not None:
@@ -378,6 +409,8 @@ class GroupEngine:
         self._small = self._small_work = None
         self._set_sync((self.local_step + 1) % self.accumulate == 0)
         self.emulator.begin_compute()
+        if self.local_step % self.accumulate == 0:
+            self._window_began = time.perf_counter()
 
     # --- pieces of a step -----------------------------------------------------------------------
     def _keep_for_later(self, n: int) -> None:
@@ -408,12 +441,33 @@ class GroupEngine:
         assert small is not None
         if self.buffers:
             flatten_.load(self.buffers, small[step_reduce_numel(self.members):] / small[0])
+        check = self.rebalancer is not None and (self._windows + 1) % self.rebalancer.check_every == 0
+        if not (check or (self._pool_estimates and small.device.type == "cpu")):
+            return
+        # On a GPU this reads the device (a host sync): only at the rebalancer's checks.
+        k = MEMBER_SLOTS
+        slots = small[1: step_reduce_numel(self.members)].tolist()
         if self._pool_estimates and small.device.type == "cpu":
-            slots = small[1: step_reduce_numel(self.members)].tolist()
-            batch = slots[2 * self._me]
-            pool = [slots[2 * i + 1] for i in self.spec.share_with if slots[2 * i] == batch and slots[2 * i + 1] > 0]
+            batch = slots[k * self._me]
+            pool = [slots[k * i + 1] for i in self.spec.share_with if slots[k * i] == batch and slots[k * i + 1] > 0]
             if pool:
                 self.emulator.share(int(batch), statistics.median(pool))
+        if check:
+            assert self.rebalancer is not None
+            change = self.rebalancer.check(self.local_step, slots[2::k], slots[3::k], slots[4::k])
+            # Every member starts its next sums now (the ones just read were sent before this step).
+            self._compute_s = self._computed = 0.0
+            if change is not None:
+                self._adapted(change)
+
+    def _adapted(self, change: Change) -> None:
+        """The group re-split its batch (every member decided the same): the leader reports it."""
+        self.changes.append(change)
+        if self.rank == self.leader:
+            self.metrics.emit(event="adapt", kind="rebalance", group=self.group_id, step=change.step,
+                              data_step=change.from_step, ranks=list(self.ranks), before=list(change.before),
+                              batches=list(change.after), rates=[round(r, 3) for r in change.rates],
+                              step_before_s=change.step_before_s, step_after_s=change.step_after_s)
 
     def _clear_grads(self) -> None:
         for p in self.params:

@@ -33,6 +33,7 @@ class RankEnv:
     metrics_fd: int | None
     timeout_s: float
     plan: model.Plan | None          # None: plain torchrun environment -> one all-reduce group
+    adapt: bool = False              # HGTRAIN_ADAPT=1: rebalance groups as speeds change (launch --adapt)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> "RankEnv":
@@ -57,19 +58,21 @@ class RankEnv:
                    local_world_size=_int(env, "LOCAL_WORLD_SIZE", 1), role=role, group=group,
                    batch_size=batch, speed=speed, job_id=env.get("HGTRAIN_JOB_ID"),
                    metrics_fd=int(fd) if fd else None,
-                   timeout_s=float(env.get("HGTRAIN_TIMEOUT") or DEFAULT_TIMEOUT_S), plan=plan)
+                   timeout_s=float(env.get("HGTRAIN_TIMEOUT") or DEFAULT_TIMEOUT_S), plan=plan,
+                   adapt=_flag(env, "HGTRAIN_ADAPT"))
 
 
 def rank_env(plan: model.Plan, rank: int, *, master_addr: str, master_port: int, plan_path: str,
              job_id: str, metrics_fd: int | None = None, timeout_s: float | None = None,
              bind_addr: str | None = None, token: str | None = None,
              run_id: str | None = None, restart_count: int = 0, max_restarts: int = 0,
-             agent_store: bool = False) -> dict[str, str]:
+             agent_store: bool = False, adapt: bool | None = None) -> dict[str, str]:
     """The variables a launcher sets for ``rank`` (added to the inherited environment). ``bind_addr``:
     the address this rank's node is known by, where its listeners bind (``netbind``; None: torch's
     choice); ``token``: the job's rendezvous secret; ``agent_store``: the store at MASTER_PORT is
     served by the agent (``hgtrain launch``), so every rank is its client, as under torchrun's agent;
-    else rank 0 hosts it (``hgcli.local``).
+    else rank 0 hosts it (``hgcli.local``); ``adapt``: groups rebalance their batches as the members'
+    measured speeds change (``HGTRAIN_ADAPT``, runtime/rebalance.py; None: the inherited value).
 
     torchrun's whole set, with torchrun's meaning (``torch/distributed/run.py``), so frameworks that
     detect torchelastic (``torch.distributed.is_torchelastic_launched()``, Lightning) see one: a node
@@ -98,6 +101,8 @@ def rank_env(plan: model.Plan, rank: int, *, master_addr: str, master_port: int,
         "HGTRAIN_BATCH_SIZE": "" if rp.batch_size is None else str(rp.batch_size),
         "HGTRAIN_DEVICE_SPEED": repr(rp.speed), "HGTRAIN_JOB_ID": job_id,
     }
+    if adapt is not None:
+        env["HGTRAIN_ADAPT"] = "1" if adapt else "0"
     devices = cuda_visible_devices(rp)
     if devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = devices
@@ -152,6 +157,15 @@ def ps_argv(python: str = sys.executable, *, checkpoint_dir: str | None = None,
     if trace:
         argv += ["--trace", trace]
     return argv
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    raw = (env.get(name) or "0").strip().lower()
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off", ""):
+        return False
+    raise TrainingError(f"{name}={env.get(name)!r} is not 1 or 0")
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:

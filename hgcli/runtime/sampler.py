@@ -18,8 +18,9 @@ from typing import Any, Iterator, Sequence
 
 from torch.utils.data import DataLoader, IterableDataset, Sampler
 
-from .data import epoch_order, step_slice, steps_per_epoch
+from .data import epoch_order, group_sizes, step_slice, steps_per_epoch
 from .errors import TrainingError
+from .rebalance import GroupSplit
 
 # DataLoader arguments ctx.loader sets itself (through its batch sampler): given again, they would
 # contradict it, and torch's own error ("mutually exclusive") would not say which call to change.
@@ -30,7 +31,7 @@ class RankBatchSampler(Sampler[list[int]]):
     """Index lists of worker ``index``'s batches; ``batch_sizes`` are every worker's, in plan order."""
 
     def __init__(self, n: int, batch_sizes: Sequence[int], index: int, *, shuffle: bool = True,
-                 seed: int = 0, drop_last: bool = True) -> None:
+                 seed: int = 0, drop_last: bool = True, split: GroupSplit | None = None) -> None:
         if not 0 <= index < len(batch_sizes):
             raise ValueError(f"worker index {index} outside {len(batch_sizes)} workers")
         self.n = n
@@ -45,6 +46,10 @@ class RankBatchSampler(Sampler[list[int]]):
         self._pass: tuple[int, int] | None = None   # (epoch, first step) of the latest pass
         self._yielded = 0                       # batches of that pass handed to the DataLoader
         self._consumed = 0                      # ... and taken by training (note_step)
+        # The group's rebalanced sizes by data step (rebalance.py); None: the plan's batches always.
+        self.split = split
+        if split is not None:
+            split.attach()
 
     def set_epoch(self, epoch: int) -> None:
         """Reshuffle for ``epoch`` (deterministic: the same on every rank)."""
@@ -67,7 +72,11 @@ class RankBatchSampler(Sampler[list[int]]):
         if first < self.steps:
             order = epoch_order(self.n, epoch, self.seed, self.shuffle)
             for step in range(first, self.steps):
-                start, stop = step_slice(self.n, self.batch_sizes, self.index, step)
+                data_step = epoch * self.steps + step
+                start, stop = step_slice(self.n, self.batch_sizes, self.index, step,
+                                         group_sizes(self.split, data_step))
+                if self.split is not None:
+                    self.split.handed_out(data_step)
                 self._yielded += 1
                 yield order[start:stop].tolist()
         # A finished pass moves to the next epoch, so a loop that never calls set_epoch still
@@ -77,7 +86,8 @@ class RankBatchSampler(Sampler[list[int]]):
 
     def indices(self, epoch: int, step: int) -> list[int]:
         """This worker's batch at ``(epoch, step)``, whatever the position (for checks and tests)."""
-        start, stop = step_slice(self.n, self.batch_sizes, self.index, step)
+        start, stop = step_slice(self.n, self.batch_sizes, self.index, step,
+                                 group_sizes(self.split, epoch * self.steps + step))
         return epoch_order(self.n, epoch, self.seed, self.shuffle)[start:stop].tolist()
 
     # --- the data position ----------------------------------------------------------------------

@@ -55,12 +55,29 @@ class SshSettings:
 
 
 @dataclass(frozen=True)
+class Slowdown:
+    """An emulated device that slows down while it trains: from ``after_s`` seconds after its rank
+    joined the job (``hg.init()``) its declared speed is divided by ``factor`` (1: back to it)."""
+
+    device: int                    # index in the node's emulated devices
+    after_s: float
+    factor: float
+
+
+@dataclass(frozen=True)
 class EmulateSpec:
     """Devices a node pretends to have; they run on its CPU at ``speed`` relative to the fastest."""
 
     devices: tuple[str, ...]
     speed: tuple[float, ...]
     memory_mib: tuple[int, ...]
+    # Applied by the runtime only: the probe and the bench see the declared speeds.
+    slowdown: tuple[Slowdown, ...] = ()
+
+    def identity(self) -> dict[str, Any]:
+        """What the cluster's fingerprint hashes: the devices, not their slowdowns (a slowdown
+        changes no probe or bench result, so it must not make them stale)."""
+        return {"devices": list(self.devices), "speed": list(self.speed), "memory_mib": list(self.memory_mib)}
 
 
 @dataclass(frozen=True)
@@ -96,7 +113,8 @@ class Cluster:
 
     def fingerprint(self) -> str:
         """Identity used to key cached inventory/profiles and to refuse a plan from another cluster."""
-        return digest([(n.name, n.address, n.port, n.gpus, n.emulate) for n in self.nodes])
+        return digest([(n.name, n.address, n.port, n.gpus, n.emulate and n.emulate.identity())
+                       for n in self.nodes])
 
     def node(self, name: str) -> NodeSpec:
         for n in self.nodes:
@@ -343,6 +361,7 @@ class RankPlan:
     local_rank: int = 0            # among the ranks of its node
     emulated: bool = False
     speed: float = 1.0             # emulated relative speed applied by the runtime
+    slowdown: tuple[Slowdown, ...] = ()   # the emulated device's slowdowns (the cluster file's)
 
 
 @dataclass(frozen=True)

@@ -116,3 +116,46 @@ def test_weighted_ddp_hook_gives_the_union_batch_gradient(tmp_path):
         grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
     weighted = (3 * grads[0] + 5 * grads[1]) / 8
     assert not torch.allclose((grads[0] + grads[1]) / 2, weighted, atol=1e-6)
+
+
+def slowed_group(factor: float, after_s: float = 0.0, batch: int = 16):
+    """A two-member group whose second member's device slows by ``factor`` after ``after_s``."""
+    from dataclasses import replace
+
+    from hgcli.schema.stages import Slowdown
+
+    plan = emulated_plan([[1.0, 1.0]], [[batch, batch]])
+    slow = replace(plan.ranks[1], slowdown=(Slowdown(1, after_s, factor),))
+    return replace(plan, ranks=(plan.ranks[0], slow))
+
+
+@pytest.mark.parametrize("adapt", ["1", "0"])
+def test_a_group_rebalances_its_loaders_when_a_member_slows_down(tmp_path, adapt):
+    """Member 1's device is 4x slower from its start: with HGTRAIN_ADAPT=1 the group moves samples
+    to member 0 within a few checks (one adapt event from the leader), DataLoader workers
+    prefetching included, and every step's batches are still the epoch's block of 32; with 0 the
+    plan's 16/16 stays."""
+    n, seed, epochs, batch = 32 * 24, 2, 2, 16
+    result = run_ok(slowed_group(4.0), script("loader_train.py", "--out", tmp_path, "--n", n, "--seed", seed,
+                                              "--epochs", epochs, "--workers", 1, "--mlp", 512), tmp_path,
+                    extra_env={"HGTRAIN_ADAPT": adapt})
+    trained = [steps(tmp_path, r) for r in range(2)]
+    assert len(trained[0]) == len(trained[1]) == 24 * epochs
+    for epoch in range(epochs):
+        perm = epoch_order(n, epoch, seed).tolist()
+        for k in range(24):
+            union = trained[0][epoch * 24 + k]["indices"] + trained[1][epoch * 24 + k]["indices"]
+            assert union == perm[k * 32:(k + 1) * 32]
+    sizes = [len(s["indices"]) for s in trained[1]]
+    events = [m for m in result.metrics if m.get("event") == "adapt"]
+    if adapt == "0":
+        assert sizes == [batch] * len(sizes) and events == []
+        return
+    assert events and all(e["rank"] == 0 and e["ranks"] == [0, 1] for e in events), events
+    first = events[0]
+    assert first["before"] == [16, 16] and sum(first["batches"]) == 32 and first["batches"][1] < 10
+    assert first["rates"][0] > 2 * first["rates"][1]
+    # Sizes change exactly at the data step the event names, and stay the last event's to the end.
+    assert sizes[:first["data_step"]] == [batch] * first["data_step"]
+    assert sizes[first["data_step"]] == first["batches"][1]
+    assert sizes[-1] == events[-1]["batches"][1]

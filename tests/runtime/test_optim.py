@@ -120,10 +120,11 @@ def test_synced_buffers_and_the_sync_layout():
     model.register_buffer("cache", torch.zeros(5), persistent=False)
     bn = model[1]
     assert [id(b) for b in synced_buffers(model)] == [id(bn.running_mean), id(bn.running_var)]
-    # the small all-reduce: samples, (batch, estimate) per member, the buffers
-    assert step_reduce_numel(3, 8) == 1 + 6 + 8
+    # the small all-reduce: samples, (batch, estimate, compute s, samples, next data step) per
+    # member, the buffers
+    assert step_reduce_numel(3, 8) == 1 + 15 + 8
     assert step_reduce_numel(1) == 1                          # a group of one: no member slots
-    assert sync_buffer_numel(10, 3, 8) == 10 + 15             # what the bench sizes a group's step by
+    assert sync_buffer_numel(10, 3, 8) == 10 + 1 + 15 + 8             # what the bench sizes a group's step by
 
 
 def test_a_push_moves_the_ps_buffers_by_the_groups_own_change_weighted_by_its_share():

@@ -147,6 +147,16 @@ BAD_FILES = [
      ["emulate.devices", "at least one"]),
     ('[[nodes]]\nhost = "a"\ngpus = [2]\nemulate = { devices = ["A"], speed = [1.0], memory_mib = [1] }\n', 3,
      ["nodes[0].gpus", "index 2", "1 emulated devices"]),
+    ('[[nodes]]\nhost = "a"\n[nodes.emulate]\ndevices = ["A", "B"]\nspeed = [1.0, 1.0]\nmemory_mib = [1, 2]\n'
+     'slowdown = [[2, 10, 4]]\n', 7, ["nodes[0].emulate.slowdown[0]", "device index 2", "0 to 1"]),
+    ('[[nodes]]\nhost = "a"\n[nodes.emulate]\ndevices = ["A"]\nspeed = [1.0]\nmemory_mib = [1]\n'
+     'slowdown = [[0, 10, 0.5]]\n', 7, ["emulate.slowdown[0]", "FACTOR must be a number >= 1", "0.5"]),
+    ('[[nodes]]\nhost = "a"\n[nodes.emulate]\ndevices = ["A"]\nspeed = [1.0]\nmemory_mib = [1]\n'
+     'slowdown = [[0, -1, 2]]\n', 7, ["emulate.slowdown[0]", "AFTER_SECONDS must be a number >= 0"]),
+    ('[[nodes]]\nhost = "a"\n[nodes.emulate]\ndevices = ["A"]\nspeed = [1.0]\nmemory_mib = [1]\n'
+     'slowdown = [0, 10, 2]\n', 7, ["emulate.slowdown[0]", "[DEVICE_INDEX, AFTER_SECONDS, FACTOR]"]),
+    ('[[nodes]]\nhost = "a"\n[nodes.emulate]\ndevices = ["A"]\nspeed = [1.0]\nmemory_mib = [1]\n'
+     'slowdown = [[true, 10, 2]]\n', 7, ["emulate.slowdown[0]", "[DEVICE_INDEX, AFTER_SECONDS, FACTOR]", "[true, 10, 2]"]),
     ('[ssh]\nstrict_host_key_checking = "maybe"\n[[nodes]]\nhost = "a"\n', 2,
      ["ssh.strict_host_key_checking", "'yes', 'accept-new', 'no'", '"maybe"']),
     ('[ssh]\nstrict_host_key_checking = false\n', 2, ["ssh.strict_host_key_checking", "false"]),

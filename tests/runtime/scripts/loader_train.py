@@ -39,10 +39,13 @@ def main() -> None:
     p.add_argument("--loader-after-wrap", action="store_true")
     p.add_argument("--die-rank", type=int, default=-1)
     p.add_argument("--die-step", type=int, default=-1)
+    p.add_argument("--mlp", type=int, default=0, help="an MLP of this width (compute worth timing)")
     args = p.parse_args()
     torch.manual_seed(0)
     ctx = hg.init()
-    model = torch.nn.Linear(8, 3)
+    h = args.mlp
+    model = (torch.nn.Sequential(torch.nn.Linear(8, h), torch.nn.ReLU(), torch.nn.Linear(h, h), torch.nn.ReLU(),
+                                 torch.nn.Linear(h, 3)) if h else torch.nn.Linear(8, 3))
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
 
     def make_loader():

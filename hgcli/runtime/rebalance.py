@@ -1,0 +1,180 @@
+"""Rebalancing inside a synchronous group: each member's batch follows the speed it measures.
+
+A group steps as slowly as its slowest member. The plan splits the group's batch by speeds benched
+before the job; while it trains, a GPU that another job lands on, that throttles, or whose data
+loader falls behind, makes the split wrong (LB-BSP, SoCC'20, re-sizes the batches at every barrier
+for this reason). Here every member measures its compute per step as it trains (engine.py: from the
+step's start to its last gradient bucket, which excludes the wait for the others), the group's
+small per-step all-reduce carries every member's sums, and every member runs the same decision on
+the same numbers, so they agree without another message:
+
+* every ``CHECK_EVERY`` steps (an accumulation window is one step here), each member's rate is its
+  samples over its compute seconds since the last check;
+* the proposal splits the group's batch in proportion to the rates (at least one sample each, at
+  most ``GROW_LIMIT`` x the plan's batch: the plan sized batches to the device's memory), and its
+  predicted step is the slowest member's ``batch / rate``;
+* it is taken when that step is at least ``LARGE_GAIN`` shorter than the current split's, or
+  ``SMALL_GAIN`` shorter after ``SETTLED_CHECKS`` checks without a change (hysteresis: a few
+  percent of noise never moves a batch); the first check, and the check after a change, are
+  skipped (the job's first steps, and the new sizes' first steps, are not what the members run at).
+
+At a fixed point of the rule the members' step times are equal, whatever a step's fixed cost: a
+member's rate at its batch is ``b / t(b)``, so ``b`` proportional to it means the same ``t``.
+
+The group's total is kept (the plan's global batch, and what a PS is told), and the engine weights
+each member's gradient by the samples it counted, so the mean stays the union batch's.
+
+**The data.** ``ctx.sampler``/``ctx.loader``/``ctx.shard`` hand out the sizes: the group's members
+are adjacent in the plan's worker order, so each step's group block of the epoch's order is the
+same whatever its split, and a member takes ``[sum(sizes[:j]), sum(sizes[:j+1]))`` of it. A
+DataLoader asks for batches ahead of training (``num_workers * prefetch_factor``), so a change
+applies from a *data step* no member has handed out yet: every member reports the next data step
+its loader will yield (``GroupSplit.next_step``) with its sums, and the change starts at the
+largest. A script that splits its data itself (``ctx.batch_sizes``) keeps the plan's sizes: its
+members report no data step and the group is never rebalanced.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+CHECK_EVERY = 4            # steps between checks
+LARGE_GAIN = 0.20          # a proposal at least this much faster is taken at once ...
+SMALL_GAIN = 0.05          # ... one this much faster after SETTLED_CHECKS checks without a change
+SETTLED_CHECKS = 4
+GROW_LIMIT = 2.0           # no member above this multiple of its planned batch
+
+
+@dataclass(frozen=True)
+class Change:
+    """One re-split of a group's batch, decided at local step ``step`` for data steps from ``from_step``."""
+
+    step: int
+    from_step: int
+    before: tuple[int, ...]
+    after: tuple[int, ...]
+    rates: tuple[float, ...]       # each member's measured samples per compute second
+    step_before_s: float           # the slowest member's predicted step at the old split ...
+    step_after_s: float            # ... and at the new one
+
+
+class GroupSplit:
+    """The group's batch of each member by data step: the plan's, then each change from its step.
+
+    ``first``: the group's first member's index in the plan's worker order (the members follow it);
+    ``planned``: the members' batches in the plan. The data source (sampler or ``ctx.shard``) asks
+    ``sizes(data_step)`` for every batch it hands out and records how far it has gone."""
+
+    def __init__(self, first: int, planned: Sequence[int]) -> None:
+        self.first = first
+        self.planned = tuple(planned)
+        self._changes: list[tuple[int, tuple[int, ...]]] = []
+        self.next_step = -1        # the next data step the data source yields; -1: no source follows it
+
+    def sizes(self, data_step: int) -> tuple[int, ...]:
+        sizes = self.planned
+        for start, changed in self._changes:
+            if data_step < start:
+                break
+            sizes = changed
+        return sizes
+
+    @property
+    def current(self) -> tuple[int, ...]:
+        return self._changes[-1][1] if self._changes else self.planned
+
+    def change(self, from_step: int, sizes: Sequence[int]) -> None:
+        sizes = tuple(sizes)
+        if sum(sizes) != sum(self.planned) or len(sizes) != len(self.planned):
+            raise ValueError(f"a re-split must keep the group's {len(self.planned)} members and "
+                             f"{sum(self.planned)} samples, got {list(sizes)}")
+        if self._changes and from_step < self._changes[-1][0]:
+            raise ValueError(f"changes come in data-step order: {from_step} < {self._changes[-1][0]}")
+        self._changes.append((from_step, sizes))
+
+    def handed_out(self, data_step: int) -> None:
+        """The data source yielded the batch of ``data_step``."""
+        self.next_step = max(self.next_step, data_step + 1)
+
+    def attach(self) -> None:
+        """A data source follows the split (before it yields anything, it reports data step 0)."""
+        self.next_step = max(self.next_step, 0)
+
+
+def split_by_rate(total: int, rates: Sequence[float], caps: Sequence[int]) -> tuple[int, ...]:
+    """``total`` samples in proportion to ``rates``, each member 1..cap, in integers that sum to it
+    (largest remainder, ties to the lower member; the same on every member)."""
+    n = len(rates)
+    if total < n or sum(caps) < total:
+        raise ValueError(f"cannot split {total} samples over {n} members with caps {list(caps)}")
+    shares = [0.0] * n
+    free = list(range(n))
+    left = float(total)
+    while free:
+        weight = sum(rates[i] for i in free)
+        want = {i: left * rates[i] / weight for i in free}
+        pinned = [i for i in free if want[i] > caps[i]] or [i for i in free if want[i] < 1.0]
+        if not pinned:
+            for i in free:
+                shares[i] = want[i]
+            break
+        for i in pinned:
+            shares[i] = float(caps[i]) if want[i] > caps[i] else 1.0
+            left -= shares[i]
+        free = [i for i in free if i not in pinned]
+    sizes = [max(1, min(caps[i], math.floor(shares[i]))) for i in range(n)]
+    order = sorted(range(n), key=lambda i: (-(shares[i] - math.floor(shares[i])), i))
+    k = 0
+    while sum(sizes) < total:
+        i = order[k % n]
+        if sizes[i] < caps[i]:
+            sizes[i] += 1
+        k += 1
+    while sum(sizes) > total:
+        i = order[-1 - (k % n)]
+        if sizes[i] > 1:
+            sizes[i] -= 1
+        k += 1
+    return tuple(sizes)
+
+
+class Rebalancer:
+    """The decision (module docstring); every member holds one and feeds it the same numbers."""
+
+    def __init__(self, split: GroupSplit, *, check_every: int = CHECK_EVERY) -> None:
+        self.split = split
+        self.check_every = check_every
+        self.caps = tuple(max(1, int(GROW_LIMIT * b)) for b in split.planned)
+        self._checks_since = 0
+        # The first check is skipped too: its sums hold the job's first steps (warm-up, first batches).
+        self._settle = True
+
+    def check(self, step: int, seconds: Sequence[float], samples: Sequence[float],
+              next_steps: Sequence[float]) -> Change | None:
+        """At a check step: every member's compute seconds and samples since the last check, and the
+        next data step each one's source will yield (< 0: it follows no split)."""
+        if min(next_steps) < 0:
+            return None
+        if self._settle:
+            self._settle = False
+            return None
+        self._checks_since += 1
+        if min(seconds) <= 0 or min(samples) <= 0:
+            return None
+        rates = tuple(s / t for s, t in zip(samples, seconds))
+        before = self.split.current
+        proposal = split_by_rate(sum(before), rates, self.caps)
+        if proposal == before:
+            return None
+        step_before = max(b / r for b, r in zip(before, rates))
+        step_after = max(b / r for b, r in zip(proposal, rates))
+        gain = 1.0 - step_after / step_before      # how much shorter the slowest step gets
+        if not (gain >= LARGE_GAIN or (gain >= SMALL_GAIN and self._checks_since >= SETTLED_CHECKS)):
+            return None
+        from_step = int(max(next_steps))
+        self.split.change(from_step, proposal)
+        self._checks_since = 0
+        self._settle = True
+        return Change(step=step, from_step=from_step, before=before, after=proposal, rates=rates,
+                      step_before_s=step_before, step_after_s=step_after)
