@@ -11,7 +11,9 @@ Environment (set by pipeline_e2e.py; torchrun passes it to every rank):
 - ``E2E_METRICS``: a directory; rank R writes ``rank<R>.jsonl``, records shaped like ``ctx.log``'s
   (``time``, ``rank``, ``step``, ``samples``, ``loss``; ``event`` eval / finish / final);
 - ``HGTRAIN_EMULATE_STRAGGLER`` / ``HGTRAIN_EMULATE_SEED``: the runtime's dynamic stragglers, same
-  rule (hgcli/runtime/emulate.py ``is_straggler``), so both sides see the same slowed steps.
+  rule (hgcli/runtime/emulate.py ``is_straggler``), so both sides see the same slowed steps;
+- ``E2E_SLOWDOWN`` (optional): ``RANK:AFTER_SECONDS:FACTOR``, that rank's device divided by FACTOR
+  from AFTER_SECONDS after it started, as a cluster file's ``emulate.slowdown`` does to the runtime's.
 
 Emulation as in hgcli/runtime/engine.py: a step's compute (batch gather, forward, backward) ends
 where the gradient exchange starts, which under DDP is the comm hook of the step's first bucket;
@@ -99,6 +101,7 @@ class Settings:
     metrics: str
     straggler_factor: float
     straggler_seed: int
+    slowdown: list[tuple[float, float]]      # this rank's (after seconds, factor)
 
 
 def settings(env: Mapping[str, str], world: int) -> Settings:
@@ -110,17 +113,22 @@ def settings(env: Mapping[str, str], world: int) -> Settings:
         factor = float(env.get("HGTRAIN_EMULATE_STRAGGLER") or 1)
         seed = int(env.get("HGTRAIN_EMULATE_SEED") or 0)
         rank = int(env["RANK"])
+        slowdown = []
+        if env.get("E2E_SLOWDOWN"):
+            who, after, by = env["E2E_SLOWDOWN"].split(":")
+            if int(who) == rank:
+                slowdown.append((float(after), float(by)))
     except KeyError as exc:
         raise SystemExit(f"{exc.args[0]} is not set: run under benchmarks/pipeline_e2e.py "
                          f"(see benchmarks/ddp_emulation.py)") from None
     except ValueError as exc:
-        raise SystemExit(f"E2E_SPEEDS / E2E_BATCHES / HGTRAIN_EMULATE_*: {exc}") from None
+        raise SystemExit(f"E2E_SPEEDS / E2E_BATCHES / E2E_SLOWDOWN / HGTRAIN_EMULATE_*: {exc}") from None
     if len(speeds) != world or len(batches) != world:
         raise SystemExit(f"E2E_SPEEDS and E2E_BATCHES need {world} entries each (WORLD_SIZE), "
                          f"got {len(speeds)} and {len(batches)}")
     if min(speeds) <= 0 or min(batches) < 1:
         raise SystemExit(f"E2E_SPEEDS must be positive and E2E_BATCHES at least 1: {speeds}, {batches}")
-    return Settings(speeds[rank], batches, metrics, factor, seed)
+    return Settings(speeds[rank], batches, metrics, factor, seed, slowdown)
 
 
 class EmulatedRank:
@@ -132,7 +140,8 @@ class EmulatedRank:
         self.batches = s.batches
         self.batch = s.batches[self.rank]
         self.emulator = Emulator(s.speed, worker_index=self.rank, n_workers=self.world,
-                                 straggler_factor=s.straggler_factor, straggler_seed=s.straggler_seed)
+                                 straggler_factor=s.straggler_factor, straggler_seed=s.straggler_seed,
+                                 slowdown=s.slowdown)
         self.recorder = Recorder(s.metrics, self.rank)
         self.state = EmulatedStep(self.emulator, self.batch, self.world, self.rank)
         dist.init_process_group("gloo")

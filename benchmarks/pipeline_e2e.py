@@ -14,7 +14,10 @@ Every rank of all three is emulated alike (hgcli/runtime/emulate.py: a step stre
 time / speed; the DDP twins wrap their steps in the same Emulator: benchmarks/ddp_emulation.py).
 Scenarios: ``static`` [1, 1, 0.25, 0.25], ``three`` [1, 0.5, 0.25, 0.25], ``homogeneous`` [1, 1, 1, 1],
 ``stragglers`` (static speeds, every step one pseudo-random worker --straggler x slower: HGTRAIN_EMULATE_STRAGGLER
-and HGTRAIN_EMULATE_SEED, the same rule on both sides).
+and HGTRAIN_EMULATE_SEED, the same rule on both sides), ``slowdown`` (static speeds; one fast device
+--slowdown x slower after a third of the run, its length estimated from the ideal: the cluster file's
+``emulate.slowdown`` for the pipeline, E2E_SLOWDOWN for the DDP twin, from the same second of each
+rank's life). The dynamic scenarios are where launch's rebalancing (on by default) has work.
 
 Per run: steady samples/s (every worker stepping), its share of the ideal, time to the target
 accuracy, final accuracy, the share of the ranks' time that was real compute, and for the pipeline
@@ -59,11 +62,13 @@ SCENARIOS: dict[str, tuple[list[float], bool]] = {     # name -> (nominal speeds
     "three": ([1.0, 0.5, 0.25, 0.25], False),
     "homogeneous": ([1.0, 1.0, 1.0, 1.0], False),
     "stragglers": ([1.0, 1.0, 0.25, 0.25], True),
+    "slowdown": ([1.0, 1.0, 0.25, 0.25], False),
 }
+SLOWED = {"slowdown": 0}     # scenario -> the device (index, a fast one) that slows down
 # What each nominal speed is declared as in the cluster file (model name, memory MiB).
 DEVICES = {1.0: ("NVIDIA A100-SXM4-40GB", 40960), 0.5: ("Tesla V100-SXM2-16GB", 16384),
            0.25: ("Tesla T4", 15360)}
-GOAL_IDEAL, GOAL_UNIFORM, GOAL_PROP, GOAL_STRAGGLERS = 0.85, 1.8, 1.0, 1.3
+GOAL_IDEAL, GOAL_UNIFORM, GOAL_PROP, GOAL_STRAGGLERS, GOAL_SLOWDOWN = 0.85, 1.8, 1.0, 1.3, 1.5
 GOAL_HOMOGENEOUS, GOAL_MEDIAN_ERROR, GOAL_WORST_ERROR, GOAL_ACCURACY_POINTS = 0.97, 0.10, 0.20, 1.0
 
 
@@ -79,6 +84,7 @@ class Script:
     no_eval: list[str]                                  # no costly evaluation (the ideal's runs)
     bench_model: Callable[[argparse.Namespace, Path], str]   # hgtrain bench --model SPEC
     describe: Callable[[argparse.Namespace], str]       # the model and data, for the report
+    train_samples: Callable[[argparse.Namespace], int]  # samples of one epoch (the run's length)
     defaults: dict[str, Any]                            # this script's options: their defaults
     quick: dict[str, Any]                               # ... and those --quick changes
 
@@ -125,6 +131,7 @@ SCRIPTS = {
         module="hgcli.examples.train_mlp", ddp=REPO / "benchmarks" / "ddp_emulated.py", flags=_mlp_flags,
         steps_flag=lambda n: ["--max-steps", str(n)], no_eval=["--eval-every", "1000000000"],
         bench_model=_mlp_model, describe=lambda a: f"example MLP hidden {a.hidden}",
+        train_samples=lambda a: 16384,
         defaults={"epochs": 4, "target": 0.92, "global_batch": 256, "lr": 0.05, "hidden": 4096,
                   "eval_every": 8, "eval_samples": 1024, "ideal_steps": 40},
         quick={"epochs": 2, "target": 0.90, "ideal_steps": 20}),
@@ -136,6 +143,7 @@ SCRIPTS = {
         module="hgcli.examples.train", ddp=REPO / "benchmarks" / "ddp_resnet_emulated.py", flags=_resnet_flags,
         steps_flag=lambda n: ["--max-steps", str(n)], no_eval=["--test-size", "64", "--eval-samples", "64"],
         bench_model=_resnet_model, describe=lambda a: f"example ResNet-8, {a.train_size} training images",
+        train_samples=lambda a: a.train_size,
         defaults={"epochs": 5, "target": 0.95, "global_batch": 128, "lr": 5e-3, "train_size": 4096,
                   "eval_samples": 512, "ideal_steps": 20},
         quick={"epochs": 3, "target": 0.90, "ideal_steps": 10}),
@@ -164,6 +172,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="emulated speed = nominal x this: every device slower than the CPU, ranks mostly sleep")
     p.add_argument("--straggler", type=float, default=3.0, help="slowdown of the straggler of each step")
     p.add_argument("--straggler-seed", type=int, default=7)
+    p.add_argument("--slowdown", type=float, default=4.0, help="slowdown scenario: the device's factor")
     p.add_argument("--ideal-steps", type=int, help="steps of each ideal run; MLP 40 (--quick 20), ResNet 20 (10)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per command")
     p.add_argument("--pairs", type=int, default=1,
@@ -222,6 +231,16 @@ def run(argv: list[str], env: dict[str, str], log: Path, timeout: float) -> subp
     return proc
 
 
+@dataclass(frozen=True)
+class Dynamics:
+    """What changes while a scenario's runs train: per-step stragglers, one device's slowdown."""
+
+    stragglers: bool = False
+    slowed: int | None = None          # device index (and RANK of the DDP twin)
+    after_s: float = 0.0
+    factor: float = 1.0
+
+
 def _base_env(state: Path | None = None, stragglers: bool = False,
               args: argparse.Namespace | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HGTRAIN_")}
@@ -268,12 +287,14 @@ def device_alone(speed: float, args: argparse.Namespace, script: Script, workdir
 
 # --- one scenario --------------------------------------------------------------------------------
 
-def cluster_file(path: Path, speeds: list[float], time_scale: float) -> None:
+def cluster_file(path: Path, speeds: list[float], time_scale: float, dyn: Dynamics = Dynamics()) -> None:
     names = ", ".join(json.dumps(DEVICES[s][0]) for s in speeds)
     emulated = ", ".join(f"{s * time_scale:g}" for s in speeds)
     memory = ", ".join(str(DEVICES[s][1]) for s in speeds)
+    slowdown = (f", slowdown = [[{dyn.slowed}, {dyn.after_s:.1f}, {dyn.factor:g}]]"
+                if dyn.slowed is not None else "")
     path.write_text(f'[[nodes]]\nhost = "localhost"\nname = "local"\npython = {json.dumps(sys.executable)}\n'
-                    f"emulate = {{ devices = [{names}], speed = [{emulated}], memory_mib = [{memory}] }}\n",
+                    f"emulate = {{ devices = [{names}], speed = [{emulated}], memory_mib = [{memory}]{slowdown} }}\n",
                     encoding="utf-8")
 
 
@@ -293,15 +314,15 @@ def split(global_batch: int, weights: list[float]) -> list[int]:
     return out
 
 
-def pipeline(name: str, speeds: list[float], stragglers: bool, args: argparse.Namespace, script: Script,
+def pipeline(name: str, speeds: list[float], dyn: Dynamics, args: argparse.Namespace, script: Script,
              workdir: Path, cores: int, attempt: int = 0) -> dict[str, Any]:
     """probe -> bench -> launch (which plans from the stored profiles) in this scenario's own state dir;
     a later ``attempt`` launches again on the stored probe and bench."""
     workdir.mkdir(parents=True, exist_ok=True)
     state = workdir / "state"
     cfg = workdir / "cluster.toml"
-    cluster_file(cfg, speeds, args.time_scale)
-    env = _base_env(state, stragglers, args)
+    cluster_file(cfg, speeds, args.time_scale, dyn)
+    env = _base_env(state, dyn.stragglers, args)
     hg = [sys.executable, "-m", "hgcli"]
     t0 = time.monotonic()
     for stage, argv in () if attempt else (("probe", [*hg, "probe", "-c", str(cfg)]),
@@ -324,6 +345,8 @@ def pipeline(name: str, speeds: list[float], stragglers: bool, args: argparse.Na
     metrics = [json.loads(line) for line in (job / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
                if line.strip()]
     out = measure(metrics, cores)
+    adapts = [m for m in metrics if m.get("event") == "adapt"]
+    out["adapts"] = [f"group {m['group']} step {m['step']}: {m['before']} -> {m['batches']}" for m in adapts]
     strategy = plan["strategy"]
     predicted = plan["predicted_samples_per_s"]
     groups = plan["groups"]
@@ -342,11 +365,13 @@ def pipeline(name: str, speeds: list[float], stragglers: bool, args: argparse.Na
     return out
 
 
-def ddp(speeds: list[float], batches: list[int], stragglers: bool, args: argparse.Namespace, script: Script,
+def ddp(speeds: list[float], batches: list[int], dyn: Dynamics, args: argparse.Namespace, script: Script,
         workdir: Path, cores: int) -> dict[str, Any]:
     """torchrun (standalone, one process per device) on the DDP twin, every rank emulated."""
     metrics_dir = workdir / "metrics"
-    env = _base_env(None, stragglers, args)
+    env = _base_env(None, dyn.stragglers, args)
+    if dyn.slowed is not None:
+        env["E2E_SLOWDOWN"] = f"{dyn.slowed}:{dyn.after_s:.1f}:{dyn.factor:g}"
     env.update({"E2E_SPEEDS": ",".join(f"{s * args.time_scale:g}" for s in speeds),
                 "E2E_BATCHES": ",".join(map(str, batches)), "E2E_METRICS": str(metrics_dir)})
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(len(speeds)),
@@ -367,27 +392,35 @@ def scenario(name: str, args: argparse.Namespace, script: Script, workdir: Path,
         if s not in alone:
             alone[s] = device_alone(s, args, script, workdir / "ideal", cores)
     ideal = sum(alone[s]["samples_per_s"] for s in speeds)
+    dyn = Dynamics(stragglers=stragglers)
+    if name in SLOWED:
+        # a third of the run, were it at the ideal's rate (the runs themselves take longer: the
+        # device is slowed before a third of any of them, for a longer share of the slower ones)
+        length = args.epochs * script.train_samples(args) / ideal
+        dyn = Dynamics(slowed=SLOWED[name], after_s=length / 3, factor=args.slowdown)
     where = workdir / name
     where.mkdir(parents=True)
     n = len(speeds)
-    runs = {"pipeline": pipeline(name, speeds, stragglers, args, script, where / "pipeline", cores)}
+    runs = {"pipeline": pipeline(name, speeds, dyn, args, script, where / "pipeline", cores)}
     print(f"... {name}/pipeline: {runs['pipeline']}", file=sys.stderr, flush=True)
     for kind, weights in (("ddp-uniform", [1.0] * n), ("ddp-prop", speeds)):
-        runs[kind] = ddp(speeds, split(args.global_batch, weights), stragglers, args, script, where / kind, cores)
+        runs[kind] = ddp(speeds, split(args.global_batch, weights), dyn, args, script, where / kind, cores)
         print(f"... {name}/{kind}: {runs[kind]}", file=sys.stderr, flush=True)
     # More pairs (--pairs): the pipeline and proportional DDP again, alternately, so the machine's
     # drift falls on both; the ratio to DDP is then the median of the pairs'.
     pairs = [(runs["pipeline"]["samples_per_s"], runs["ddp-prop"]["samples_per_s"])]
     for k in range(1, args.pairs):
-        again = pipeline(name, speeds, stragglers, args, script, where / "pipeline", cores, attempt=k)
-        peer = ddp(speeds, split(args.global_batch, speeds), stragglers, args, script, where / f"ddp-prop-{k}", cores)
+        again = pipeline(name, speeds, dyn, args, script, where / "pipeline", cores, attempt=k)
+        peer = ddp(speeds, split(args.global_batch, speeds), dyn, args, script, where / f"ddp-prop-{k}", cores)
         pairs.append((again["samples_per_s"], peer["samples_per_s"]))
         print(f"... {name}/pair {k}: pipeline {pairs[-1][0]:.0f}, ddp-prop {pairs[-1][1]:.0f} samples/s "
               f"({pairs[-1][0] / pairs[-1][1]:.3f})", file=sys.stderr, flush=True)
     for r in runs.values():
         r["x_ideal"] = r["samples_per_s"] / ideal
     return {"speeds": speeds, "emulated_speeds": [s * args.time_scale for s in speeds],
-            "stragglers": stragglers, "ideal_samples_per_s": ideal, "runs": runs, "pairs": pairs}
+            "stragglers": stragglers, "slowdown": ({"device": dyn.slowed, "after_s": dyn.after_s, "factor": dyn.factor}
+                                                    if dyn.slowed is not None else None),
+            "ideal_samples_per_s": ideal, "runs": runs, "pairs": pairs}
 
 
 # --- goals and output ----------------------------------------------------------------------------
@@ -417,12 +450,14 @@ def ratios_and_goals(results: dict[str, Any]) -> tuple[dict[str, Any], dict[str,
             goals[f"{name}_vs_prop>={GOAL_PROP}"] = _ge(ratios[f"{name}_vs_prop"], GOAL_PROP)
         if name == "stragglers":
             goals[f"stragglers_vs_prop>={GOAL_STRAGGLERS}"] = _ge(ratios["stragglers_vs_prop"], GOAL_STRAGGLERS)
+        if name == "slowdown":
+            goals[f"slowdown_vs_prop>={GOAL_SLOWDOWN}"] = _ge(ratios["slowdown_vs_prop"], GOAL_SLOWDOWN)
         if name == "homogeneous":
             goals["homogeneous_auto_allreduce"] = p["strategy"] == "allreduce"
             goals[f"homogeneous_vs_ddp>={GOAL_HOMOGENEOUS}"] = _ge(ratios["homogeneous_vs_prop"], GOAL_HOMOGENEOUS)
-    # The cost model is static: it does not see dynamic stragglers, so their run is reported, not judged.
+    # The cost model is static: it does not see stragglers or slowdowns, so their runs are reported, not judged.
     errors = [abs(r["runs"]["pipeline"]["error"]) for r in results.values()
-              if not r["stragglers"] and r["runs"]["pipeline"]["error"] is not None]
+              if not r["stragglers"] and not r.get("slowdown") and r["runs"]["pipeline"]["error"] is not None]
     if errors:
         ratios["cost_model_median_abs_error"] = statistics.median(errors)
         ratios["cost_model_worst_abs_error"] = max(errors)
@@ -455,6 +490,11 @@ def report(args: argparse.Namespace, results: dict[str, Any], alone: dict[float,
                   f"{_fmt(x.get('predicted'), '9.0f'):>9} {_fmt(x.get('error'), '+7.1%'):>7} "
                   f"{_fmt(x['compute_share'], '7.2f'):>7} {_fmt(x['cpu_load_share'], '8.2f'):>8}  {plan}")
         print(f"{'':12} ideal {r['ideal_samples_per_s']:.0f} samples/s; plan's reason: {r['runs']['pipeline']['reason']}")
+        if r.get("slowdown"):
+            d = r["slowdown"]
+            print(f"{'':12} device {d['device']} {d['factor']:g}x slower from {d['after_s']:.1f} s after each rank started")
+        for line in r["runs"]["pipeline"].get("adapts", []):
+            print(f"{'':12} rebalanced | {line}")
         for line in r["runs"]["pipeline"]["summary"]:
             print(f"{'':12} launch summary | {line}")
     print("compute: real compute / (compute + emulated sleep) of the workers; cpu load: the workers' compute "

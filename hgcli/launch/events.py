@@ -242,6 +242,10 @@ class Summary:
     predictions: dict[str, float] = field(default_factory=dict)
     group_predicted: dict[str, float] = field(default_factory=dict)   # group -> predicted samples/s
     group_predicted_derived: bool = False   # not from the plan: its total split by samples per step
+    # rank -> its samples per second of compute over the run (waits for other members left out),
+    # from its finish record; and the bench's figure for its device at its plan batch
+    device_measured: dict[str, float] = field(default_factory=dict)
+    device_benched: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

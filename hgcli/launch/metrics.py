@@ -98,12 +98,16 @@ class MetricsBoard:
         self._total: dict[int, float] = collections.defaultdict(float)
         self._first: dict[int, tuple[float, float]] = {}   # rank -> (time, samples) of its first step
         self._last: dict[int, float] = {}
+        self._compute_rate: dict[int, float] = {}   # rank -> its finish record's compute samples/s
         self.accuracy: float | None = None
 
     def add(self, rank: int, data: dict[str, Any]) -> None:
         accuracy = _number(data.get("accuracy"))
         if accuracy is not None:
             self.accuracy = accuracy
+        rate = _number(data.get("compute_samples_per_s"))
+        if data.get("event") == "finish" and rate is not None and rate > 0 and rank in self._group:
+            self._compute_rate[rank] = rate
         step, samples = _number(data.get("step")), _number(data.get("samples"))
         if step is None or samples is None or "event" in data or rank not in self._group:
             return
@@ -171,4 +175,7 @@ class MetricsBoard:
                        predicted_samples_per_s=predicted, ideal_samples_per_s=ideal,
                        accuracy=self.accuracy, groups=groups, strategy=self.plan.strategy.value,
                        predictions=dict(self.plan.predicted_samples_per_s),
-                       group_predicted=group_predicted, group_predicted_derived=derived)
+                       group_predicted=group_predicted, group_predicted_derived=derived,
+                       device_measured={str(r): v for r, v in sorted(self._compute_rate.items())},
+                       device_benched={str(r.rank): r.benched_samples_per_s for r in self.plan.workers
+                                       if r.benched_samples_per_s})

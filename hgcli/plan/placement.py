@@ -620,7 +620,8 @@ def _build_plan(option: Option, devices: list[Device], batches: list[int], node_
             d = devices[i]
             ranks.append(RankPlan(rank=len(ranks), role=Role.WORKER, node=node_names[d.node], device=d.device,
                                   group=gid, batch_size=batches[i], local_rank=next_local(d.node),
-                                  emulated=d.emulated, speed=d.speed))
+                                  emulated=d.emulated, speed=d.speed,
+                                  benched_samples_per_s=round(d.rate(batches[i]), 3)))
             members.append(ranks[-1].rank)
         groups.append(GroupPlan(id=gid, ranks=tuple(members), accumulate=option.accumulate[g]))
     shards = []

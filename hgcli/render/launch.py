@@ -92,6 +92,8 @@ def summary_lines(s: Summary) -> list[str]:
                      f"{_ratio(s.samples_per_s, s.ideal_samples_per_s)}")
         if len(s.groups) > 1:
             lines.append(group_line(s))
+    if s.device_measured:
+        lines.append(device_line(s))
     choice = strategy_line(s)
     if choice:
         lines.append(choice)
@@ -109,6 +111,17 @@ def group_line(s: Summary) -> str:
                      f" of {_rate(predicted)} predicted{_ratio(rate, predicted)}"))
     how = " (predicted: the plan's total split by each group's samples per step)" if s.group_predicted_derived else ""
     return "per group: " + ", ".join(parts) + how
+
+
+def device_line(s: Summary) -> str:
+    """Each worker's compute rate over the run against its bench (a device slower than benched: a
+    slowdown, another job on it, a data loader behind, or a bench of another model)."""
+    parts = []
+    for rank, rate in s.device_measured.items():
+        benched = s.device_benched.get(rank)
+        parts.append(f"rank {rank} {_rate(rate)}" + ("" if benched is None else
+                     f" of {_rate(benched)}{_ratio(rate, benched)}"))
+    return "per device, samples/s of compute (waits left out) against the bench: " + ", ".join(parts)
 
 
 def strategy_line(s: Summary) -> str | None:

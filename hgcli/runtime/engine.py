@@ -177,6 +177,9 @@ class GroupEngine:
         self._compute_s = 0.0
         self._computed = 0.0
         self.changes: list[Change] = []
+        # The run's compute (every window but the first, a warm-up) for the summary's per-device rate.
+        self.compute_total_s = 0.0
+        self.computed_total = 0.0
         self.ddp: torch.nn.parallel.DistributedDataParallel | None = None
         self._ddp_options = dict(ddp_options or {})
         self._bucket_mb = bucket_mb
@@ -372,13 +375,13 @@ class GroupEngine:
                     f"the model trained outside the module ctx.wrap() returned (use `model, opt = "
                     f"ctx.wrap(model, opt)` and train `model`), or opt.step() came without a backward")
             self._end_small()
-            self._windows += 1
-            if bucket_at is not None:
-                # The window's compute: from its start to its last bucket (or its emulated end), the
-                # wait for the others left out.
-                self._compute_s += bucket_at - self._window_began
-                self._computed += mine
-        elif self._stash is not None:
+            # The window's compute: from its start to its last bucket (or its emulated end), the
+            # wait for the others left out.
+            self._computed_window(0.0 if bucket_at is None else bucket_at - self._window_began, mine)
+        else:
+            # A group of one waits for nobody before its optimizer step: its compute ends here.
+            self._computed_window(time.perf_counter() - self._window_began, mine)
+        if self.ddp is None and self._stash is not None:
             for p in self.params:          # a group of one: the window's samples-weighted mean
                 if p.grad is not None:
                     p.grad.mul_(n)
@@ -459,6 +462,19 @@ class GroupEngine:
             self._compute_s = self._computed = 0.0
             if change is not None:
                 self._adapted(change)
+
+    def _computed_window(self, seconds: float, samples: float) -> None:
+        self._windows += 1
+        self._compute_s += seconds
+        self._computed += samples
+        if self._windows > 1:
+            self.compute_total_s += seconds
+            self.computed_total += samples
+
+    @property
+    def compute_rate(self) -> float | None:
+        """Samples per second of this member's compute over the run (waits for others excluded)."""
+        return self.computed_total / self.compute_total_s if self.compute_total_s > 0 else None
 
     def _adapted(self, change: Change) -> None:
         """The group re-split its batch (every member decided the same): the leader reports it."""

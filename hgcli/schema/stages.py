@@ -362,6 +362,9 @@ class RankPlan:
     emulated: bool = False
     speed: float = 1.0             # emulated relative speed applied by the runtime
     slowdown: tuple[Slowdown, ...] = ()   # the emulated device's slowdowns (the cluster file's)
+    # The bench's samples/s of this device at its batch (compute only), for the summary's
+    # measured-against-bench line; None: not from a bench (hand-made plans, older files).
+    benched_samples_per_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -159,6 +159,26 @@ def test_metrics_board_rates_come_from_the_ranks_own_clock():
     assert summary.groups == {"0": pytest.approx(20.0), "1": pytest.approx(5.0)}
 
 
+def test_the_summary_sets_each_devices_measured_compute_rate_against_its_bench():
+    import dataclasses
+
+    from hgcli.render.launch import summary_lines
+
+    plan = make_plan(local_cluster(), [["local", "local"]], predicted=100.0)
+    ranks = tuple(dataclasses.replace(r, benched_samples_per_s=50.0) if r.rank == 0 else r for r in plan.ranks)
+    board = MetricsBoard(dataclasses.replace(plan, ranks=ranks))
+    for t in range(3):
+        for r in (0, 1):
+            board.add(r, {"step": t, "samples": 10, "time": 100.0 + t})
+    board.add(0, {"event": "finish", "samples": 30, "compute_samples_per_s": 40.0})
+    board.add(1, {"event": "finish", "samples": 30, "compute_samples_per_s": None})    # not measured
+    board.add(1, {"event": "eval", "compute_samples_per_s": 7.0})                       # not a finish
+    summary = board.summary(elapsed_s=3.0)
+    assert summary.device_measured == {"0": 40.0} and summary.device_benched == {"0": 50.0}
+    assert ("per device, samples/s of compute (waits left out) against the bench: rank 0 40 of 50 (80%)"
+            in summary_lines(summary))
+
+
 def test_the_controller_side_of_launch_never_imports_torch():
     """torch takes seconds to import; the launcher only needs the runtime's environment contract."""
     import subprocess

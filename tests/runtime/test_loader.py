@@ -148,6 +148,9 @@ def test_a_group_rebalances_its_loaders_when_a_member_slows_down(tmp_path, adapt
             assert union == perm[k * 32:(k + 1) * 32]
     sizes = [len(s["indices"]) for s in trained[1]]
     events = [m for m in result.metrics if m.get("event") == "adapt"]
+    # Each finish record carries the member's compute rate over the run (the summary's per-device line).
+    rate = {m["rank"]: m["compute_samples_per_s"] for m in result.metrics if m.get("event") == "finish"}
+    assert rate[0] > 2 * rate[1] > 0, rate
     if adapt == "0":
         assert sizes == [batch] * len(sizes) and events == []
         return

@@ -58,6 +58,21 @@ def test_twin_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         emulation.settings({k: v for k, v in env.items() if k != "E2E_METRICS"}, world=4)
     with pytest.raises(SystemExit, match="at least 1"):
         emulation.settings({**env, "E2E_BATCHES": "53,53,0,11"}, world=4)
+    assert s.slowdown == []
+    assert emulation.settings({**env, "E2E_SLOWDOWN": "2:20.5:4"}, world=4).slowdown == [(20.5, 4.0)]
+    assert emulation.settings({**env, "E2E_SLOWDOWN": "0:20.5:4"}, world=4).slowdown == []   # another rank's
+    with pytest.raises(SystemExit, match="E2E_SLOWDOWN"):
+        emulation.settings({**env, "E2E_SLOWDOWN": "2:20"}, world=4)
+
+
+def test_the_slowdown_scenario_declares_it_in_the_cluster_file(e2e: ModuleType, tmp_path) -> None:
+    from hgcli.config.cluster import load_cluster
+
+    path = tmp_path / "c.toml"
+    e2e.cluster_file(path, [1.0, 1.0, 0.25, 0.25], 0.1, e2e.Dynamics(slowed=0, after_s=21.25, factor=4.0))
+    emulate = load_cluster(path).nodes[0].emulate
+    assert emulate.speed == (0.1, 0.1, 0.025, 0.025) and [(s.device, s.after_s, s.factor)
+                                                          for s in emulate.slowdown] == [(0, 21.2, 4.0)]
 
 
 def test_with_several_pairs_the_ratio_to_ddp_is_the_pairs_median(e2e: ModuleType) -> None:

@@ -20,8 +20,8 @@ over loopback, each running the benched model's real step at ``batch`` through t
 emulator at ``speed`` (forward + backward on one thread, the emulator's pause, the optimizer), in
 alternating blocks of ``BLOCK`` steps: **free** (no collective; the ranks start each free block
 spread over the step, as independent workers drift apart) and **synchronous** (the runtime's
-all-reduce buffer after each step's pause: the model's parameters, the sample count and two slots
-per rank, hgcli/runtime/engine.py). Alternating cancels the machine's drift, which is as large as
+all-reduce buffer after each step's pause: the model's parameters, the sample count and
+MEMBER_SLOTS slots per rank, hgcli/runtime/engine.py). Alternating cancels the machine's drift, which is as large as
 the effect (20-40% over seconds). Per pair of blocks:
 - ``seconds``: rank 0's time inside the all-reduce per synchronous step (the mean of the block:
   throughput follows the mean and single steps are skewed, median 6 ms and the slowest 13-19 ms in
@@ -105,7 +105,7 @@ def serve(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     from ...runtime.emulate import Emulator
-    from ...runtime.engine import sync_buffer_numel
+    from ...runtime.engine import MEMBER_SLOTS, sync_buffer_numel
     from .modelspec import load, parse_spec
     from .step import default_loss
 
@@ -125,7 +125,7 @@ def serve(args: argparse.Namespace) -> None:
         tensors = (*(inputs if isinstance(inputs, tuple) else (inputs,)), targets)
         parameters = sum(p.numel() for p in model.parameters())
         buf = torch.zeros(sync_buffer_numel(parameters, args.ranks))
-        slot = parameters + 1 + 2 * args.rank   # this rank's (batch, estimate) in the buffer
+        slot = parameters + 1 + MEMBER_SLOTS * args.rank   # this rank's (batch, estimate, ...) in the buffer
         # One emulator per kind of block, so each block's pause follows its own steps' CPU: free
         # ranks stretch their own estimate, synchronous ones the members' pooled median, as the
         # runtime's singletons and groups do (hgcli/runtime/engine.py).
