@@ -13,10 +13,15 @@ the same numbers, so they agree without another message:
 * the proposal splits the group's batch in proportion to the rates (at least one sample each, at
   most ``GROW_LIMIT`` x the plan's batch: the plan sized batches to the device's memory), and its
   predicted step is the slowest member's ``batch / rate``;
-* it is taken when that step is at least ``LARGE_GAIN`` shorter than the current split's, or
-  ``SMALL_GAIN`` shorter after ``SETTLED_CHECKS`` checks without a change (hysteresis: a few
-  percent of noise never moves a batch); the first check, and the check after a change, are
-  skipped (the job's first steps, and the new sizes' first steps, are not what the members run at).
+* a proposal *qualifies* when that step is at least ``LARGE_GAIN`` shorter than the current split's,
+  or ``SMALL_GAIN`` shorter after ``SETTLED_CHECKS`` checks without a change;
+* it is taken only when two consecutive checks qualify and move samples the same way (the same
+  members gain): the new split is then cut from the rates of both windows together. One window of
+  contention (another process's burst, a garbage collection, a data loader's hiccup) proposes a
+  split that the next window does not confirm, so it moves nothing; a lasting change confirms
+  itself one check later;
+* the first check, and the check after a change, are skipped (the job's first steps, and the new
+  sizes' first steps, are not what the members run at).
 
 At a fixed point of the rule the members' step times are equal, whatever a step's fixed cost: a
 member's rate at its batch is ``b / t(b)``, so ``b`` proportional to it means the same ``t``.
@@ -149,6 +154,8 @@ class Rebalancer:
         self._checks_since = 0
         # The first check is skipped too: its sums hold the job's first steps (warm-up, first batches).
         self._settle = True
+        # The last check's qualifying proposal: which way it moved samples, and its window's sums.
+        self._pending: tuple[tuple[int, ...], tuple[float, ...], tuple[float, ...]] | None = None
 
     def check(self, step: int, seconds: Sequence[float], samples: Sequence[float],
               next_steps: Sequence[float]) -> Change | None:
@@ -161,20 +168,39 @@ class Rebalancer:
             return None
         self._checks_since += 1
         if min(seconds) <= 0 or min(samples) <= 0:
+            self._pending = None
             return None
-        rates = tuple(s / t for s, t in zip(samples, seconds))
         before = self.split.current
-        proposal = split_by_rate(sum(before), rates, self.caps)
-        if proposal == before:
+        proposal, step_before, step_after = self._propose(before, seconds, samples)
+        if not self._qualifies(step_before, step_after):
+            self._pending = None
             return None
-        step_before = max(b / r for b, r in zip(before, rates))
-        step_after = max(b / r for b, r in zip(proposal, rates))
-        gain = 1.0 - step_after / step_before      # how much shorter the slowest step gets
-        if not (gain >= LARGE_GAIN or (gain >= SMALL_GAIN and self._checks_since >= SETTLED_CHECKS)):
+        way = tuple((a > b) - (a < b) for a, b in zip(proposal, before))
+        pending, self._pending = self._pending, (way, tuple(seconds), tuple(samples))
+        if pending is None or pending[0] != way:
+            return None            # wait for the next window to confirm it
+        seconds = [a + b for a, b in zip(pending[1], seconds)]
+        samples = [a + b for a, b in zip(pending[2], samples)]
+        proposal, step_before, step_after = self._propose(before, seconds, samples)
+        if proposal == before or step_after >= step_before:
             return None
         from_step = int(max(next_steps))
         self.split.change(from_step, proposal)
         self._checks_since = 0
         self._settle = True
-        return Change(step=step, from_step=from_step, before=before, after=proposal, rates=rates,
+        self._pending = None
+        return Change(step=step, from_step=from_step, before=before, after=proposal,
+                      rates=tuple(s / t for s, t in zip(samples, seconds)),
                       step_before_s=step_before, step_after_s=step_after)
+
+    def _propose(self, before: tuple[int, ...], seconds: Sequence[float],
+                 samples: Sequence[float]) -> tuple[tuple[int, ...], float, float]:
+        """The split by these sums' rates, and the slowest member's step at the current split and at it."""
+        rates = [s / t for s, t in zip(samples, seconds)]
+        proposal = split_by_rate(sum(before), rates, self.caps)
+        return (proposal, max(b / r for b, r in zip(before, rates)),
+                max(b / r for b, r in zip(proposal, rates)))
+
+    def _qualifies(self, step_before: float, step_after: float) -> bool:
+        gain = 1.0 - step_after / step_before      # how much shorter the slowest step gets
+        return gain >= LARGE_GAIN or (gain >= SMALL_GAIN and self._checks_since >= SETTLED_CHECKS)

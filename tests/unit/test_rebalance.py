@@ -45,12 +45,23 @@ def test_a_lasting_slowdown_moves_samples_to_the_faster_member_from_a_data_step_
     rb = Rebalancer(split)
     assert feed(rb, [100.0, 100.0]) is None                  # the first check only settles
     assert feed(rb, [100.0, 100.0]) is None                  # balanced: nothing to do
-    change = feed(rb, [100.0, 25.0], steps=(9, 11), at=12)   # member 1 became 4x slower
+    assert feed(rb, [100.0, 25.0], steps=(5, 7)) is None     # member 1 became 4x slower: one window ...
+    change = feed(rb, [100.0, 25.0], steps=(9, 11), at=12)   # ... the next confirms it
     assert change is not None and change.after == (13, 3) and change.from_step == 11
-    assert change.step_after_s < change.step_before_s
+    assert change.rates == (100.0, 25.0) and change.step_after_s < change.step_before_s
     assert split.sizes(10) == (8, 8) and split.sizes(11) == (13, 3) == split.current
     # The check right after a change is skipped: the new sizes' first steps are not settled.
     assert feed(rb, [100.0, 25.0]) is None
+
+
+def test_the_new_split_is_cut_from_both_windows_rates():
+    rb = Rebalancer(GroupSplit(0, [10, 10]))
+    feed(rb, [1.0, 1.0])
+    assert feed(rb, [1.0, 0.5]) is None
+    change = feed(rb, [1.0, 0.25])               # both qualify, the same way; the rates are pooled
+    seconds = (4 * 10 / 1.0 * 2, 4 * 10 / 0.5 + 4 * 10 / 0.25)
+    assert change is not None and change.rates == pytest.approx((80 / seconds[0], 80 / seconds[1]))
+    assert change.after == split_by_rate(20, change.rates, rb.caps)
 
 
 def test_noise_never_moves_a_batch_and_small_gains_wait_until_settled():
@@ -60,12 +71,19 @@ def test_noise_never_moves_a_batch_and_small_gains_wait_until_settled():
     for k in range(10):         # +-4% noise: each proposal (52/48) is below the small gain
         assert split_by_rate(100, [1.04, 0.96], [100, 100]) == (52, 48)
         assert feed(rb, [1.04, 0.96] if k % 2 else [0.96, 1.04]) is None
+    # Bursts of contention: each window alone proposes a large gain, but never the same way twice.
+    for k in range(10):
+        assert feed(rb, [1.6, 1.0] if k % 2 else [1.0, 1.6]) is None
+    # A burst then a quiet window: the quiet one does not qualify, so the burst is forgotten.
+    for k in range(10):
+        assert feed(rb, [1.6, 1.0] if k % 2 else [1.0, 1.0]) is None
     assert split.current == (50, 50)
     rb = Rebalancer(GroupSplit(0, [10, 10]))
     feed(rb, [1.0, 1.0])
-    # A lasting 15% difference (a 7% shorter step): taken only after SETTLED_CHECKS checks.
-    outcomes = [feed(rb, [1.0, 0.85]) for _ in range(4)]
-    assert outcomes[:3] == [None] * 3 and outcomes[3] is not None and outcomes[3].after == (11, 9)
+    # A lasting 15% difference (a 7% shorter step): it qualifies after SETTLED_CHECKS checks, and is
+    # taken at the next.
+    outcomes = [feed(rb, [1.0, 0.85]) for _ in range(5)]
+    assert outcomes[:4] == [None] * 4 and outcomes[4] is not None and outcomes[4].after == (11, 9)
 
 
 def test_a_member_without_a_data_source_on_the_split_keeps_the_group_on_the_plan():
