@@ -156,9 +156,15 @@ def test_a_group_rebalances_its_loaders_when_a_member_slows_down(tmp_path, adapt
         return
     assert events and all(e["rank"] == 0 and e["ranks"] == [0, 1] for e in events), events
     first = events[0]
-    assert first["before"] == [16, 16] and sum(first["batches"]) == 32 and first["batches"][1] < 10
+    assert first["before"] == [16, 16] and sum(first["batches"]) == 32 and first["batches"][1] < batch
+    # The split follows the rates the event reports (how far depends on the machine's load: a slowed
+    # member's fixed cost per step is slowed too, so its rate at 16 is 2.5-4x below member 0's).
     assert first["rates"][0] > 2 * first["rates"][1]
-    # Sizes change exactly at the data step the event names, and stay the last event's to the end.
+    assert abs(first["batches"][1] - 32 * first["rates"][1] / sum(first["rates"])) <= 1
+    # Sizes change exactly at the data step each event names; a change decided at the last step
+    # starts after the data ends.
     assert sizes[:first["data_step"]] == [batch] * first["data_step"]
-    assert sizes[first["data_step"]] == first["batches"][1]
-    assert sizes[-1] == events[-1]["batches"][1]
+    applied = [e for e in events if e["data_step"] < len(sizes)]
+    for e, after in zip(applied, applied[1:] + [None]):
+        end = after["data_step"] if after else len(sizes)
+        assert sizes[e["data_step"]:end] == [e["batches"][1]] * (end - e["data_step"]), (e, sizes)
