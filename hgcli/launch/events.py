@@ -246,6 +246,11 @@ class Summary:
     # from its finish record; and the bench's figure for its device at its plan batch
     device_measured: dict[str, float] = field(default_factory=dict)
     device_benched: dict[str, float] = field(default_factory=dict)
+    # Where the prediction came from: the job whose measured compute fitted the plan (Plan.fitted_to),
+    # else the bench (a plan made by hand has neither); and whether this job's rates were kept.
+    fitted_to: str | None = None
+    from_bench: bool = False
+    rates_stored: bool = False
 
 
 @dataclass(frozen=True)

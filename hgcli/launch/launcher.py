@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
 from ..jobs import records as jobs
-from ..errors import EXIT_JOB, ConfigError, HgError, UsageError
+from ..errors import EXIT_JOB, ConfigError, HgError, StateError, UsageError
 from .events import Dispatcher, Event, JobEnded, JobRestarted, JobStarted, Notice, RootCause, Stage
 from .loop import Interrupt, JobController, Outcome
 from .metrics import MetricsBoard, predictions
@@ -173,7 +173,10 @@ def _plan(request: LaunchRequest, emit: Callable[[Event], None], job_id: str) ->
     else:
         from ..plan.pipeline import prepare_plan   # refuses ranks whose node's Python cannot run them
 
-        plan = prepare_plan(cluster, request.job, quick=True, on_stage=on_stage)
+        from ..bench.rates import script_identity
+
+        plan = prepare_plan(cluster, request.job, quick=True, on_stage=on_stage,
+                            script=script_identity(request.command))
         if plan.cluster != cluster.fingerprint():
             raise HgError(f"internal error: the plan is of cluster {plan.cluster}, not {cluster.fingerprint()}")
     known = {n.name for n in cluster.nodes}
@@ -286,7 +289,29 @@ def _run(request: LaunchRequest, plan: Plan, job_id: str, env: dict[str, str], m
     finally:
         for t in transports.values():
             t.close()
-    return _finish(book, board, emit, outcome, started, request.detach)
+    stored = outcome.state is JobState.SUCCEEDED and _store_rates(request, plan, job_id, board, emit)
+    return _finish(book, board, emit, outcome, started, request.detach, rates_stored=stored)
+
+
+def _store_rates(request: LaunchRequest, plan: Plan, job_id: str, board: MetricsBoard,
+                 emit: Callable[[Event], None]) -> bool:
+    """Keep what the workers measured for the next plan of this script (bench/rates.py); whether it
+    was stored. Only against the stored bench the plan came from: without one there is nothing to fit."""
+    from ..bench.profiles import load_profiles
+    from ..bench.rates import rates_of_job, store_rates
+
+    try:
+        profiles = load_profiles(plan.cluster)
+        if profiles is None:
+            return False
+        rates = rates_of_job(plan, job_id, request.command, profiles.measured_at, board.finished())
+        if rates is None:
+            return False
+        store_rates(rates)
+    except StateError as exc:
+        emit(Notice(job_id, None, f"the measured rates were not kept for the next plan: {exc}"))
+        return False
+    return True
 
 
 def _fresh_ranks(plan: Plan) -> tuple[RankRecord, ...]:
@@ -443,7 +468,7 @@ def _not_started(failed: list[NodeResult[_Prepared]], interrupt: Interrupt, numb
 
 
 def _finish(book: JobBook, board: MetricsBoard, emit: Callable[[Event], None], outcome: Outcome,
-            started: float, detached: bool) -> LaunchResult:
+            started: float, detached: bool, rates_stored: bool = False) -> LaunchResult:
     cause = outcome.root_cause
     if outcome.state is JobState.RUNNING:
         book.update(state=JobState.RUNNING)
@@ -451,7 +476,7 @@ def _finish(book: JobBook, board: MetricsBoard, emit: Callable[[Event], None], o
         summary = None
     else:
         book.finish(outcome.state, outcome.exit_code, cause.sentence() if cause else None)
-        summary = board.summary(time.monotonic() - started)
+        summary = board.summary(time.monotonic() - started, rates_stored=rates_stored)
     emit(JobEnded(job_id=book.record.id, state=outcome.state.value, exit_code=outcome.exit_code,
                   root_cause=cause, summary=summary, job_dir=str(book.dir), detached=detached))
     return LaunchResult(book.record.id, outcome.state, outcome.exit_code, cause)

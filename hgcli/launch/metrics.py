@@ -99,6 +99,7 @@ class MetricsBoard:
         self._first: dict[int, tuple[float, float]] = {}   # rank -> (time, samples) of its first step
         self._last: dict[int, float] = {}
         self._compute_rate: dict[int, float] = {}   # rank -> its finish record's compute samples/s
+        self._mean_batch: dict[int, float] = {}     # rank -> its finish record's samples per step
         self.accuracy: float | None = None
 
     def add(self, rank: int, data: dict[str, Any]) -> None:
@@ -108,6 +109,9 @@ class MetricsBoard:
         rate = _number(data.get("compute_samples_per_s"))
         if data.get("event") == "finish" and rate is not None and rate > 0 and rank in self._group:
             self._compute_rate[rank] = rate
+            done, steps = _number(data.get("samples")), _number(data.get("steps"))
+            if done is not None and steps is not None and done > 0 and steps > 0:
+                self._mean_batch[rank] = done / steps
         step, samples = _number(data.get("step")), _number(data.get("samples"))
         if step is None or samples is None or "event" in data or rank not in self._group:
             return
@@ -162,7 +166,11 @@ class MetricsBoard:
                          predicted_samples_per_s=predicted, ideal_samples_per_s=ideal,
                          accuracy=self.accuracy)
 
-    def summary(self, elapsed_s: float) -> Summary:
+    def finished(self) -> dict[int, tuple[float, float]]:
+        """Each worker's compute samples/s and mean batch from its finish record (both known)."""
+        return {r: (rate, self._mean_batch[r]) for r, rate in self._compute_rate.items() if r in self._mean_batch}
+
+    def summary(self, elapsed_s: float, rates_stored: bool = False) -> Summary:
         groups = {}
         for group, ranks in self._groups().items():
             rate = self._sum([self._job_rate(r) for r in ranks])
@@ -178,4 +186,7 @@ class MetricsBoard:
                        group_predicted=group_predicted, group_predicted_derived=derived,
                        device_measured={str(r): v for r, v in sorted(self._compute_rate.items())},
                        device_benched={str(r.rank): r.benched_samples_per_s for r in self.plan.workers
-                                       if r.benched_samples_per_s})
+                                       if r.benched_samples_per_s},
+                       fitted_to=self.plan.fitted_to,
+                       from_bench=any(r.benched_samples_per_s for r in self.plan.workers),
+                       rates_stored=rates_stored)

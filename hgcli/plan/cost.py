@@ -51,7 +51,9 @@ def plan_overlap(job: JobSpec) -> bool:
 class Device:
     """A usable worker device with its fitted cost: mean step time = a + c * batch, batch <= cap;
     ``noise`` = mean delay of a step / its noise-free time (hgcli.plan.placement.step_noise);
-    ``benched`` = the largest batch its bench timed (0: costed from matmul figures)."""
+    ``benched`` = the largest batch its bench timed (0: costed from matmul figures); ``fitted``: the
+    cost is fitted to a job's measured compute (placement._fit_to_rates), which had the node's CPU
+    contention and the group's synchronous step in it already."""
 
     node: int          # index in inventory node order
     device: str
@@ -62,6 +64,7 @@ class Device:
     cap: int | None
     noise: float = 0.0
     benched: int = 0
+    fitted: bool = False
 
     def time(self, batch: float) -> float:
         return self.a + self.c * batch
@@ -69,6 +72,13 @@ class Device:
     def rate(self, batch: float) -> float:
         """Samples per second at ``batch``."""
         return batch / self.time(batch)
+
+
+def _compute_cpu(d: Device, batch: float) -> float:
+    """Seconds of a core an emulated device's step asks of its node (it computes ``speed`` of its
+    step and sleeps the rest); 0 for a fitted cost, whose measured step had its share of the node's
+    cores in it already (counting it again would crowd the node twice)."""
+    return 0.0 if d.fitted else d.speed * d.time(batch)
 
 
 def _harmonic(n: int) -> float:
@@ -290,7 +300,7 @@ class CostModel:
         busy: dict[int, float] = {}
         for d, b in zip(self.devices, self.batches):
             if d.emulated:
-                busy[d.node] = busy.get(d.node, 0.0) + (d.speed * d.time(b) + own) / (step + comm)
+                busy[d.node] = busy.get(d.node, 0.0) + (_compute_cpu(d, b) + own) / (step + comm)
         crowded = self._crowding(busy)
         rate = self.global_batch / ((step + comm) * max(crowded.values(), default=1.0))
         return Option(Strategy.ALLREDUCE, (members,), (1,), (), 0, rate,
@@ -301,7 +311,7 @@ class CostModel:
         in a synchronous group computes slower by its node's measured ratio (hgcli/node/bench/group.py:
         the same ranks' CPU per step synchronous over free), which the emulator stretches x 1/speed."""
         d = self.devices[i]
-        measured = self.group_sync.get(d.node) if d.emulated and members > 1 else None
+        measured = self.group_sync.get(d.node) if d.emulated and members > 1 and not d.fitted else None
         ratio = measured.compute_ratio.median if measured is not None and measured.compute_ratio else 1.0
         return d.time(self.batches[i]) * ratio
 
@@ -507,7 +517,7 @@ class CostModel:
             for i in g:
                 d = self.devices[i]
                 if d.emulated:
-                    cpu = acc * d.speed * d.time(self.batches[i]) + s.sync + own[s.leader]
+                    cpu = acc * _compute_cpu(d, self.batches[i]) + s.sync + own[s.leader]
                     busy[d.node] = busy.get(d.node, 0.0) + cpu / w
         crowded = self._crowding(busy)
         if crowded:

@@ -27,7 +27,7 @@ from typing import Callable, TypeVar
 
 from ..errors import NodePythonError, NodesFailedError, StateError
 from ..schema.stages import (OR_ANOTHER_PYTHON, PLAN_NEEDS, Cluster, Inventory, JobSpec, Plan, Profiles,
-                             module_problem)
+                             ScriptRates, module_problem)
 
 # Inventories older than this are probed again (seconds).
 INVENTORY_MAX_AGE_S = 3600.0
@@ -212,17 +212,41 @@ def ensure_profiles(cluster: Cluster, inventory: Inventory, *, quick: bool = Tru
     return profiles
 
 
+def script_rates(fingerprint: str, profiles: Profiles, script: str, say: OnStage) -> ScriptRates | None:
+    """What the last job of ``script`` measured on this cluster, when it planned from these profiles;
+    otherwise None, saying why when there were rates (a stale or unreadable file is not an error:
+    the bench alone still plans)."""
+    from ..bench.rates import load_rates
+
+    try:
+        stored = load_rates(fingerprint, script)
+    except StateError as exc:
+        say("plan", f"planning from the bench alone: stored rates unreadable ({exc})")
+        return None
+    if stored is None:
+        return None
+    if stored.bench_measured_at != profiles.measured_at:
+        say("plan", f"planning from the bench alone: the rates job {stored.job_id} measured for {script} "
+                    "are of an earlier bench")
+        return None
+    say("plan", f"fitting the devices' costs to the compute job {stored.job_id} measured for {script} "
+                f"({_ago(stored.measured_at)})")
+    return stored
+
+
 def prepare_plan(cluster: Cluster, job: JobSpec, *, quick: bool = True, skip_failed: bool = False,
-                 on_stage: OnStage | None = None) -> Plan:
-    """Inventory (stored or probed), profiles (stored or benched), then the pure planner."""
+                 on_stage: OnStage | None = None, script: str | None = None) -> Plan:
+    """Inventory (stored or probed), profiles (stored or benched), the rates the last job of
+    ``script`` measured (``launch``: bench/rates.py), then the pure planner."""
     from .contention import contention_note
     from .placement import make_plan
 
     say = on_stage or _quiet
     inventory = ensure_inventory(cluster, skip_failed=skip_failed, on_stage=say)
     profiles = ensure_profiles(cluster, inventory, quick=quick, skip_failed=skip_failed, on_stage=say)
+    rates = script_rates(cluster.fingerprint(), profiles, script, say) if script else None
     say("plan", f"planning ({job.strategy.value})")
-    plan = make_plan(inventory, profiles, job)
+    plan = make_plan(inventory, profiles, job, rates)
     refuse_unrunnable(plan, inventory)
     say("plan", f"{plan.strategy.value}: {plan.world_size} rank(s), {len(plan.groups)} group(s)")
     crowded = contention_note(plan, inventory)

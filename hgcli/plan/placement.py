@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from ..errors import StateError, UsageError
 from ..schema.stages import (
     SCHEMA_VERSION, WIRE_BYTES, DeviceProfile, ExchangeProfile, GroupPlan, GroupSyncProfile, Inventory, JobSpec, Measurement,
-    ModelSpec, Plan, Profiles, RankPlan, Role, StepSample, Strategy,
+    ModelSpec, Plan, Profiles, RankPlan, Role, ScriptRates, StepSample, Strategy,
 )
 from .cost import KNEE_TOLERANCE, CostModel, Device, Network, Option, plan_overlap
 
@@ -46,13 +46,15 @@ DEFAULT_MODEL = ModelSpec(name="assumed ResNet-50 size (bench with --model to me
                           parameters=25_557_032)
 
 
-def make_plan(inventory: Inventory, profiles: Profiles, job: JobSpec) -> Plan:
-    """Plan the ranks of one job; raises HgError for a request that cannot be planned."""
+def make_plan(inventory: Inventory, profiles: Profiles, job: JobSpec, rates: ScriptRates | None = None) -> Plan:
+    """Plan the ranks of one job; raises HgError for a request that cannot be planned. ``rates``: what
+    a job of the same script measured (hgcli/bench/rates.py), to fit the devices' costs to."""
     _check_inputs(inventory, profiles, job)
     model = job.model or profiles.model or DEFAULT_MODEL
     model_bytes = float(model.parameters * model.bytes_per_parameter)
     node_names = [n.name for n in inventory.nodes]
-    devices, skipped = _usable_devices(inventory, profiles, model_bytes)
+    devices, skipped = _usable_devices(inventory, profiles, model_bytes, rates)
+    fitted_to = rates.job_id if rates is not None and any(d.fitted for d in devices) else None
     if not devices:
         why = _summarise(skipped) if skipped else "the profiles list no devices"
         raise UsageError(f"no usable devices to plan on ({why}); run 'hgtrain bench' again")
@@ -76,8 +78,10 @@ def make_plan(inventory: Inventory, profiles: Profiles, job: JobSpec) -> Plan:
         reason += "; not used: " + _summarise(skipped)
     predicted = {s.value: o.samples_per_s for s, o in options.items()}
     predicted["ideal"] = sum(b / d.time(b) for d, b in zip(devices, batches))
+    if fitted_to is not None:
+        reason += f"; device costs fitted to this script's compute measured in job {fitted_to}"
     return _build_plan(chosen, devices, batches, node_names, predicted, global_batch, inventory.cluster,
-                       reason, model, overlap=plan_overlap(job), wire=job.wire)
+                       reason, model, overlap=plan_overlap(job), wire=job.wire, fitted_to=fitted_to)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -133,10 +137,10 @@ def _natural_key(text: str) -> tuple:
     return tuple(int(p) if p.isdigit() else p for p in _DIGITS.split(text))
 
 
-def _usable_devices(inventory: Inventory, profiles: Profiles,
-                    model_bytes: float) -> tuple[list[Device], list[str]]:
+def _usable_devices(inventory: Inventory, profiles: Profiles, model_bytes: float,
+                    rates: ScriptRates | None = None) -> tuple[list[Device], list[str]]:
     """Devices the plan may use, in node then device order, and a note for each one left out. Devices
-    of one kind (``_kinds``) share one cost."""
+    of one kind (``_kinds``) share one cost, fitted to ``rates`` where they hold the kind's."""
     node_index = {n.name: i for i, n in enumerate(inventory.nodes)}
     node_ok = {n.name: n.ok for n in inventory.nodes}
     usable: list[tuple[int, tuple, Device, DeviceProfile]] = []
@@ -169,13 +173,40 @@ def _usable_devices(inventory: Inventory, profiles: Profiles,
         usable.append((dev.node, _natural_key(p.device), dev, p))
     usable.sort(key=lambda t: (t[0], t[1]))
     devices = [d for _, _, d, _ in usable]
-    for kind in _kinds(devices, [p for _, _, _, p in usable]):
+    kinds = _kinds(devices, [p for _, _, _, p in usable])
+    for kind in kinds:
         if len(kind) > 1:
             shared = _pooled([devices[i] for i in kind])
             for i in kind:
                 devices[i] = dataclasses.replace(devices[i], a=shared.a, c=shared.c, noise=shared.noise,
                                                  cap=shared.cap, benched=shared.benched)
+    if rates is not None:
+        devices = _fit_to_rates(devices, kinds, [n.name for n in inventory.nodes], rates)
     return devices, skipped
+
+
+def _fit_to_rates(devices: list[Device], kinds: list[list[int]], node_names: list[str],
+                  rates: ScriptRates) -> list[Device]:
+    """Each kind's cost scaled so that its measured rates come out: a member's factor is its measured
+    step at its mean batch (``batch / samples_per_s``) over the bench's time there, the kind's the
+    median of its members' (like devices keep one cost; one member's noise does not split them).
+    The whole line a + c * b is scaled: the measured step holds the script's per-sample work and its
+    fixed cost alike, and one point cannot tell them apart. Kinds without a measured member keep the
+    bench's cost."""
+    measured = {(r.node, r.device): r for r in rates.rates if r.samples_per_s > 0 and r.batch_size > 0}
+    out = list(devices)
+    for kind in kinds:
+        factors = []
+        for i in kind:
+            d = devices[i]
+            r = measured.get((node_names[d.node], d.device))
+            if r is not None:
+                factors.append(r.batch_size / r.samples_per_s / d.time(r.batch_size))
+        if factors:
+            f = statistics.median(factors)
+            for i in kind:
+                out[i] = dataclasses.replace(devices[i], a=devices[i].a * f, c=devices[i].c * f, fitted=True)
+    return out
 
 
 def _timed(p: DeviceProfile) -> list[StepSample]:
@@ -603,7 +634,8 @@ def _choose(requested: Strategy, options: dict[Strategy, Option], classes: int,
 
 def _build_plan(option: Option, devices: list[Device], batches: list[int], node_names: list[str],
                 predicted: dict[str, float], global_batch: int, cluster: str, reason: str,
-                model: ModelSpec, overlap: bool = False, wire: str = "fp32") -> Plan:
+                model: ModelSpec, overlap: bool = False, wire: str = "fp32",
+                fitted_to: str | None = None) -> Plan:
     """Workers first (groups in node order), then PS ranks in node order; local ranks per node."""
     order = sorted(range(len(option.groups)), key=lambda g: option.groups[g][0])
     ranks: list[RankPlan] = []
@@ -634,4 +666,4 @@ def _build_plan(option: Option, devices: list[Device], batches: list[int], node_
                 predicted_samples_per_s=predicted, predicted_group_samples_per_s=group_rates,
                 global_batch=global_batch, cluster=cluster, reason=reason,
                 staleness_bound=option.staleness if shards else 0, ps_shards=tuple(shards), model=model,
-                overlap=overlap and bool(shards), wire=wire if shards else "fp32")
+                overlap=overlap and bool(shards), wire=wire if shards else "fp32", fitted_to=fitted_to)

@@ -92,6 +92,9 @@ def summary_lines(s: Summary) -> list[str]:
                      f"{_ratio(s.samples_per_s, s.ideal_samples_per_s)}")
         if len(s.groups) > 1:
             lines.append(group_line(s))
+        source = prediction_source_line(s)
+        if source:
+            lines.append(source)
     if s.device_measured:
         lines.append(device_line(s))
     choice = strategy_line(s)
@@ -113,6 +116,18 @@ def group_line(s: Summary) -> str:
     return "per group: " + ", ".join(parts) + how
 
 
+def prediction_source_line(s: Summary) -> str | None:
+    """What the prediction was made from: this script's measured compute, or a bench of a model."""
+    if s.fitted_to:
+        return f"the prediction is fitted to the compute this script measured in job {s.fitted_to}"
+    if not s.from_bench:
+        return None
+    line = "the prediction came from the bench's model, each device timed alone, not from this script's run"
+    if s.rates_stored:
+        line += "; the next launch of this script plans from the compute this job measured"
+    return line
+
+
 def device_line(s: Summary) -> str:
     """Each worker's compute rate over the run against its bench (a device slower than benched: a
     slowdown, another job on it, a data loader behind, or a bench of another model)."""
@@ -121,7 +136,8 @@ def device_line(s: Summary) -> str:
         benched = s.device_benched.get(rank)
         parts.append(f"rank {rank} {_rate(rate)}" + ("" if benched is None else
                      f" of {_rate(benched)}{_ratio(rate, benched)}"))
-    return "per device, samples/s of compute (waits left out) against the bench: " + ", ".join(parts)
+    against = "the plan's (fitted)" if s.fitted_to else "the bench"
+    return f"per device, samples/s of compute (waits left out) against {against}: " + ", ".join(parts)
 
 
 def strategy_line(s: Summary) -> str | None:

@@ -313,6 +313,32 @@ class Profiles:
     version: int = SCHEMA_VERSION
 
 
+@dataclass(frozen=True)
+class MeasuredRate:
+    """One worker device's compute while a job trained: its finish record's samples per second of
+    compute (waits for other members left out) at its mean batch over the run."""
+
+    node: str
+    device: str                    # "gpu0"... or "cpu", as in the profiles
+    batch_size: float              # the device's samples per step, on average (rebalancing moves it)
+    samples_per_s: float
+
+
+@dataclass(frozen=True)
+class ScriptRates:
+    """What one job of a script measured, stored for the next plan of the same script
+    (``clusters/<fingerprint>/scripts/``, hgcli/bench/rates.py): a bench times a model, not the
+    user's script with its data loading and its devices' contention for a node's CPU."""
+
+    cluster: str                   # Cluster.fingerprint()
+    script: str                    # bench.rates.script_identity: "module pkg.train" or "script train.py"
+    job_id: str
+    measured_at: float
+    bench_measured_at: float       # Profiles.measured_at the job planned from: a new bench drops these
+    rates: tuple[MeasuredRate, ...]
+    version: int = SCHEMA_VERSION
+
+
 # ---------------------------------------------------------------------------------------------
 # Plan
 # ---------------------------------------------------------------------------------------------
@@ -362,8 +388,9 @@ class RankPlan:
     emulated: bool = False
     speed: float = 1.0             # emulated relative speed applied by the runtime
     slowdown: tuple[Slowdown, ...] = ()   # the emulated device's slowdowns (the cluster file's)
-    # The bench's samples/s of this device at its batch (compute only), for the summary's
-    # measured-against-bench line; None: not from a bench (hand-made plans, older files).
+    # The planner's samples/s of this device at its batch (compute only): the bench's, fitted to the
+    # script's measured rates when the plan is (Plan.fitted_to). For the summary's per-device line;
+    # None: not from a bench (hand-made plans, older files).
     benched_samples_per_s: float | None = None
 
 
@@ -390,6 +417,9 @@ class Plan:
     # and run as before (no overlap, fp32 on the wire).
     overlap: bool = False          # a leader's PS exchange overlaps its group's next step
     wire: str = "fp32"             # "fp32" or "bf16": format of pushes and pulls (the PS keeps fp32)
+    # The job whose measured compute rates fitted the devices' costs (ScriptRates.job_id); None: the
+    # costs are the bench's alone, of the model it timed (``model``).
+    fitted_to: str | None = None
 
     @property
     def workers(self) -> tuple[RankPlan, ...]:

@@ -75,6 +75,17 @@ def test_main_job_probes_benches_plans_and_trains_on_the_embedded_cluster(hg, tm
     assert summary["samples_per_s"] > 0 and summary["predicted_samples_per_s"] > 0
     assert summary["ideal_samples_per_s"] >= summary["predicted_samples_per_s"]
     assert 0 < summary["accuracy"] <= 1
+    # What the workers measured is kept for the script; its next plan is fitted to it, without a bench.
+    assert summary["fitted_to"] is None and summary["rates_stored"] is True
+    from hgcli.config.cluster import default_cluster
+    from hgcli.plan.pipeline import prepare_plan
+    from hgcli.schema.stages import JobSpec
+
+    said: list[str] = []
+    plan = prepare_plan(default_cluster(), JobSpec(), on_stage=lambda stage, m: said.append(m),
+                        script="module hgcli.examples.train")
+    assert plan.fitted_to == started["job_id"], said
+    assert not any(m.startswith("benching") for m in said), said
 
 
 def test_rank_sigkilled_inside_a_collective_ends_every_rank_without_a_hang(hg, tmp_path):

@@ -179,6 +179,39 @@ def test_the_summary_sets_each_devices_measured_compute_rate_against_its_bench()
             in summary_lines(summary))
 
 
+def test_the_summary_says_what_the_prediction_came_from_and_keeps_each_workers_mean_batch():
+    import dataclasses
+
+    from hgcli.render.launch import summary_lines
+
+    plan = make_plan(local_cluster(), [["local", "local"]], predicted=100.0)
+    plan = dataclasses.replace(plan, ranks=tuple(dataclasses.replace(r, benched_samples_per_s=50.0)
+                                                 for r in plan.ranks))
+    board = MetricsBoard(plan)
+    for t in range(3):
+        for r in (0, 1):
+            board.add(r, {"step": t, "samples": 10, "time": 100.0 + t})
+    board.add(0, {"event": "finish", "samples": 30, "steps": 4, "compute_samples_per_s": 40.0})
+    board.add(1, {"event": "finish", "samples": 30, "compute_samples_per_s": 20.0})     # no step count
+    assert board.finished() == {0: (40.0, 7.5)}
+    benched = summary_lines(board.summary(elapsed_s=3.0, rates_stored=True))
+    assert ("the prediction came from the bench's model, each device timed alone, not from this script's "
+            "run; the next launch of this script plans from the compute this job measured") in benched
+    by_hand = MetricsBoard(make_plan(local_cluster(), [["local"]], predicted=100.0))
+    for t in range(3):
+        by_hand.add(0, {"step": t, "samples": 10, "time": 100.0 + t})
+    hand_made = summary_lines(by_hand.summary(elapsed_s=1.0))
+    assert hand_made and not any(line.startswith("the prediction") for line in hand_made)
+    refitted = MetricsBoard(dataclasses.replace(plan, fitted_to="hg-1"))
+    for t in range(3):
+        refitted.add(0, {"step": t, "samples": 10, "time": 100.0 + t})
+    refitted.add(0, {"event": "finish", "samples": 30, "steps": 4, "compute_samples_per_s": 40.0})
+    fitted = summary_lines(refitted.summary(elapsed_s=3.0))
+    assert "the prediction is fitted to the compute this script measured in job hg-1" in fitted
+    assert any(line.startswith("per device, samples/s of compute (waits left out) against the plan's (fitted)")
+               for line in fitted)
+
+
 def test_the_controller_side_of_launch_never_imports_torch():
     """torch takes seconds to import; the launcher only needs the runtime's environment contract."""
     import subprocess
