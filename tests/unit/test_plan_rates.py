@@ -30,6 +30,7 @@ def test_a_device_slower_in_training_than_benched_gets_a_smaller_batch_and_the_p
     job = JobSpec(strategy=Strategy.ALLREDUCE, global_batch=100)
     benched = make_plan(inventory, profiles, job)
     assert [r.batch_size for r in benched.workers] == [80, 20] and benched.fitted_to is None
+    assert [r.benched_samples_per_s for r in benched.workers] == pytest.approx([2000.0, 500.0])
     # The fast device trained as benched (2,000 samples/s); the slow one at half its bench (250, not 500).
     fitted = make_plan(inventory, profiles, job, rates(("n0", "gpu0", 80, 2000.0), ("n0", "gpu1", 20, 250.0)))
     assert [r.batch_size for r in fitted.workers] == [89, 11]
