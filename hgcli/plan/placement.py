@@ -77,7 +77,10 @@ def make_plan(inventory: Inventory, profiles: Profiles, job: JobSpec, rates: Scr
     if skipped:
         reason += "; not used: " + _summarise(skipped)
     predicted = {s.value: o.samples_per_s for s, o in options.items()}
-    predicted["ideal"] = sum(b / d.time(b) for d, b in zip(devices, batches))
+    # The ideal stays each device's own speed, the bench's (alone): a fitted cost has the node's
+    # contention in it, and an ideal that shrank with it would flatter every run against it.
+    alone = _usable_devices(inventory, profiles, model_bytes)[0] if fitted_to is not None else devices
+    predicted["ideal"] = sum(b / d.time(b) for d, b in zip(alone, batches))
     if fitted_to is not None:
         reason += f"; device costs fitted to this script's compute measured in job {fitted_to}"
     return _build_plan(chosen, devices, batches, node_names, predicted, global_batch, inventory.cluster,
