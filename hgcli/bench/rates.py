@@ -69,19 +69,20 @@ def load_rates(fingerprint: str, script: str) -> ScriptRates | None:
 
 
 def rates_of_job(plan: Plan, job_id: str, command: Sequence[str], bench_measured_at: float,
-                 finished: Mapping[int, tuple[float, float]]) -> ScriptRates | None:
+                 finished: Mapping[int, tuple[float, float, float | None]]) -> ScriptRates | None:
     """The rates a job measured: ``finished`` maps a worker rank to its finish record's (compute
-    samples/s, mean batch). Ranks under an emulated slowdown are left out (the slowdown is the
+    samples/s, mean batch, compute noise or None). Ranks under an emulated slowdown are left out (the slowdown is the
     cluster file's experiment, not the device). None when no worker reported."""
     measured = []
     for r in plan.workers:
         got = finished.get(r.rank)
         if got is None or r.slowdown:
             continue
-        rate, batch = got
+        rate, batch, noise = got
         if rate > 0 and batch > 0:
             measured.append(MeasuredRate(node=r.node, device=r.device, batch_size=round(batch, 3),
-                                         samples_per_s=round(rate, 3)))
+                                         samples_per_s=round(rate, 3),
+                                         noise=None if noise is None else round(noise, 4)))
     if not measured:
         return None
     return ScriptRates(cluster=plan.cluster, script=script_identity(command), job_id=job_id,

@@ -100,6 +100,7 @@ class MetricsBoard:
         self._last: dict[int, float] = {}
         self._compute_rate: dict[int, float] = {}   # rank -> its finish record's compute samples/s
         self._mean_batch: dict[int, float] = {}     # rank -> its finish record's samples per step
+        self._noise: dict[int, float] = {}          # rank -> its finish record's compute noise
         self.accuracy: float | None = None
 
     def add(self, rank: int, data: dict[str, Any]) -> None:
@@ -112,6 +113,9 @@ class MetricsBoard:
             done, steps = _number(data.get("samples")), _number(data.get("steps"))
             if done is not None and steps is not None and done > 0 and steps > 0:
                 self._mean_batch[rank] = done / steps
+            noise = _number(data.get("compute_noise"))
+            if noise is not None and noise >= 0:
+                self._noise[rank] = noise
         step, samples = _number(data.get("step")), _number(data.get("samples"))
         if step is None or samples is None or "event" in data or rank not in self._group:
             return
@@ -166,9 +170,11 @@ class MetricsBoard:
                          predicted_samples_per_s=predicted, ideal_samples_per_s=ideal,
                          accuracy=self.accuracy)
 
-    def finished(self) -> dict[int, tuple[float, float]]:
-        """Each worker's compute samples/s and mean batch from its finish record (both known)."""
-        return {r: (rate, self._mean_batch[r]) for r, rate in self._compute_rate.items() if r in self._mean_batch}
+    def finished(self) -> dict[int, tuple[float, float, float | None]]:
+        """Each worker's compute samples/s, mean batch and compute noise (None: not measured) from
+        its finish record, for the workers that reported the first two."""
+        return {r: (rate, self._mean_batch[r], self._noise.get(r)) for r, rate in self._compute_rate.items()
+                if r in self._mean_batch}
 
     def summary(self, elapsed_s: float, rates_stored: bool = False) -> Summary:
         groups = {}

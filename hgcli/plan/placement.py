@@ -194,21 +194,27 @@ def _fit_to_rates(devices: list[Device], kinds: list[list[int]], node_names: lis
     step at its mean batch (``batch / samples_per_s``) over the bench's time there, the kind's the
     median of its members' (like devices keep one cost; one member's noise does not split them).
     The whole line a + c * b is scaled: the measured step holds the script's per-sample work and its
-    fixed cost alike, and one point cannot tell them apart. Kinds without a measured member keep the
-    bench's cost."""
+    fixed cost alike, and one point cannot tell them apart. The measured noise (how uneven its steps
+    were) replaces the bench's. Kinds without a measured member keep the bench's cost."""
     measured = {(r.node, r.device): r for r in rates.rates if r.samples_per_s > 0 and r.batch_size > 0}
     out = list(devices)
     for kind in kinds:
-        factors = []
+        factors, noises = [], []
         for i in kind:
             d = devices[i]
             r = measured.get((node_names[d.node], d.device))
             if r is not None:
                 factors.append(r.batch_size / r.samples_per_s / d.time(r.batch_size))
+                if r.noise is not None:
+                    noises.append(r.noise)
         if factors:
             f = statistics.median(factors)
+            # Steps measured in training replace the bench's spread: a straggling device (another job's
+            # bursts, a data loader behind every few steps) makes a synchronous group wait.
             for i in kind:
-                out[i] = dataclasses.replace(devices[i], a=devices[i].a * f, c=devices[i].c * f, fitted=True)
+                noise = statistics.median(noises) if noises else devices[i].noise
+                out[i] = dataclasses.replace(devices[i], a=devices[i].a * f, c=devices[i].c * f, noise=noise,
+                                             fitted=True)
     return out
 
 

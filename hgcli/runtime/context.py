@@ -211,7 +211,8 @@ class Context:
                               compute_s=self.emulator.compute_s, emulated_sleep_s=self.emulator.slept_s,
                               emulated_step_s=self.emulator.target_s,
                               sync_s=self._sync.sync_s, skipped_steps=self._sync.skipped_steps,
-                              compute_samples_per_s=self._sync.compute_rate)
+                              compute_samples_per_s=self._sync.compute_rate,
+                              compute_noise=self._sync.compute_noise)
         if self.env.world_size > 1:
             try:
                 shutdown(self.plan, self.env.timeout_s)

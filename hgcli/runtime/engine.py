@@ -43,6 +43,7 @@ at all, as under DDP (its gradient stays this rank's).
 """
 from __future__ import annotations
 
+import collections
 import inspect
 import statistics
 import time
@@ -64,6 +65,7 @@ BUCKET_ENV = "HGTRAIN_BUCKET_MB"
 # Slots of each member in the step's small all-reduce: its batch and emulated estimate (pooled on a
 # node), and for rebalancing its compute seconds, samples and data source's next step.
 MEMBER_SLOTS = 5
+NOISE_WINDOWS = 2048        # windows a member's compute_noise is taken over (the run's latest)
 # ctx.wrap's keyword arguments that DDP takes as they are; the rest are the engine's to set.
 DDP_OPTIONS = ("find_unused_parameters", "gradient_as_bucket_view", "static_graph")
 
@@ -180,6 +182,9 @@ class GroupEngine:
         # The run's compute (every window but the first, a warm-up) for the summary's per-device rate.
         self.compute_total_s = 0.0
         self.computed_total = 0.0
+        # Each window's compute seconds per sample, the last NOISE_WINDOWS of them: how uneven this
+        # member's steps are (``compute_noise``), for the next plan of the script (bench/rates.py).
+        self._per_sample: collections.deque[float] = collections.deque(maxlen=NOISE_WINDOWS)
         self.ddp: torch.nn.parallel.DistributedDataParallel | None = None
         self._ddp_options = dict(ddp_options or {})
         self._bucket_mb = bucket_mb
@@ -470,6 +475,19 @@ class GroupEngine:
         if self._windows > 1:
             self.compute_total_s += seconds
             self.computed_total += samples
+            if seconds > 0 and samples > 0:
+                self._per_sample.append(seconds / samples)
+
+    @property
+    def compute_noise(self) -> float | None:
+        """The mean delay of this member's steps over their noise-free time, as the planner's
+        ``Device.noise`` means it: the mean over the 10th percentile of its per-sample compute, less
+        one (a member that is every fourth step 3x slower: 0.5). None before 10 windows."""
+        values = sorted(self._per_sample)
+        if len(values) < 10:
+            return None
+        floor = values[len(values) // 10]
+        return max(0.0, statistics.fmean(values) / floor - 1.0) if floor > 0 else None
 
     @property
     def compute_rate(self) -> float | None:

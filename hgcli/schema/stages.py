@@ -322,6 +322,9 @@ class MeasuredRate:
     device: str                    # "gpu0"... or "cpu", as in the profiles
     batch_size: float              # the device's samples per step, on average (rebalancing moves it)
     samples_per_s: float
+    # How uneven its steps were: mean per-sample compute over its 10th percentile, less one (the
+    # planner's Device.noise, which prices a synchronous group's wait for its slowest member).
+    noise: float | None = None
 
 
 @dataclass(frozen=True)

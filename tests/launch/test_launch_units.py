@@ -191,9 +191,9 @@ def test_the_summary_says_what_the_prediction_came_from_and_keeps_each_workers_m
     for t in range(3):
         for r in (0, 1):
             board.add(r, {"step": t, "samples": 10, "time": 100.0 + t})
-    board.add(0, {"event": "finish", "samples": 30, "steps": 4, "compute_samples_per_s": 40.0})
+    board.add(0, {"event": "finish", "samples": 30, "steps": 4, "compute_samples_per_s": 40.0, "compute_noise": 0.3})
     board.add(1, {"event": "finish", "samples": 30, "compute_samples_per_s": 20.0})     # no step count
-    assert board.finished() == {0: (40.0, 7.5)}
+    assert board.finished() == {0: (40.0, 7.5, 0.3)}
     benched = summary_lines(board.summary(elapsed_s=3.0, rates_stored=True))
     assert ("the prediction came from the bench's model, each device timed alone, not from this script's "
             "run; the next launch of this script plans from the compute this job measured") in benched

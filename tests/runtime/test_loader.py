@@ -168,3 +168,16 @@ def test_a_group_rebalances_its_loaders_when_a_member_slows_down(tmp_path, adapt
     for e, after in zip(applied, applied[1:] + [None]):
         end = after["data_step"] if after else len(sizes)
         assert sizes[e["data_step"]:end] == [e["batches"][1]] * (end - e["data_step"]), (e, sizes)
+
+
+def test_a_members_finish_record_measures_how_uneven_its_steps_were(tmp_path):
+    """Every step one of the two members is the straggler, 3x slower (the emulator's per-step
+    straggler): each member's steps take t or 3t half of the time each, so its compute noise (mean per
+    sample over its 10th percentile, less one: what the planner's Device.noise means) is about 1."""
+    n, batch = 32 * 24, 16
+    result = run_ok(emulated_plan([[1.0, 1.0]], [[batch, batch]]),
+                    script("loader_train.py", "--out", tmp_path, "--n", n, "--seed", 3, "--epochs", 1,
+                           "--workers", 0, "--mlp", 512), tmp_path,
+                    extra_env={"HGTRAIN_ADAPT": "0", "HGTRAIN_EMULATE_STRAGGLER": "3", "HGTRAIN_EMULATE_SEED": "5"})
+    noise = {m["rank"]: m["compute_noise"] for m in result.metrics if m.get("event") == "finish"}
+    assert set(noise) == {0, 1} and all(0.5 < v < 3.0 for v in noise.values()), noise

@@ -15,14 +15,15 @@ from hgcli.plan.pipeline import script_rates
 from hgcli.plan.placement import make_plan
 from hgcli.schema.stages import JobSpec, MeasuredRate, ScriptRates, Slowdown, Strategy
 
-from tests.unit.plan_clusters import A100, Kind, cluster
+from tests.unit.plan_clusters import A100, T4, Kind, cluster
 
 FAST, SLOW = Kind("fast", 1.0, None, a=0.0), Kind("slow", 0.25, None, a=0.0)
 
 
-def rates(*measured: tuple[str, str, float, float], job: str = "hg-1", bench: float = 0.0) -> ScriptRates:
+def rates(*measured: tuple, job: str = "hg-1", bench: float = 0.0) -> ScriptRates:
+    """(node, device, batch, samples/s[, noise]) each."""
     return ScriptRates(cluster="fp", script="module train", job_id=job, measured_at=1.0, bench_measured_at=bench,
-                       rates=tuple(MeasuredRate(n, d, b, r) for n, d, b, r in measured))
+                       rates=tuple(MeasuredRate(*m) for m in measured))
 
 
 def test_a_device_slower_in_training_than_benched_gets_a_smaller_batch_and_the_prediction_follows():
@@ -71,6 +72,25 @@ def test_a_fitted_node_is_not_crowded_twice():
     assert fitted.predicted_samples_per_s["allreduce"] > 1.5 * crowded.predicted_samples_per_s["allreduce"]
 
 
+def test_steps_that_straggled_in_training_move_the_plan_off_one_synchronous_group():
+    """Two A100 and two T4 on one node: the bench's steps are even and auto keeps one all-reduce
+    group. Measured at their benched speed but with a straggler every other step or so (noise 0.5),
+    a group of four waits for its slowest member far more often than two groups of two do."""
+    inventory, profiles = cluster([[A100, A100, T4, T4]])
+    benched = make_plan(inventory, profiles, JobSpec())
+    assert benched.strategy is Strategy.ALLREDUCE
+
+    def measured(noise):
+        return rates(*((r.node, r.device, r.batch_size, r.batch_size / k.seconds(r.batch_size), noise)
+                       for r, k in zip(benched.workers, (A100, A100, T4, T4))))
+
+    steady = make_plan(inventory, profiles, JobSpec(), measured(None))
+    assert steady.strategy is Strategy.ALLREDUCE and steady.fitted_to == "hg-1"
+    straggling = make_plan(inventory, profiles, JobSpec(), measured(0.5))
+    assert straggling.strategy is Strategy.HYBRID and len(straggling.groups) == 2
+    assert straggling.predicted_samples_per_s["allreduce"] < 0.8 * steady.predicted_samples_per_s["allreduce"]
+
+
 @pytest.mark.parametrize("command, identity", [
     (("python", "-m", "pkg.train", "--epochs", "3"), "module pkg.train"),
     (("/venv/bin/python3", "-u", "-mpkg.train"), "module pkg.train"),
@@ -88,11 +108,11 @@ def test_a_jobs_rates_leave_out_unreported_and_slowed_down_ranks(private_state_d
     plan = hand_plan(local_cluster(("a", "b")), [["a", "a", "b"]])
     slowed = dataclasses.replace(plan.ranks[1], slowdown=(Slowdown(1, 5.0, 4.0),))
     plan = dataclasses.replace(plan, ranks=(plan.ranks[0], slowed, *plan.ranks[2:]))
-    got = rates_of_job(plan, "hg-7", ("python", "train.py"), 12.0, {0: (400.0, 31.5), 1: (90.0, 16.0)})
+    got = rates_of_job(plan, "hg-7", ("python", "train.py"), 12.0, {0: (400.0, 31.5, 0.25), 1: (90.0, 16.0, None)})
     assert got is not None and got.script == "script train.py" and got.job_id == "hg-7"
     assert got.bench_measured_at == 12.0
-    assert got.rates == (MeasuredRate(plan.ranks[0].node, plan.ranks[0].device, 31.5, 400.0),)
-    assert rates_of_job(plan, "hg-7", ("python", "train.py"), 12.0, {1: (90.0, 16.0)}) is None
+    assert got.rates == (MeasuredRate(plan.ranks[0].node, plan.ranks[0].device, 31.5, 400.0, 0.25),)
+    assert rates_of_job(plan, "hg-7", ("python", "train.py"), 12.0, {1: (90.0, 16.0, None)}) is None
 
 
 def test_stored_rates_are_private_keyed_by_script_and_refused_when_unreadable(private_state_dir):
