@@ -6,7 +6,7 @@ A script's step is not that model's: its data loading, its layers, and on a node
 the CPU their contention. The runtime measures what each device computed (samples per second of
 compute, waits for other members left out, at its mean batch), the launcher stores it at the job's
 end under the script's identity, and ``prepare_plan`` fits the bench's per-device costs to it for the
-next launch of that script (hgcli/plan/placement.py, ``fit_to_rates``).
+next launch of that script (hgcli/plan/placement.py, ``_fit_to_rates``).
 
 A script is the module of ``python -m MODULE`` or the first ``*.py``/``*.sh`` path of the command,
 not its arguments: ``train.py --epochs 3`` and ``train.py --epochs 30`` are one script. Rates are
@@ -71,8 +71,8 @@ def load_rates(fingerprint: str, script: str) -> ScriptRates | None:
 def rates_of_job(plan: Plan, job_id: str, command: Sequence[str], bench_measured_at: float,
                  finished: Mapping[int, tuple[float, float, float | None]]) -> ScriptRates | None:
     """The rates a job measured: ``finished`` maps a worker rank to its finish record's (compute
-    samples/s, mean batch, compute noise or None). Ranks under an emulated slowdown are left out (the slowdown is the
-    cluster file's experiment, not the device). None when no worker reported."""
+    samples/s, mean batch, compute noise or None). Ranks under an emulated slowdown are left out
+    (the slowdown is the cluster file's experiment, not the device). None when no worker reported."""
     measured = []
     for r in plan.workers:
         got = finished.get(r.rank)

@@ -53,7 +53,8 @@ def make_plan(inventory: Inventory, profiles: Profiles, job: JobSpec, rates: Scr
     model = job.model or profiles.model or DEFAULT_MODEL
     model_bytes = float(model.parameters * model.bytes_per_parameter)
     node_names = [n.name for n in inventory.nodes]
-    devices, skipped = _usable_devices(inventory, profiles, model_bytes, rates)
+    alone, skipped, kinds = _usable_devices(inventory, profiles, model_bytes)
+    devices = _fit_to_rates(alone, kinds, node_names, rates) if rates is not None else alone
     fitted_to = rates.job_id if rates is not None and any(d.fitted for d in devices) else None
     if not devices:
         why = _summarise(skipped) if skipped else "the profiles list no devices"
@@ -79,7 +80,6 @@ def make_plan(inventory: Inventory, profiles: Profiles, job: JobSpec, rates: Scr
     predicted = {s.value: o.samples_per_s for s, o in options.items()}
     # The ideal stays each device's own speed, the bench's (alone): a fitted cost has the node's
     # contention in it, and an ideal that shrank with it would flatter every run against it.
-    alone = _usable_devices(inventory, profiles, model_bytes)[0] if fitted_to is not None else devices
     predicted["ideal"] = sum(b / d.time(b) for d, b in zip(alone, batches))
     if fitted_to is not None:
         reason += f"; device costs fitted to this script's compute measured in job {fitted_to}"
@@ -140,10 +140,10 @@ def _natural_key(text: str) -> tuple:
     return tuple(int(p) if p.isdigit() else p for p in _DIGITS.split(text))
 
 
-def _usable_devices(inventory: Inventory, profiles: Profiles, model_bytes: float,
-                    rates: ScriptRates | None = None) -> tuple[list[Device], list[str]]:
-    """Devices the plan may use, in node then device order, and a note for each one left out. Devices
-    of one kind (``_kinds``) share one cost, fitted to ``rates`` where they hold the kind's."""
+def _usable_devices(inventory: Inventory, profiles: Profiles,
+                    model_bytes: float) -> tuple[list[Device], list[str], list[list[int]]]:
+    """Devices the plan may use, in node then device order, a note for each one left out, and their
+    kinds (indices into the devices). Devices of one kind (``_kinds``) share one cost."""
     node_index = {n.name: i for i, n in enumerate(inventory.nodes)}
     node_ok = {n.name: n.ok for n in inventory.nodes}
     usable: list[tuple[int, tuple, Device, DeviceProfile]] = []
@@ -183,9 +183,7 @@ def _usable_devices(inventory: Inventory, profiles: Profiles, model_bytes: float
             for i in kind:
                 devices[i] = dataclasses.replace(devices[i], a=shared.a, c=shared.c, noise=shared.noise,
                                                  cap=shared.cap, benched=shared.benched)
-    if rates is not None:
-        devices = _fit_to_rates(devices, kinds, [n.name for n in inventory.nodes], rates)
-    return devices, skipped
+    return devices, skipped, kinds
 
 
 def _fit_to_rates(devices: list[Device], kinds: list[list[int]], node_names: list[str],
@@ -211,9 +209,10 @@ def _fit_to_rates(devices: list[Device], kinds: list[list[int]], node_names: lis
             f = statistics.median(factors)
             # Steps measured in training replace the bench's spread: a straggling device (another job's
             # bursts, a data loader behind every few steps) makes a synchronous group wait.
+            noise = statistics.median(noises) if noises else None
             for i in kind:
-                noise = statistics.median(noises) if noises else devices[i].noise
-                out[i] = dataclasses.replace(devices[i], a=devices[i].a * f, c=devices[i].c * f, noise=noise,
+                d = devices[i]
+                out[i] = dataclasses.replace(d, a=d.a * f, c=d.c * f, noise=d.noise if noise is None else noise,
                                              fitted=True)
     return out
 

@@ -204,7 +204,7 @@ def test_a_single_shard_push_waits_for_cores_by_its_fixed_cost():
                     for p in profiles.devices)
     profiles = dataclasses.replace(profiles, devices=devices)
     names = [n.name for n in inventory.nodes]
-    usable, _ = _usable_devices(inventory, profiles, 20_000.0)
+    usable, _, _ = _usable_devices(inventory, profiles, 20_000.0)
     _, batches = _assign_batches(usable, 256, names)
     model = CostModel(usable, batches, Network(names, profiles.links), 20_000.0, 256, inventory,
                       JobSpec(strategy=Strategy.PS, global_batch=256), _exchanges(inventory, profiles))

@@ -91,6 +91,25 @@ def test_steps_that_straggled_in_training_move_the_plan_off_one_synchronous_grou
     assert straggling.predicted_samples_per_s["allreduce"] < 0.8 * steady.predicted_samples_per_s["allreduce"]
 
 
+def test_a_fitted_group_is_not_slowed_by_the_benched_group_ratio_again():
+    """The bench's synchronous step of the node's devices measured their compute 1.5x slower in a group
+    than free: the cost model stretches a benched member by it, not a fitted one (its measured rate
+    was taken inside the group)."""
+    from hgcli.schema.stages import GroupSyncProfile, Measurement
+
+    inventory, profiles = cluster([[A100] * 4])
+    sync = GroupSyncProfile(ranks=4, bytes=4_000_000, step_s=0.02, seconds=Measurement(0.001, 0.001, 0.001, 3),
+                            batch=32, speed=1.0, compute_ratio=Measurement(1.5, 1.5, 1.5, 3))
+    profiles = dataclasses.replace(profiles, devices=tuple(dataclasses.replace(p, group_sync=sync)
+                                                           for p in profiles.devices))
+    job = JobSpec(strategy=Strategy.ALLREDUCE, global_batch=128)
+    benched = make_plan(inventory, profiles, job)
+    fitted = make_plan(inventory, profiles, job, rates(*(("n0", f"gpu{i}", 32, 32 / A100.seconds(32)) for i in range(4))))
+    step = A100.seconds(32)
+    assert 128 / benched.predicted_samples_per_s["allreduce"] == pytest.approx(1.5 * step + 0.001, rel=0.02)
+    assert 128 / fitted.predicted_samples_per_s["allreduce"] == pytest.approx(step + 0.001, rel=0.02)
+
+
 @pytest.mark.parametrize("command, identity", [
     (("python", "-m", "pkg.train", "--epochs", "3"), "module pkg.train"),
     (("/venv/bin/python3", "-u", "-mpkg.train"), "module pkg.train"),
