@@ -258,10 +258,16 @@ def unknown_option_message(command: click.Command, ctx: click.Context, word: str
               show_default=True, help="A node silent this long is lost and the job fails.")
 @click.option("--restarts", type=click.IntRange(min=0), default=0, show_default=True,
               help="Restart the whole job this many times after a failing rank or a lost node.")
+@click.option("--nnodes", "nnodes", default=None, metavar="MIN:MAX",
+              help="Elastic: after a lost node, restart on the nodes left if at least MIN are, taking "
+                   "back lost nodes that answer, up to MAX (re-planned from the stored bench; each "
+                   "counts against --restarts). N means N:N. Default: every node of the cluster.")
 @click.option("--checkpoint-every", type=click.IntRange(min=0), default=0, show_default=True,
-              help="PS ranks checkpoint every N updates (0: not on a count).")
+              help="PS ranks checkpoint (all-reduce jobs with --restarts snapshot) every N updates "
+                   "(0: not on a count).")
 @click.option("--checkpoint-seconds", type=click.FloatRange(min=0), default=60.0, show_default=True,
-              help="PS ranks checkpoint every T seconds (0: not on a clock).")
+              help="PS ranks checkpoint (all-reduce jobs with --restarts snapshot) every T seconds "
+                   "(0: not on a clock).")
 @click.option("--tensorboard", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
               help="Write TensorBoard event files of the metrics to DIR/JOB while the job runs "
                    "(pip install 'hgtrain[tensorboard]').")
@@ -275,8 +281,9 @@ def unknown_option_message(command: click.Command, ctx: click.Context, word: str
 def launch(ctx: click.Context, cluster_file: Path | None, nproc_per_node: int | None, plan_file: Path | None,
            strategy: str, global_batch: int | None, env: tuple[str, ...], env_file: Path | None,
            secret_env: tuple[str, ...], ranks: str | None, detach: bool, grace_s: float,
-           heartbeat_timeout_s: float, restarts: int, checkpoint_every: int, checkpoint_seconds: float,
-           tensorboard: Path | None, adapt: bool, as_json: bool, raw: bool, command: tuple[str, ...]) -> None:
+           heartbeat_timeout_s: float, restarts: int, nnodes: str | None, checkpoint_every: int,
+           checkpoint_seconds: float, tensorboard: Path | None, adapt: bool, as_json: bool, raw: bool,
+           command: tuple[str, ...]) -> None:
     """Start the plan's ranks on the nodes and stream their logs and metrics.
 
     \b
@@ -284,7 +291,7 @@ def launch(ctx: click.Context, cluster_file: Path | None, nproc_per_node: int | 
     hgtrain launch -c cluster.toml --plan plan.json -- python train.py --epochs 3
     Exit code: the first failing rank's (128+N for signal N); 130 on Ctrl-C. See docs/launch.md.
     """
-    from .launch.launcher import LaunchRequest, launch as run_launch
+    from .launch.launcher import LaunchRequest, launch as run_launch, parse_nnodes
     from .schema.stages import JobSpec, Strategy
     from .config.ranklist import parse_rank_list
     from .render.launch import make_sink
@@ -295,7 +302,8 @@ def launch(ctx: click.Context, cluster_file: Path | None, nproc_per_node: int | 
         job=JobSpec(strategy=Strategy(strategy), global_batch=global_batch), env=env, env_file=env_file,
         secret_env=secret_env, detach=detach, grace_s=grace_s, heartbeat_timeout_s=heartbeat_timeout_s, restarts=restarts,
         checkpoint_every=checkpoint_every, checkpoint_seconds=checkpoint_seconds,
-        console_may_skip=sys.stdout.isatty() and not as_json, tensorboard=tensorboard, adapt=adapt)
+        console_may_skip=sys.stdout.isatty() and not as_json, tensorboard=tensorboard, adapt=adapt,
+        nnodes=parse_nnodes(nnodes) if nnodes is not None else None)
     result = run_launch(request, make_sink(as_json=as_json, ranks=shown, raw=raw))
     ctx.exit(result.exit_code)
 

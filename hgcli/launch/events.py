@@ -205,7 +205,63 @@ class JobRestarted:
     job_id: str
     attempt: int
     reason: str                    # the failed attempt's root cause, one line
-    resume: bool                   # PS ranks resume from their last complete checkpoint (else from scratch)
+    resume: bool                   # training resumes from a saved state (else from scratch)
+    resume_from: str | None = None  # "checkpoint" (PS ranks) | "snapshot" (all-reduce) | None
+
+
+@dataclass(frozen=True)
+class NodeLost:
+    """A node was lost during attempt ``attempt`` (heartbeat timeout, SSH drop, agent exit)."""
+
+    job_id: str
+    node: str
+    attempt: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Replanned:
+    """``launch --nnodes MIN:MAX``: the next attempt runs on other nodes than the last, re-planned
+    from the stored profiles (no bench)."""
+
+    job_id: str
+    attempt: int                   # the attempt that runs the new plan
+    old_nodes: tuple[str, ...]
+    new_nodes: tuple[str, ...]
+    old_world: int                 # ranks
+    new_world: int
+    strategy: str                  # the new plan's
+    reason: str                    # why: the nodes lost, the nodes that came back
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """An attempt's training continued from a saved state: ``source`` "snapshot" (all-reduce: the
+    first worker's snapshot, ``step`` its optimizer steps) or "checkpoint" (PS shards, ``step`` the
+    version); ``redone``: samples trained again (those the lost attempt trained after that state;
+    None when the script logs no samples)."""
+
+    job_id: str
+    attempt: int
+    source: str
+    step: int
+    samples: int | None
+    redone: int | None
+
+    @classmethod
+    def parse(cls, job_id: str, attempt: int, rank: int, first_worker: int, data: dict[str, Any],
+              reached: int | None) -> "Resumed | None":
+        """The event in the first worker's ``resumed`` metric record (untrusted: only numbers pass);
+        ``reached``: the samples the job had trained when the last attempt ended."""
+        if data.get("event") != "resumed" or rank != first_worker or data.get("source") != "snapshot":
+            return None
+        step, samples = data.get("step"), data.get("samples")
+        if not (isinstance(step, int) and _is_int(step) and step >= 0):
+            return None
+        if samples is not None and not (isinstance(samples, int) and _is_int(samples) and samples >= 0):
+            return None
+        redone = max(0, reached - samples) if reached is not None and samples is not None else None
+        return cls(job_id=job_id, attempt=attempt, source="snapshot", step=step, samples=samples, redone=redone)
 
 
 @dataclass(frozen=True)
@@ -289,12 +345,13 @@ class JobEnded:
 
 
 Event = (Stage | JobStarted | RankStarted | LogLines | Metric | Adapted | RankExited | Notice | Stopping
-         | Progress | JobRestarted | JobEnded)
+         | Progress | JobRestarted | NodeLost | Replanned | Resumed | JobEnded)
 
 EVENT_NAMES: dict[type, str] = {
     Stage: "stage", JobStarted: "job_started", RankStarted: "rank_started", LogLines: "logs",
     Metric: "metric", Adapted: "adapt", RankExited: "rank_exited", Notice: "notice", Stopping: "stopping",
-    Progress: "progress", JobRestarted: "job_restarted", JobEnded: "job_ended",
+    Progress: "progress", JobRestarted: "job_restarted", NodeLost: "node_lost", Replanned: "replanned",
+    Resumed: "resumed", JobEnded: "job_ended",
 }
 
 

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
 from ..jobs import records as jobs
-from ..errors import EXIT_JOB, ConfigError, HgError, StateError, UsageError
-from .events import Dispatcher, Event, JobEnded, JobRestarted, JobStarted, Notice, RootCause, Stage
+from ..errors import EXIT_JOB, EXIT_NODES_FAILED, ConfigError, HgError, StateError, UsageError
+from .events import Dispatcher, Event, JobEnded, JobRestarted, JobStarted, Notice, Replanned, RootCause, Stage
 from .loop import Interrupt, JobController, Outcome
 from .metrics import MetricsBoard, predictions
 from .record import JobBook
@@ -43,6 +43,7 @@ from .agentlink import INBOX_BYTES, AgentLink, Heartbeat, Inbound
 DEFAULT_CHECKPOINT_S = 60.0
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RETRY_S = 2.0   # between two tries to prepare a node that failed on a restart
+REACH_S = 20.0  # an elastic restart's check that a node answers (an SSH connection and `true`)
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,9 @@ class LaunchRequest:
     console_may_skip: bool = False
     tensorboard: Path | None = None        # write TensorBoard event files of the metrics here, live
     adapt: bool = True                     # groups rebalance their batches as speeds change (HGTRAIN_ADAPT)
+    # --nnodes MIN:MAX (torchrun's spelling): a restart after a lost node re-plans on the nodes left
+    # when at least MIN are, and takes back lost nodes that answer again, up to MAX. None: N:N.
+    nnodes: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -82,9 +86,27 @@ class LaunchRequest:
                                  f"'_', got {name!r}")
         if self.restarts and self.detach:
             raise UsageError("--restarts needs hgtrain to stay attached: it cannot be used with --detach")
+        if self.nnodes is not None:
+            low, high = self.nnodes
+            if not 1 <= low <= high:
+                raise UsageError(f"--nnodes {low}:{high}: expected 1 <= MIN <= MAX")
+            if low > len(self.cluster.nodes):
+                raise UsageError(f"--nnodes {low}:{high}: the cluster has {len(self.cluster.nodes)} node(s)")
+            if self.elastic and self.plan_file is not None:
+                raise UsageError("--nnodes MIN:MAX re-plans on the nodes left after a loss, which a plan file "
+                                 "(--plan) cannot: leave --plan out, so hgtrain plans from its stored bench")
+            if self.elastic and not self.restarts:
+                raise UsageError(f"--nnodes {low}:{high}: each re-plan after a lost node is a restart of the "
+                                 "job and counts against --restarts: give --restarts N (N >= 1)")
         if self.tensorboard is not None and self.detach:
             raise UsageError("--tensorboard needs hgtrain to stay attached (a detached job's metrics reach "
                              "no controller): it cannot be used with --detach")
+
+    @property
+    def elastic(self) -> bool:
+        """MIN < MAX, or MAX short of the cluster: the job may run on a changing set of nodes."""
+        return self.nnodes is not None and (self.nnodes[0] < self.nnodes[1]
+                                            or self.nnodes[1] < len(self.cluster.nodes))
 
     @property
     def heartbeat_interval_s(self) -> float:
@@ -98,6 +120,18 @@ class LaunchResult:
     state: JobState
     exit_code: int
     root_cause: RootCause | None
+
+
+def parse_nnodes(text: str) -> tuple[int, int]:
+    """``--nnodes``: "MIN:MAX" or "N" (N:N), as torchrun spells it."""
+    parts = text.split(":")
+    try:
+        numbers = [int(p) for p in parts]
+    except ValueError:
+        numbers = []
+    if len(numbers) not in (1, 2):
+        raise UsageError(f"--nnodes: expected MIN:MAX or N (whole numbers), got {text!r}")
+    return (numbers[0], numbers[-1])
 
 
 def user_env(request: LaunchRequest, environ: Mapping[str, str]) -> dict[str, str]:
@@ -176,7 +210,9 @@ def _plan(request: LaunchRequest, emit: Callable[[Event], None], job_id: str) ->
         from ..bench.rates import script_identity
 
         plan = prepare_plan(cluster, request.job, quick=True, on_stage=on_stage,
-                            script=script_identity(request.command))
+                            script=script_identity(request.command), skip_failed=request.elastic)
+        if request.elastic:
+            plan = _within_nnodes(request, plan, on_stage)
         if plan.cluster != cluster.fingerprint():
             raise HgError(f"internal error: the plan is of cluster {plan.cluster}, not {cluster.fingerprint()}")
     known = {n.name for n in cluster.nodes}
@@ -193,12 +229,42 @@ def _plan(request: LaunchRequest, emit: Callable[[Event], None], job_id: str) ->
     return with_slowdowns(plan, cluster)
 
 
+def plan_nodes(plan: Plan) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(r.node for r in plan.ranks))
+
+
+def _within_nnodes(request: LaunchRequest, plan: Plan, on_stage: Callable[[str, str], None]) -> Plan:
+    """An elastic job's first plan: on at least MIN nodes (failed probes were skipped), at most MAX."""
+    assert request.nnodes is not None
+    low, high = request.nnodes
+    nodes = plan_nodes(plan)
+    if len(nodes) < low:
+        raise HgError(f"--nnodes {low}:{high}: only {len(nodes)} node(s) can run the job "
+                      f"({', '.join(nodes) or 'none'}); see 'hgtrain probe'")
+    if len(nodes) <= high:
+        return plan
+    from ..bench.rates import script_identity
+    from ..plan.pipeline import replan_on
+
+    return replan_on(request.cluster, _same_batch(request, plan), list(nodes[:high]), on_stage=on_stage,
+                     script=script_identity(request.command))
+
+
+def _same_batch(request: LaunchRequest, plan: Plan) -> JobSpec:
+    """The job of a re-plan: the global batch stays the first plan's (each device then takes more)
+    unless --global-batch set it."""
+    if request.job.global_batch is not None or not plan.global_batch:
+        return request.job
+    return dataclasses.replace(request.job, global_batch=plan.global_batch)
+
+
 @dataclass(frozen=True)
 class _Prepared:
     link: AgentLink   # started, its agent waiting for the spec
     launch: NodeLaunch
     port: int | None
     checkpoints: dict[str, list[int]] | None   # shard -> versions on the node (asked for on restarts)
+    snapshots: list[int] | None = None         # all-reduce snapshot steps on the node (restarts)
 
 
 def _prepare_node(node: NodeSpec, link: AgentLink, plan_json: str, job_id: str, jobs_root: str,
@@ -218,7 +284,7 @@ def _prepare_node(node: NodeSpec, link: AgentLink, plan_json: str, job_id: str, 
     return _Prepared(link, NodeLaunch(name=node.name, python=node.python,
                                       package_root=link.transport.package_root(), job_dir=ok["job_dir"],
                                       plan_path=ok["plan"], checkpoint_dir=f"{ok['job_dir']}/ps-checkpoint"),
-                     ok.get("port"), ok.get("checkpoints"))
+                     ok.get("port"), ok.get("checkpoints"), ok.get("snapshots"))
 
 
 @contextlib.contextmanager
@@ -270,11 +336,8 @@ def _run(request: LaunchRequest, plan: Plan, job_id: str, env: dict[str, str], m
                        ranks=_fresh_ranks(plan))
     book = JobBook(record)
     started = time.monotonic()
-    board = MetricsBoard(plan)
-    nodes = [request.cluster.node(n) for n in dict.fromkeys(r.node for r in plan.ranks)]
-    transports = {n.name: open_transport(n, request.cluster.ssh) for n in nodes}
     interrupt = Interrupt()
-    attempt = _Attempt(request, plan, env, master_addr, emit, book, board, interrupt, transports, note)
+    attempt = _Attempt(request, plan, env, master_addr, emit, book, MetricsBoard(plan), interrupt, {}, note)
     try:
         with _signals_to(interrupt):
             outcome = attempt.run(0)
@@ -282,13 +345,19 @@ def _run(request: LaunchRequest, plan: Plan, job_id: str, env: dict[str, str], m
                 if not outcome.restartable or interrupt.count:
                     break
                 reason = outcome.root_cause.sentence() if outcome.root_cause else "failed"
+                attempt.ended(outcome)
+                if request.elastic:
+                    refused = attempt.regroup(number, outcome, reason)
+                    if refused is not None:
+                        outcome = refused
+                        break
                 book.update(restarts=book.record.restarts + (reason,), state=JobState.STARTING,
-                            ranks=_fresh_ranks(plan))
-                emit(JobRestarted(job_id=job_id, attempt=number, reason=reason, resume=bool(plan.ps_shards)))
-                outcome = attempt.run(number)
+                            ranks=_fresh_ranks(attempt.plan), plan=attempt.plan)
+                outcome = attempt.run(number, reason)
     finally:
-        for t in transports.values():
+        for t in attempt.transports.values():
             t.close()
+    plan, board = attempt.plan, attempt.board
     stored = outcome.state is JobState.SUCCEEDED and _store_rates(request, plan, job_id, board, emit)
     return _finish(book, board, emit, outcome, started, request.detach, rates_stored=stored)
 
@@ -340,12 +409,82 @@ class _Attempt:
     # The job's rendezvous secret (runtime/netbind.py): in the agents' specs only, never in a record.
     token: str = field(default_factory=lambda: os.urandom(16).hex())
 
-    def run(self, number: int) -> Outcome:
+    # The samples the job had trained when the last attempt ended (for a resume's samples redone):
+    # where that attempt's training started, plus what it trained.
+    reached: int | None = None
+    _trained_before: int = 0         # the board's samples when the attempt began
+    _started_from: int = 0           # the samples of the state the attempt resumed from
+    _ps_moved_at: int = -1           # the restart whose re-plan moved the PS shards (nothing to resume)
+
+    def transport(self, name: str) -> Transport:
+        if name not in self.transports:
+            self.transports[name] = open_transport(self.request.cluster.node(name), self.request.cluster.ssh)
+        return self.transports[name]
+
+    def ended(self, outcome: Outcome) -> None:
+        """Note where the failed attempt's training got to, before the next one resumes."""
+        if outcome.resumed is not None:
+            self._started_from = outcome.resumed.samples or 0
+        trained = self.board.samples_total() - self._trained_before
+        self.reached = self._started_from + trained if trained > 0 or self._started_from else None
+
+    def regroup(self, number: int, outcome: Outcome, reason: str) -> Outcome | None:
+        """``--nnodes MIN:MAX`` before restart ``number``: the nodes that answer (those left, and lost
+        ones that are back), at most MAX; a plan on them from the stored profiles when they are not
+        the last plan's nodes. An Outcome when fewer than MIN answer (the job fails, naming them)."""
+        from ..bench.rates import script_identity
+        from ..plan.pipeline import replan_on
+
+        request = self.request
+        assert request.nnodes is not None
+        low, high = request.nnodes
+        answers = fanout(list(request.cluster.nodes), lambda n: _reachable(self.transport(n.name)))
+        alive = [n.name for n in request.cluster.nodes
+                 if any(r.node.name == n.name for r in answers.succeeded)][:high]
+        old = plan_nodes(self.plan)
+        if len(alive) < low:
+            gone = "; ".join(f"{r.node.name}: {r.error}" for r in answers.failed)
+            cause = RootCause(node=", ".join(sorted(set(old) - set(alive))) or "-", rank=None, exit_code=None,
+                              signal=None, oom=None,
+                              reason=f"cannot restart the job (restart {number}): only {len(alive)} node(s) answer "
+                                     f"({', '.join(alive) or 'none'}), --nnodes needs at least {low}; {gone}")
+            return Outcome(JobState.FAILED, EXIT_NODES_FAILED, cause, outcome.notes)
+        if tuple(alive) == old:
+            return None
+        lost = [n for n in old if n not in alive]
+        back = [n for n in alive if n not in old]
+        why = "; ".join(part for part in (f"lost {', '.join(lost)}" if lost else "",
+                                          f"back {', '.join(back)}" if back else "") if part)
+        job_id = self.book.record.id
+        plan = replan_on(request.cluster, _same_batch(request, self.plan), alive,
+                         on_stage=lambda stage, message: self.emit(Stage(job_id, stage, message)),
+                         script=script_identity(request.command))
+        from ..plan.slowdowns import with_slowdowns
+
+        plan = with_slowdowns(plan, request.cluster)
+        self.emit(Replanned(job_id=job_id, attempt=number, old_nodes=old, new_nodes=plan_nodes(plan),
+                            old_world=self.plan.world_size, new_world=plan.world_size,
+                            strategy=plan.strategy.value, reason=why or reason))
+        if _ps_layout(plan) != _ps_layout(self.plan) and _ps_layout(self.plan):
+            # The PS shards' files (flat ranges of the old layout) cannot seed the new one: its PS
+            # ranks checkpoint into fresh directories and start from the script's initial model.
+            self.checkpoint_dirs.clear()
+            self._ps_moved_at = number
+        self.plan = plan
+        self.master_addr = master_address(plan, request.cluster)
+        self.board = MetricsBoard(plan, carried=self.board.samples_total())
+        self._trained_before = self.board.samples_total()
+        return None
+
+    def run(self, number: int, reason: str = "") -> Outcome:
         request, plan, emit = self.request, self.plan, self.emit
         job_id = self.book.record.id
         agent_id = jobs.attempt_job_id(job_id, number)
-        node_names = list(self.transports)
+        node_names = list(plan_nodes(plan))
         nodes = [request.cluster.node(n) for n in node_names]
+        self._trained_before = self.board.samples_total()
+        if number:
+            self._started_from = 0
         inbox: Mailbox[Inbound] = Mailbox(limit_bytes=INBOX_BYTES)
         prepared, failed = self._prepare(nodes, agent_id, number, inbox)
         links = [prepared[n].link for n in node_names if n in prepared]
@@ -360,8 +499,16 @@ class _Attempt:
                 launches[name] = dataclasses.replace(ready.launch, checkpoint_dir=self.checkpoint_dirs[name])
             port = prepared[plan.rank(0).node].port
             assert port is not None   # rank 0's node was asked for one (_prepare)
+            snapshots = bool(request.restarts) and not plan.ps_shards
+            resume_step = _resume_step(plan, prepared) if number and snapshots else None
+            resume_ps = number > 0 and bool(plan.ps_shards) and self._ps_moved_at != number
             policy = CheckpointPolicy(every=request.checkpoint_every, seconds=request.checkpoint_seconds,
-                                      resume=number > 0, resume_version=_resume_version(plan, prepared))
+                                      resume=resume_ps, resume_version=_resume_version(plan, prepared),
+                                      snapshots=snapshots, resume_step=resume_step)
+            if number:
+                resume_from = ("checkpoint" if resume_ps else "snapshot" if resume_step is not None else None)
+                emit(JobRestarted(job_id=job_id, attempt=number, reason=reason, resume=resume_from is not None,
+                                  resume_from=resume_from))
             specs = {n: agent_spec(plan=plan, job_id=agent_id, node=launches[n], command=request.command,
                                    user_env=self.env, master_addr=self.master_addr, master_port=port,
                                    jobs_root=request.jobs_root, grace_s=request.grace_s,
@@ -386,7 +533,7 @@ class _Attempt:
                                        board=self.board, emit=emit, interrupt=self.interrupt,
                                        grace_s=request.grace_s, heartbeat_timeout_s=request.heartbeat_timeout_s,
                                        detach=request.detach, jobs_root=request.jobs_root,
-                                       agent_job_id=agent_id)
+                                       agent_job_id=agent_id, attempt=number, reached=self.reached)
             for broken in start_links.failed:   # the agent could not even be started there
                 controller.fail_to_start(broken.node.name, broken.error or "unknown error")
             try:
@@ -409,20 +556,46 @@ class _Attempt:
         network outage costs one restart, not the job; after that the restart fails naming it."""
         plan, request = self.plan, self.request
         plan_json = to_json(plan)
-        ps_nodes = {r.node for r in plan.ranks if r.role is Role.PS}
-        deadline = time.monotonic() + (request.heartbeat_timeout_s if number else 0.0)
+        # On a restart the nodes list their PS checkpoints, and (all-reduce snapshots) every node its
+        # snapshots. An elastic job does not wait for a node: regroup() only kept those that answer.
+        listed = ({r.node for r in plan.ranks if r.role is Role.PS} if plan.ps_shards
+                  else set(plan_nodes(plan)) if request.restarts else set())
+        wait = request.heartbeat_timeout_s if number and not request.elastic else 0.0
+        deadline = time.monotonic() + wait
         done: dict[str, _Prepared] = {}
         todo = nodes
         while True:
             results = fanout(todo, lambda n: _prepare_node(
-                n, AgentLink(self.transports[n.name], inbox), plan_json, agent_id, request.jobs_root,
-                self.master_addr if n.name == plan.rank(0).node else None, self.checkpoint_dirs.get(n.name) if number and n.name in ps_nodes else None))
+                n, AgentLink(self.transport(n.name), inbox), plan_json, agent_id, request.jobs_root,
+                self.master_addr if n.name == plan.rank(0).node else None,
+                self.checkpoint_dirs.get(n.name) if number and n.name in listed else None))
             done.update((r.node.name, r.value) for r in results.succeeded if r.value is not None)
             failed = list(results.failed)
             if not failed or self.interrupt.count or time.monotonic() + RETRY_S > deadline:
                 return done, failed
             todo = [r.node for r in failed]
             time.sleep(RETRY_S)
+
+
+def _resume_step(plan: Plan, prepared: Mapping[str, _Prepared]) -> int | None:
+    """The newest snapshot step on rank 0's node (the group's first rank, which hands it to members
+    whose node lacks it), or None: a fresh start."""
+    ready = prepared.get(plan.rank(0).node)
+    steps = ready.snapshots if ready is not None else None
+    return max(steps) if steps else None
+
+
+def _ps_layout(plan: Plan) -> tuple[str, ...]:
+    """Where the PS shards run, in shard order: the checkpoint files of one layout fit only it."""
+    return tuple(plan.rank(r).node for r in plan.ps_shards)
+
+
+def _reachable(transport: Transport) -> bool:
+    """Whether the node answers a trivial command (an elastic restart takes back lost nodes that do)."""
+    done = transport.run(["true"], timeout=REACH_S)
+    if done.exit_code != 0:
+        raise HgError(f"'true' exited with {done.exit_code}")
+    return True
 
 
 def _resume_version(plan: Plan, prepared: Mapping[str, _Prepared]) -> int | None:

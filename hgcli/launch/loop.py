@@ -23,7 +23,8 @@ from typing import Any, Callable, ClassVar, Mapping
 
 from ..errors import EXIT_JOB, EXIT_NODES_FAILED
 from .events import (
-    Adapted, Event, LogLines, Metric, Notice, Progress, RankExited, RankStarted, RootCause, Stopping,
+    Adapted, Event, LogLines, Metric, NodeLost, Notice, Progress, RankExited, RankStarted, Resumed, RootCause,
+    Stopping,
 )
 from .metrics import MetricsBoard, clean_record
 from .record import JobBook
@@ -117,6 +118,8 @@ class Outcome:
     # A rank failed or a node was lost (not a stop asked for by Ctrl-C or 'hgtrain stop', nor a node
     # that could not even start): what `launch --restarts` restarts the job for.
     restartable: bool = False
+    lost: tuple[str, ...] = ()     # the nodes lost during the attempt (launch --nnodes re-plans without them)
+    resumed: Resumed | None = None   # the state the attempt's training continued from
 
 
 class JobController:
@@ -124,8 +127,13 @@ class JobController:
                  inbox: Mailbox[Inbound], book: JobBook, board: MetricsBoard,
                  emit: Callable[[Event], None], interrupt: Interrupt, grace_s: float,
                  heartbeat_timeout_s: float, detach: bool, jobs_root: str,
-                 agent_job_id: str | None = None) -> None:
+                 agent_job_id: str | None = None, attempt: int = 0, reached: int | None = None) -> None:
         self.job_id = job_id
+        self.attempt = attempt
+        self.reached = reached         # samples the job had trained when the last attempt ended
+        self.first_worker = plan.workers[0].rank if plan.workers else -1
+        self.lost: dict[str, str] = {}   # node -> why it was lost
+        self.resumed: Resumed | None = None
         self.agent_job_id = agent_job_id or job_id   # what the agents run under (a restart's own id)
         self.plan = plan
         self.group_ranks = {g.id: tuple(g.ranks) for g in plan.groups}
@@ -247,6 +255,10 @@ class JobController:
         adapted = Adapted.parse(self.job_id, rank, data, self.group_ranks)
         if adapted is not None:
             self.emit(adapted)
+        resumed = Resumed.parse(self.job_id, self.attempt, rank, self.first_worker, data, self.reached)
+        if resumed is not None and self.resumed is None:
+            self.resumed = resumed
+            self.emit(resumed)
 
     def _started(self, node: str, frame: StartedFrame) -> None:
         rank = int(frame["rank"])
@@ -290,7 +302,7 @@ class JobController:
         stderr = [line for line in node.link.stderr_tail if line.strip()]
         if stderr:
             detail += f"; agent stderr: {stderr[-1]}"
-        self._fail_node(node.link.node, f"lost before the job ended ({detail})", EXIT_NODES_FAILED)
+        self._lose(node.link.node, f"lost before the job ended ({detail})")
         self._reap(node.link)
 
     def _check_silence(self) -> None:
@@ -304,9 +316,8 @@ class JobController:
             if silent > self.heartbeat_timeout_s:
                 node.ended = True
                 node.link.close(join_s=0.5)   # its agent stops its ranks on EOF / its own silence timer
-                self._fail_node(node.link.node, f"lost: nothing heard from its agent for {silent:.0f} s "
-                                                f"(heartbeat timeout {self.heartbeat_timeout_s:g} s)",
-                                EXIT_NODES_FAILED)
+                self._lose(node.link.node, f"lost: nothing heard from its agent for {silent:.0f} s "
+                                           f"(heartbeat timeout {self.heartbeat_timeout_s:g} s)")
                 self._reap(node.link)
 
     def _reap(self, link: AgentLink) -> None:
@@ -318,6 +329,11 @@ class JobController:
         thread = threading.Thread(target=reap, name=f"hgtrain-reap-{link.node}", daemon=True)
         thread.start()
         self.reapers.append(thread)
+
+    def _lose(self, node: str, reason: str) -> None:
+        self.lost.setdefault(node, reason)
+        self.emit(NodeLost(self.job_id, node, self.attempt, reason))
+        self._fail_node(node, reason, EXIT_NODES_FAILED)
 
     def fail_to_start(self, node: str, error: str) -> None:
         """The agent could not be started on ``node``: the job fails before it begins there."""
@@ -375,14 +391,15 @@ class JobController:
         if cause is not None:
             restartable = (not self.interrupt.count and not self.stopped_outside
                            and (cause.rank is not None or self.root_code == EXIT_NODES_FAILED))
-            return Outcome(JobState.FAILED, self.root_code or 1, cause, self.notes, restartable)
+            return Outcome(JobState.FAILED, self.root_code or 1, cause, self.notes, restartable,
+                           tuple(self.lost), self.resumed)
         if self.interrupt.count:
             return Outcome(JobState.STOPPED, self.interrupt.exit_code, None, self.notes)
         if self.detach:
             return Outcome(JobState.RUNNING, 0, None, self.notes)
         ranks = self.book.record.ranks
         if all(r.state is RankState.SUCCEEDED for r in ranks):
-            return Outcome(JobState.SUCCEEDED, 0, None, self.notes)
+            return Outcome(JobState.SUCCEEDED, 0, None, self.notes, resumed=self.resumed)
         # Every agent ended without a failing rank, yet some rank did not succeed: report, not hide.
         odd = ", ".join(f"{r.node}:{r.rank} {r.state.value}" for r in ranks if r.state is not RankState.SUCCEEDED)
         return Outcome(JobState.FAILED, 1, RootCause(node="-", rank=None, exit_code=None, signal=None,

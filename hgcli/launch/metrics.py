@@ -88,8 +88,9 @@ class MetricsBoard:
     group and over the cluster: ranks of a group log at the same moments, so pooling their records
     before taking a span would count one step too many."""
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, carried: int = 0) -> None:
         self.plan = plan
+        self.carried = carried        # samples trained under an earlier plan of the job (launch --nnodes)
         self._group = {r.rank: ("-" if r.group is None else str(r.group)) for r in plan.workers}
         self._recent: dict[int, collections.deque[tuple[float, float]]] = collections.defaultdict(
             collections.deque)
@@ -170,6 +171,10 @@ class MetricsBoard:
                          predicted_samples_per_s=predicted, ideal_samples_per_s=ideal,
                          accuracy=self.accuracy)
 
+    def samples_total(self) -> int:
+        """Every training sample the ranks reported, this plan's and the earlier plans' of the job."""
+        return self.carried + int(sum(self._total.values()))
+
     def finished(self) -> dict[int, tuple[float, float, float | None]]:
         """Each worker's compute samples/s, mean batch and compute noise (None: not measured) from
         its finish record, for the workers that reported the first two."""
@@ -184,7 +189,7 @@ class MetricsBoard:
                 groups[group] = rate
         predicted, ideal = predictions(self.plan)
         group_predicted, derived = group_predictions(self.plan)
-        return Summary(elapsed_s=elapsed_s, samples=int(sum(self._total.values())),
+        return Summary(elapsed_s=elapsed_s, samples=self.samples_total(),
                        samples_per_s=sum(groups.values()) if groups else None,
                        predicted_samples_per_s=predicted, ideal_samples_per_s=ideal,
                        accuracy=self.accuracy, groups=groups, strategy=self.plan.strategy.value,

@@ -105,7 +105,7 @@ class NodeLaunch:
     package_root: str              # where ``import hgcli`` works on the node
     job_dir: str                   # the agent's job directory (absolute, on the node)
     plan_path: str                 # the plan file on the node (HGTRAIN_PLAN)
-    checkpoint_dir: str            # the PS checkpoints on the node: the first attempt's, kept by restarts
+    checkpoint_dir: str            # PS checkpoints and snapshots on the node: its first attempt's, kept by restarts
 
 
 @dataclass(frozen=True)
@@ -119,6 +119,10 @@ class CheckpointPolicy:
     # The newest version every shard has a file of, over every node (the launcher lists them through
     # prelaunch); None: each PS looks in its own directory (which suffices when all are on one node).
     resume_version: int | None = None
+    # Plans without PS ranks: the first worker of each node snapshots the training state on the same
+    # triggers (runtime/snapshot.py) when the job can be restarted, and a restart resumes this step.
+    snapshots: bool = False
+    resume_step: int | None = None
 
 
 def rank_argv(plan: Plan, rank: RankPlan, command: Sequence[str], node: NodeLaunch,
@@ -155,18 +159,20 @@ def agent_spec(*, plan: Plan, job_id: str, node: NodeLaunch, command: Sequence[s
     ``attempt``: which run of ``--restarts`` this is (torchrun's restart variables); ``adapt``:
     ``launch --adapt/--no-adapt`` (HGTRAIN_ADAPT). Rank 0's agent
     serves the job's store at MASTER_ADDR:MASTER_PORT, so every rank is its client."""
-    from ..runtime.env import rank_env, torchrun_defaults
+    from ..runtime.env import SnapshotEnv, rank_env, torchrun_defaults
 
     attempt = attempt or RunAttempt(run_id=job_id)
     env = dict(user_env)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (node.package_root, env.get("PYTHONPATH")) if p)
+    snapshots = (SnapshotEnv(directory=node.checkpoint_dir, every=checkpoint.every, seconds=checkpoint.seconds,
+                             resume_step=checkpoint.resume_step) if checkpoint.snapshots else None)
     ranks = []
     for rp in plan.ranks:
         if rp.node != node.name:
             continue
         renv = rank_env(plan, rp.rank, master_addr=master_addr, master_port=master_port,
                         plan_path=node.plan_path, job_id=job_id, bind_addr=bind_addr, token=token,
-                        agent_store=True, adapt=adapt,
+                        agent_store=True, adapt=adapt, snapshots=snapshots,
                         run_id=attempt.run_id, restart_count=attempt.number, max_restarts=attempt.max_restarts)
         ranks.append(RankSpec(rank=rp.rank, argv=rank_argv(plan, rp, command, node, checkpoint), env=renv))
     return AgentSpec(job_id=job_id, node=node.name, ranks=tuple(ranks), env=env, secret=tuple(secret),

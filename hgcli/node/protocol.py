@@ -151,6 +151,7 @@ class PreparedFrame(TypedDict):
     plan: str                      # the plan file's path on the node
     port: int | None
     checkpoints: dict[Any, list[int]] | None   # PS shard -> checkpoint versions (keys: str on the wire)
+    snapshots: list[int] | None    # the steps of the all-reduce snapshots there (runtime/snapshot.py)
 
 
 class AgentFrame(TypedDict):

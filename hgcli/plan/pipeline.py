@@ -22,6 +22,7 @@ check that is not known (an inventory of an older hgtrain, a check that did not 
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Callable, TypeVar
 
@@ -252,4 +253,32 @@ def prepare_plan(cluster: Cluster, job: JobSpec, *, quick: bool = True, skip_fai
     crowded = contention_note(plan, inventory)
     if crowded:
         say("plan", crowded)
+    return plan
+
+
+def replan_on(cluster: Cluster, job: JobSpec, nodes: list[str], *, on_stage: OnStage | None = None,
+              script: str | None = None) -> Plan:
+    """A plan on ``nodes`` only (``launch --nnodes``: the nodes left after a loss, and those back),
+    from the stored inventory and profiles: no probe, no bench, so a re-plan takes no time of the
+    devices. The plan is still of the whole cluster's fingerprint (its profiles and rates are)."""
+    from ..bench.profiles import load_profiles
+    from ..probe.inventory import load_inventory
+    from .placement import make_plan
+
+    say = on_stage or _quiet
+    inventory = load_inventory(cluster)
+    profiles = load_profiles(inventory.cluster) if inventory is not None else None
+    if inventory is None or profiles is None:
+        raise StateError("no stored probe and bench of this cluster to re-plan from: the job planned "
+                         "without them")
+    keep = set(nodes)
+    inventory = dataclasses.replace(inventory, nodes=tuple(n for n in inventory.nodes if n.name in keep))
+    rates = script_rates(cluster.fingerprint(), profiles, script, say) if script else None
+    profiles = dataclasses.replace(
+        profiles, devices=tuple(d for d in profiles.devices if d.node in keep),
+        links=tuple(link for link in profiles.links if link.a in keep and link.b in keep))
+    say("plan", f"re-planning ({job.strategy.value}) on {len(nodes)} node(s): {', '.join(nodes)}")
+    plan = make_plan(inventory, profiles, job, rates)
+    refuse_unrunnable(plan, inventory)
+    say("plan", f"{plan.strategy.value}: {plan.world_size} rank(s), {len(plan.groups)} group(s)")
     return plan

@@ -23,7 +23,8 @@ from typing import Callable, TextIO
 
 from .safe import visible
 from ..launch.events import (
-    Adapted, Event, JobEnded, JobStarted, JobRestarted, LogLines, Metric, Notice, Progress, RankExited,
+    Adapted, Event, JobEnded, JobStarted, JobRestarted, LogLines, Metric, NodeLost, Notice, Progress, RankExited,
+    Replanned, Resumed,
     RankStarted, RootCause, Stage, Stopping, Summary, event_dict,
 )
 
@@ -186,9 +187,19 @@ def status_line(event: Event) -> str | None:
     if isinstance(event, Adapted):
         return adapt_line(event)
     if isinstance(event, JobRestarted):
-        start = ("PS ranks resume from their last complete checkpoint" if event.resume
-                 else "no parameter server: training starts from scratch")
+        start = {"checkpoint": "PS ranks resume from their last complete checkpoint",
+                 "snapshot": "training resumes from the newest snapshot"}.get(
+            event.resume_from or "", "training starts from scratch")
         return f"restart {event.attempt} of job {event.job_id} after: {event.reason} ({start})"
+    if isinstance(event, NodeLost):
+        return f"[elastic] node {event.node} lost: {event.reason}"
+    if isinstance(event, Replanned):
+        return (f"[elastic] attempt {event.attempt} re-planned: {event.old_world} ranks on "
+                f"{', '.join(event.old_nodes)} -> {event.new_world} on {', '.join(event.new_nodes)} "
+                f"({event.strategy}; {event.reason})")
+    if isinstance(event, Resumed):
+        redone = "" if event.redone is None else f", {event.redone:,} samples redone"
+        return f"[elastic] attempt {event.attempt} resumed from the {event.source} of step {event.step}{redone}"
     return None
 
 

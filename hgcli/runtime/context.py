@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -25,6 +26,8 @@ from .metrics import MetricsSink
 from .position import DataPosition, fetch_restored
 from .rebalance import GroupSplit
 from .sampler import RankBatchSampler, dataset_length, make_loader
+from .snapshot import Snapshotter, snapshot_path
+from . import snapshot
 
 
 def _implicit_plan(env: RankEnv) -> m.Plan:
@@ -75,6 +78,13 @@ class Context:
         self._data = DataPosition()
         self._split = self._group_split() if env.adapt else None
         self._split_taken = False           # the first data source (the training data) follows it
+        # All-reduce snapshots (snapshot.py): written by the first worker of each node; the group's
+        # steps and samples before this attempt (a resumed job's snapshot), for the next snapshot.
+        self._snapshots = self._snapshotter()
+        self._scheduler: Any = None
+        self._model: torch.nn.Module | None = None
+        self._step_base = 0
+        self._samples_base = 0
 
     # --- identity -------------------------------------------------------------------------------
     @property
@@ -104,7 +114,7 @@ class Context:
 
     # --- training -------------------------------------------------------------------------------
     def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
-             max_grad_norm: float | None = None, bucket_mb: float | None = None,
+             max_grad_norm: float | None = None, bucket_mb: float | None = None, scheduler: Any = None,
              **ddp_options: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         """Join ``model`` and ``optimizer`` to the group's training; returns the module to train
         through (torch's ``DistributedDataParallel`` around ``model`` in a group of two or more, the
@@ -114,8 +124,10 @@ class Context:
         ``max_grad_norm``: clip the group's aggregated gradient to this 2-norm before the local step
         or the push; a script's own ``clip_grad_norm_`` before ``opt.step()`` sees the aggregate too.
         ``bucket_mb``: DDP's ``bucket_cap_mb`` (default ``HGTRAIN_BUCKET_MB``, else 25); 0: one
-        bucket. ``find_unused_parameters``, ``gradient_as_bucket_view`` and ``static_graph`` go to
-        DDP as they are."""
+        bucket. ``scheduler``: a learning-rate scheduler (anything with ``state_dict``/``load_state_dict``)
+        kept in the training-state snapshots of plans without parameter servers, and restored with
+        them after a restart. ``find_unused_parameters``, ``gradient_as_bucket_view`` and
+        ``static_graph`` go to DDP as they are."""
         if self._sync is not None:
             raise TrainingError("wrap() was already called in this process")
         on = {p.device.type for p in model.parameters()}
@@ -128,6 +140,11 @@ class Context:
                 raise TrainingError(f"rank {self.rank}: group {self.group} all-reduces with NCCL, but {where}")
             print(f"hgtrain: rank {self.rank} has a GPU but trains on the CPU: {where}", file=sys.stderr,
                   flush=True)
+        self._model, self._scheduler = model, scheduler
+        if self._snapshots is not None:
+            # First of the pre-hooks: the state between two steps, before the data position counts
+            # the next step's batch and before the aggregation applies its gradient.
+            optimizer.register_step_pre_hook(self._snapshot_before_step)
         self._data.hook(optimizer)      # before the aggregation's hook: a push carries its own batch
         ranks = self.group_plan.ranks
         spec = GroupSpec(rank=self.rank, group_id=self.group, ranks=ranks, pg=self._pgs.get(self.group),
@@ -143,6 +160,9 @@ class Context:
                 first_worker=self.plan.workers[0].rank, metrics=self.metrics, timeout_s=self.env.timeout_s,
                 overlap=self.plan.overlap, wire=self.plan.wire, data_position=self._data.current,
                 frozen=engine.frozen)
+        resume = self.env.snapshots.resume_step if self.env.snapshots is not None else None
+        if resume is not None and not self.plan.ps_shards:
+            self._resume_snapshot(resume, engine)   # before DDP's start broadcasts rank 0's parameters
         self._sync = engine
         trained = engine.start()
         if self.plan.ps_shards:
@@ -205,6 +225,10 @@ class Context:
 
     def finish(self) -> None:
         """Wait for the other groups, take the final parameters, and leave the job."""
+        if self._snapshots is not None:
+            self._snapshots.close()
+            if self._snapshots.error:
+                print(f"hgtrain: rank {self.rank}: {self._snapshots.error}", file=sys.stderr, flush=True)
         if self._sync is not None:
             self._sync.finish()
             self.metrics.emit(event="finish", samples=self._sync.samples_seen, steps=self._sync.local_step,
@@ -260,6 +284,84 @@ class Context:
             return None
         self._split_taken = True
         return self._split
+
+    # --- all-reduce snapshots (snapshot.py) -------------------------------------------------------
+    def _snapshotter(self) -> Snapshotter | None:
+        """This rank's, when it is the first worker of its node in a plan without PS ranks and the
+        launcher asked for snapshots."""
+        s = self.env.snapshots
+        if s is None or self.plan.ps_shards or not (s.every or s.seconds) or self.env.plan is None:
+            return None
+        node = self.plan.rank(self.rank).node
+        if min(w.rank for w in self.plan.workers if w.node == node) != self.rank:
+            return None
+        return Snapshotter(Path(s.directory), every=s.every, seconds=s.seconds)
+
+    def _samples_per_step(self) -> int | None:
+        batches = [b for b in self._batches if b]
+        return self.group_plan.accumulate * sum(batches) if len(batches) == len(self._batches) else None
+
+    def _snapshot_before_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        engine, snap = self._sync, self._snapshots
+        if engine is None or snap is None or self._model is None or engine.local_step % engine.accumulate:
+            return      # not started, or inside an accumulation window
+        step = self._step_base + engine.local_step // engine.accumulate
+        if step == self._step_base or not snap.due(step):
+            return
+        per_step = self._samples_per_step()
+        with self.emulator.untimed():       # a copy to host memory: not the device's training work
+            snap.take(step, {
+                "samples": None if per_step is None else self._samples_base + (step - self._step_base) * per_step,
+                "model": self._model.state_dict(), "optimizer": opt.state_dict(),
+                "scheduler": self._scheduler.state_dict() if self._scheduler is not None else None,
+                "data": self._data.current(), "world_size": self.world_size})
+
+    def _resume_snapshot(self, step: int, engine: GroupEngine) -> None:
+        """Load the snapshot of ``step`` into the model, optimizer, scheduler and data position. A
+        member whose node lacks the file (it joined at this restart) gets the group leader's."""
+        import torch.distributed as dist
+
+        assert self.env.snapshots is not None and self._model is not None
+        directory = Path(self.env.snapshots.directory)
+        state: dict[str, Any] | None = None
+        problem = f"no file {snapshot_path(directory, step)}"
+        with self.emulator.untimed():       # start-up, not the device's work
+            if snapshot_path(directory, step).exists():
+                try:
+                    state = snapshot.load(directory, step)
+                except ValueError as exc:
+                    problem = str(exc)
+            leader, ranks = self.group_plan.ranks[0], self.group_plan.ranks
+            if len(ranks) > 1:
+                pg = self._pgs.get(self.group)
+                have = torch.tensor([int(state is not None), int(state is not None and self.rank == leader)],
+                                    dtype=torch.int64, device=self.device)
+                engine.collective(lambda: dist.all_reduce(have, group=pg), "all-reduce")
+                holders, leader_has = have.tolist()
+                if not leader_has:
+                    raise TrainingError(f"rank {self.rank}: the group's first rank {leader} cannot resume from "
+                                        f"the snapshot of step {step}" + (f": {problem}" if self.rank == leader else ""))
+                if holders < len(ranks):
+                    box = [state if self.rank == leader else None]
+                    where = self.device if self.device.type == "cuda" else None
+                    engine.collective(lambda: dist.broadcast_object_list(box, src=leader, group=pg, device=where),
+                                      "broadcast")
+                    state = box[0]
+            if state is None:
+                raise TrainingError(f"rank {self.rank}: cannot resume from the snapshot of step {step}: {problem}")
+            self._model.load_state_dict(state["model"])
+            engine.opt.load_state_dict(state["optimizer"])
+            if self._scheduler is not None and state.get("scheduler") is not None:
+                self._scheduler.load_state_dict(state["scheduler"])
+            if state.get("data") is not None:
+                self._data.restore(state["data"])
+        self._step_base = step
+        self._samples_base = int(state.get("samples") or 0)
+        if self._snapshots is not None:
+            self._snapshots.start_at(step)
+        if self.is_first_worker:
+            self.metrics.emit(event="resumed", source="snapshot", step=step, samples=state.get("samples"))
+        print(f"hgtrain: rank {self.rank} resumed from the snapshot of step {step}", flush=True)
 
     def _restore_data_position(self) -> None:
         """After a PS resume, the group continues from the data position its checkpoint recorded."""

@@ -20,6 +20,37 @@ PS_MODULE = "hgcli.runtime.ps"
 
 
 @dataclass(frozen=True)
+class SnapshotEnv:
+    """Where a worker of a plan without parameter servers keeps its node's snapshots, how often, and
+    the step a restart resumes from (``HGTRAIN_SNAPSHOT_*``, ``HGTRAIN_RESUME_STEP``)."""
+
+    directory: str
+    every: int = 0                   # optimizer steps between two snapshots (0: not on a count)
+    seconds: float = 0.0             # seconds between two (0: not on a clock)
+    resume_step: int | None = None   # the launcher's choice on a restart; None: a fresh start
+
+    def environ(self) -> dict[str, str]:
+        return {"HGTRAIN_SNAPSHOT_DIR": self.directory, "HGTRAIN_SNAPSHOT_EVERY": str(self.every),
+                "HGTRAIN_SNAPSHOT_SECONDS": repr(self.seconds),
+                "HGTRAIN_RESUME_STEP": "" if self.resume_step is None else str(self.resume_step)}
+
+    @classmethod
+    def from_environ(cls, env: Mapping[str, str]) -> "SnapshotEnv | None":
+        directory = env.get("HGTRAIN_SNAPSHOT_DIR")
+        if not directory:
+            return None
+        every, resume = _int(env, "HGTRAIN_SNAPSHOT_EVERY", 0), _int(env, "HGTRAIN_RESUME_STEP", -1)
+        try:
+            seconds = float(env.get("HGTRAIN_SNAPSHOT_SECONDS") or 0)
+        except ValueError:
+            raise TrainingError(f"HGTRAIN_SNAPSHOT_SECONDS={env.get('HGTRAIN_SNAPSHOT_SECONDS')!r} is not "
+                                "a number") from None
+        if every < 0 or seconds < 0:
+            raise TrainingError("HGTRAIN_SNAPSHOT_EVERY and HGTRAIN_SNAPSHOT_SECONDS must be >= 0")
+        return cls(directory=directory, every=every, seconds=seconds, resume_step=resume if resume >= 0 else None)
+
+
+@dataclass(frozen=True)
 class RankEnv:
     rank: int
     world_size: int
@@ -34,6 +65,7 @@ class RankEnv:
     timeout_s: float
     plan: model.Plan | None          # None: plain torchrun environment -> one all-reduce group
     adapt: bool = False              # HGTRAIN_ADAPT=1: rebalance groups as speeds change (launch --adapt)
+    snapshots: SnapshotEnv | None = None   # all-reduce training-state snapshots (runtime/snapshot.py)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> "RankEnv":
@@ -59,20 +91,22 @@ class RankEnv:
                    batch_size=batch, speed=speed, job_id=env.get("HGTRAIN_JOB_ID"),
                    metrics_fd=int(fd) if fd else None,
                    timeout_s=float(env.get("HGTRAIN_TIMEOUT") or DEFAULT_TIMEOUT_S), plan=plan,
-                   adapt=_flag(env, "HGTRAIN_ADAPT"))
+                   adapt=_flag(env, "HGTRAIN_ADAPT"), snapshots=SnapshotEnv.from_environ(env))
 
 
 def rank_env(plan: model.Plan, rank: int, *, master_addr: str, master_port: int, plan_path: str,
              job_id: str, metrics_fd: int | None = None, timeout_s: float | None = None,
              bind_addr: str | None = None, token: str | None = None,
              run_id: str | None = None, restart_count: int = 0, max_restarts: int = 0,
-             agent_store: bool = False, adapt: bool | None = None) -> dict[str, str]:
+             agent_store: bool = False, adapt: bool | None = None,
+             snapshots: SnapshotEnv | None = None) -> dict[str, str]:
     """The variables a launcher sets for ``rank`` (added to the inherited environment). ``bind_addr``:
     the address this rank's node is known by, where its listeners bind (``netbind``; None: torch's
     choice); ``token``: the job's rendezvous secret; ``agent_store``: the store at MASTER_PORT is
     served by the agent (``hgtrain launch``), so every rank is its client, as under torchrun's agent;
     else rank 0 hosts it (``hgcli.local``); ``adapt``: groups rebalance their batches as the members'
-    measured speeds change (``HGTRAIN_ADAPT``, runtime/rebalance.py; None: the inherited value).
+    measured speeds change (``HGTRAIN_ADAPT``, runtime/rebalance.py; None: the inherited value);
+    ``snapshots``: a worker of a plan without PS ranks keeps training-state snapshots there.
 
     torchrun's whole set, with torchrun's meaning (``torch/distributed/run.py``), so frameworks that
     detect torchelastic (``torch.distributed.is_torchelastic_launched()``, Lightning) see one: a node
@@ -103,6 +137,8 @@ def rank_env(plan: model.Plan, rank: int, *, master_addr: str, master_port: int,
     }
     if adapt is not None:
         env["HGTRAIN_ADAPT"] = "1" if adapt else "0"
+    if snapshots is not None and rp.role is model.Role.WORKER and not plan.ps_shards:
+        env.update(snapshots.environ())
     devices = cuda_visible_devices(rp)
     if devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = devices

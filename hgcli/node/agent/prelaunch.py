@@ -3,7 +3,7 @@
 The agent's first exchange with the launcher (docs/agent.md): the launcher sends
 ``{"type": "prepare", "job_id", "node", "jobs_root", "plan": "<plan JSON>", "port": true|false,
 "checkpoints": DIR|null}`` as the first line of the agent's stdin, and the agent answers
-``{"type": "prepared", "job_dir", "plan", "port", "checkpoints"}`` before it reads its spec. It is part of the agent, not a program of its own, so a launch starts one
+``{"type": "prepared", "job_dir", "plan", "port", "checkpoints", "snapshots"}`` before it reads its spec. It is part of the agent, not a program of its own, so a launch starts one
 Python per node instead of two.
 
 The plan is written to ``<jobs root>/<job>/<node>/plan.json`` (the agent's job directory, created here
@@ -17,6 +17,8 @@ connection lands: hgcli.node.ports) and released, for rank 0 to bind a moment la
 With ``checkpoints`` (a restart of a job with PS ranks) it lists the PS checkpoint versions each shard
 has a file of in that directory (shard -> versions, else null): PS shards on different nodes each keep
 their own files, so only the launcher, from every node's list, can tell which version is complete.
+It also lists the steps of the all-reduce snapshots there (``runtime/snapshot.py``), of which the
+launcher resumes the newest rank 0's node has.
 """
 from __future__ import annotations
 
@@ -48,11 +50,13 @@ def prepare(request: dict[str, Any]) -> tuple[PreparedFrame, socket.socket | Non
     ensure_private_dir(path)
     write_private(path / PLAN_FILE, plan)
     checkpoints = request.get("checkpoints")
+    listed: dict[int, list[int]] | None = None
+    steps: list[int] | None = None
     if checkpoints:
         from ...runtime.checkpoint import versions_by_shard   # only on restarts: keeps start-up short
-        listed: dict[int, list[int]] | None = versions_by_shard(Path(str(checkpoints)))
-    else:
-        listed = None
+        from ...runtime.snapshot import steps_in              # (neither imports torch)
+        listed = versions_by_shard(Path(str(checkpoints)))
+        steps = steps_in(Path(str(checkpoints)))
     listener, port = None, None
     address = request.get("address")
     if request.get("port") and isinstance(address, str) and address:
@@ -61,7 +65,7 @@ def prepare(request: dict[str, Any]) -> tuple[PreparedFrame, socket.socket | Non
     elif request.get("port"):
         port = free_port()
     return ({"type": FrameType.PREPARED, "job_dir": str(path), "plan": str(path / PLAN_FILE),
-             "port": port, "checkpoints": listed}, listener)
+             "port": port, "checkpoints": listed, "snapshots": steps}, listener)
 
 
 def store_listener(address: str) -> socket.socket:
