@@ -44,6 +44,7 @@ DEFAULT_CHECKPOINT_S = 60.0
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RETRY_S = 2.0   # between two tries to prepare a node that failed on a restart
 REACH_S = 20.0  # an elastic restart's check that a node answers (an SSH connection and `true`)
+REPLAN_PAUSE_ENV = "HGTRAIN_TEST_REPLAN_PAUSE"   # tests: seconds to wait after a re-plan
 
 
 @dataclass(frozen=True)
@@ -458,10 +459,13 @@ class _Attempt:
         job_id = self.book.record.id
         plan = replan_on(request.cluster, _same_batch(request, self.plan), alive,
                          on_stage=lambda stage, message: self.emit(Stage(job_id, stage, message)),
-                         script=script_identity(request.command))
+                         script=script_identity(request.command), keep_ps=_ps_layout(self.plan))
         from ..plan.slowdowns import with_slowdowns
 
         plan = with_slowdowns(plan, request.cluster)
+        pause = float(os.environ.get(REPLAN_PAUSE_ENV) or 0)
+        if pause:                           # fault injection for tests: a controller killed here
+            time.sleep(pause)
         self.emit(Replanned(job_id=job_id, attempt=number, old_nodes=old, new_nodes=plan_nodes(plan),
                             old_world=self.plan.world_size, new_world=plan.world_size,
                             strategy=plan.strategy.value, reason=why or reason))
@@ -578,10 +582,9 @@ class _Attempt:
 
 
 def _resume_step(plan: Plan, prepared: Mapping[str, _Prepared]) -> int | None:
-    """The newest snapshot step on rank 0's node (the group's first rank, which hands it to members
-    whose node lacks it), or None: a fresh start."""
-    ready = prepared.get(plan.rank(0).node)
-    steps = ready.snapshots if ready is not None else None
+    """The newest snapshot step on any node of the plan (the ranks whose node lacks it get it from
+    one that has it: runtime/context.py), or None: a fresh start."""
+    steps = [s for p in prepared.values() for s in (p.snapshots or ())]
     return max(steps) if steps else None
 
 

@@ -260,6 +260,9 @@ class CostModel:
         # CPU cores, then node order.
         self.names = [n.name for n in inventory.nodes]
         self.healthy = healthy = [i for i, n in enumerate(inventory.nodes) if n.ok]
+        # A re-plan that keeps the PS shards on these nodes, in shard order (their checkpoints hold
+        # the training state: placement.make_plan's keep_ps); () lets the model place them.
+        self.fixed_ps: tuple[int, ...] = ()
         self.ps_order = sorted(healthy, key=lambda n: (-net.nic[n], -cores[n], n))
         self.ranks_on: dict[int, int] = {}       # worker ranks per node (every device is one)
         self.demand_on: dict[int, float] = {}    # cores' worth of CPU its workers ask for
@@ -332,6 +335,8 @@ class CostModel:
         """The fastest layout and PS count; a candidate must win by 1% to displace an earlier one,
         so ties keep the fewer groups and the fewer PS ranks."""
         candidates: list[Option] = []
+        if self.fixed_ps and any(len(g) > 1 for g in layouts):
+            layouts = [g for g in layouts if len(g) > 1]   # one group would have no PS to keep
         for groups in layouts:
             if len(groups) == 1:
                 one = self.allreduce()
@@ -370,6 +375,8 @@ class CostModel:
         first: for every count, the first nodes of ``_link_order`` (round-robin when the count
         exceeds them), and one shard on every leader's node (each leader then exchanges its share
         locally and no one link carries every group's traffic). The cost model prices each."""
+        if self.fixed_ps:
+            return [self.fixed_ps]
         order = self._link_order(leaders)
         out: list[tuple[int, ...]] = []
         for count in self._ps_counts():

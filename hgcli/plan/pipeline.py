@@ -257,7 +257,7 @@ def prepare_plan(cluster: Cluster, job: JobSpec, *, quick: bool = True, skip_fai
 
 
 def replan_on(cluster: Cluster, job: JobSpec, nodes: list[str], *, on_stage: OnStage | None = None,
-              script: str | None = None) -> Plan:
+              script: str | None = None, keep_ps: tuple[str, ...] = ()) -> Plan:
     """A plan on ``nodes`` only (``launch --nnodes``: the nodes left after a loss, and those back),
     from the stored inventory and profiles: no probe, no bench, so a re-plan takes no time of the
     devices. The plan is still of the whole cluster's fingerprint (its profiles and rates are)."""
@@ -278,7 +278,7 @@ def replan_on(cluster: Cluster, job: JobSpec, nodes: list[str], *, on_stage: OnS
         profiles, devices=tuple(d for d in profiles.devices if d.node in keep),
         links=tuple(link for link in profiles.links if link.a in keep and link.b in keep))
     say("plan", f"re-planning ({job.strategy.value}) on {len(nodes)} node(s): {', '.join(nodes)}")
-    plan = make_plan(inventory, profiles, job, rates)
+    plan = make_plan(inventory, profiles, job, rates, keep_ps=keep_ps)
     refuse_unrunnable(plan, inventory)
     say("plan", f"{plan.strategy.value}: {plan.world_size} rank(s), {len(plan.groups)} group(s)")
     return plan

@@ -46,9 +46,13 @@ DEFAULT_MODEL = ModelSpec(name="assumed ResNet-50 size (bench with --model to me
                           parameters=25_557_032)
 
 
-def make_plan(inventory: Inventory, profiles: Profiles, job: JobSpec, rates: ScriptRates | None = None) -> Plan:
+def make_plan(inventory: Inventory, profiles: Profiles, job: JobSpec, rates: ScriptRates | None = None,
+              keep_ps: tuple[str, ...] = ()) -> Plan:
     """Plan the ranks of one job; raises HgError for a request that cannot be planned. ``rates``: what
-    a job of the same script measured (hgcli/bench/rates.py), to fit the devices' costs to."""
+    a job of the same script measured (hgcli/bench/rates.py), to fit the devices' costs to.
+    ``keep_ps``: the nodes of an earlier plan's PS shards, in shard order (``launch --nnodes`` after a
+    lost node): when every one is still here, the plan keeps a PS on each, whose checkpoint holds
+    the training state, and chooses among hybrid and ps around them."""
     _check_inputs(inventory, profiles, job)
     model = job.model or profiles.model or DEFAULT_MODEL
     model_bytes = float(model.parameters * model.bytes_per_parameter)
@@ -70,10 +74,20 @@ def make_plan(inventory: Inventory, profiles: Profiles, job: JobSpec, rates: Scr
 
     allreduce = cost.allreduce()
     classes = _speed_classes(devices, real)
+    kept = len(devices) > 1 and bool(keep_ps) and all(n in node_names for n in keep_ps)
+    if kept:
+        cost.fixed_ps = tuple(node_names.index(n) for n in keep_ps)
     hybrid = cost.best_async(Strategy.HYBRID, _hybrid_layouts(devices, classes))
     ps = cost.best_async(Strategy.PS, [tuple((i,) for i in range(len(devices)))])
     options = {Strategy.ALLREDUCE: allreduce, Strategy.HYBRID: hybrid, Strategy.PS: ps}
-    chosen, reason = _choose(job.strategy, options, len(classes), len(devices))
+    if kept and job.strategy in (Strategy.AUTO, Strategy.HYBRID, Strategy.PS):
+        pick = job.strategy if job.strategy is not Strategy.AUTO else max(
+            (Strategy.HYBRID, Strategy.PS), key=lambda s: options[s].samples_per_s)
+        chosen = options[pick]
+        reason = (f"re-planned keeping the PS shards on {', '.join(dict.fromkeys(keep_ps))}, whose checkpoints "
+                  f"hold the training state: {pick.value} ({chosen.summary})")
+    else:
+        chosen, reason = _choose(job.strategy, options, len(classes), len(devices))
     reason += _below_knee_note(batches, [knee(d) for d in devices], global_batch)
     if skipped:
         reason += "; not used: " + _summarise(skipped)

@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..schema import stages as m
-from .data import shard_batches
+from .data import ShardStream
 from .emulate import Emulator
 from .env import RankEnv
 from .errors import TrainingError
@@ -172,8 +172,10 @@ class Context:
     def shard(self, data: Sequence[torch.Tensor], *, batch_size: int, epochs: int = 1,
               seed: int = 0) -> Iterator[tuple[torch.Tensor, ...]]:
         """This rank's batches of ``data`` (a tuple of tensors); ``batch_size`` unless the plan says."""
-        return shard_batches(data, self._batch_sizes(batch_size), self.worker_index,
-                             epochs=epochs, seed=seed, split=self._take_split(batch_size))
+        stream = ShardStream(data, self._batch_sizes(batch_size), self.worker_index, epochs=epochs, seed=seed,
+                             split=self._take_split(batch_size))
+        self._data.track(stream)        # the first data source is the training data: its position is kept
+        return iter(stream)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The model's state dict with the current parameters and buffers, copied, for a script's own
@@ -318,7 +320,7 @@ class Context:
 
     def _resume_snapshot(self, step: int, engine: GroupEngine) -> None:
         """Load the snapshot of ``step`` into the model, optimizer, scheduler and data position. A
-        member whose node lacks the file (it joined at this restart) gets the group leader's."""
+        member whose node lacks the file (it joined at this restart) gets it from the first that has it."""
         import torch.distributed as dist
 
         assert self.env.snapshots is not None and self._model is not None
@@ -331,21 +333,21 @@ class Context:
                     state = snapshot.load(directory, step)
                 except ValueError as exc:
                     problem = str(exc)
-            leader, ranks = self.group_plan.ranks[0], self.group_plan.ranks
+            ranks = self.group_plan.ranks
             if len(ranks) > 1:
                 pg = self._pgs.get(self.group)
-                have = torch.tensor([int(state is not None), int(state is not None and self.rank == leader)],
-                                    dtype=torch.int64, device=self.device)
+                have = torch.zeros(len(ranks), dtype=torch.int64, device=self.device)
+                have[ranks.index(self.rank)] = int(state is not None)
                 engine.collective(lambda: dist.all_reduce(have, group=pg), "all-reduce")
-                holders, leader_has = have.tolist()
-                if not leader_has:
-                    raise TrainingError(f"rank {self.rank}: the group's first rank {leader} cannot resume from "
-                                        f"the snapshot of step {step}" + (f": {problem}" if self.rank == leader else ""))
-                if holders < len(ranks):
-                    box = [state if self.rank == leader else None]
+                holders = [r for r, h in zip(ranks, have.tolist()) if h]
+                if not holders:
+                    raise TrainingError(f"rank {self.rank}: no rank of group {self.group} has the snapshot of step "
+                                        f"{step} to resume from: {problem}")
+                if len(holders) < len(ranks):
+                    box = [state if self.rank == holders[0] else None]
                     where = self.device if self.device.type == "cuda" else None
-                    engine.collective(lambda: dist.broadcast_object_list(box, src=leader, group=pg, device=where),
-                                      "broadcast")
+                    engine.collective(lambda: dist.broadcast_object_list(box, src=holders[0], group=pg,
+                                                                         device=where), "broadcast")
                     state = box[0]
             if state is None:
                 raise TrainingError(f"rank {self.rank}: cannot resume from the snapshot of step {step}: {problem}")

@@ -77,20 +77,69 @@ def step_slice(n: int, batch_sizes: Sequence[int], index: int, step: int,
 def shard_batches(tensors: Sequence[torch.Tensor], batch_sizes: Sequence[int], index: int, *,
                   epochs: int, seed: int, split: GroupSplit | None = None) -> Iterator[tuple[torch.Tensor, ...]]:
     """``split``: the group's rebalanced sizes by data step (``epoch * steps + step``), followed."""
-    n = len(tensors[0])
-    if any(len(t) != n for t in tensors):
-        raise ValueError("all tensors of a dataset need the same first dimension")
-    steps = steps_per_epoch(n, batch_sizes)
-    if split is not None:
-        split.attach()
-    for epoch in range(epochs):
-        perm = epoch_order(n, epoch, seed)
-        for step in range(steps):
-            start, stop = step_slice(n, batch_sizes, index, step, group_sizes(split, epoch * steps + step))
-            if split is not None:
-                split.handed_out(epoch * steps + step)
-            idx = perm[start:stop]
-            yield tuple(t[idx] for t in tensors)
+    return iter(ShardStream(tensors, batch_sizes, index, epochs=epochs, seed=seed, split=split))
+
+
+class ShardStream:
+    """``ctx.shard``'s batches, with the data position ``sampler.RankBatchSampler`` keeps: (epoch,
+    step) of the next batch training takes, advanced by ``note_step`` (the optimizer's step pre-hook),
+    saved in PS checkpoints and snapshots and restored before the first batch is drawn."""
+
+    def __init__(self, tensors: Sequence[torch.Tensor], batch_sizes: Sequence[int], index: int, *,
+                 epochs: int, seed: int, split: GroupSplit | None = None) -> None:
+        n = len(tensors[0])
+        if any(len(t) != n for t in tensors):
+            raise ValueError("all tensors of a dataset need the same first dimension")
+        self.tensors, self.batch_sizes, self.index = tuple(tensors), list(batch_sizes), index
+        self.n, self.epochs, self.seed, self.split = n, epochs, seed, split
+        self.steps = steps_per_epoch(n, batch_sizes)
+        self._resume = 0                  # the restored position, as epoch * steps + step
+        self._yielded = 0
+        self._consumed = 0
+        self._started = False
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        self._started = True
+        split, steps = self.split, self.steps
+        if split is not None:
+            split.attach()
+        for epoch in range(self.epochs):
+            if (epoch + 1) * steps <= self._resume:
+                continue                  # wholly before the restored position
+            perm = epoch_order(self.n, epoch, self.seed)
+            for step in range(steps):
+                data_step = epoch * steps + step
+                if data_step < self._resume:
+                    continue
+                start, stop = step_slice(self.n, self.batch_sizes, self.index, step, group_sizes(split, data_step))
+                if split is not None:
+                    split.handed_out(data_step)
+                idx = perm[start:stop]
+                self._yielded += 1
+                yield tuple(t[idx] for t in self.tensors)
+
+    def note_step(self) -> None:
+        if self._consumed < self._yielded:
+            self._consumed += 1
+
+    def position(self) -> tuple[int, int]:
+        return divmod(self._resume + self._consumed, self.steps)
+
+    def state_dict(self) -> dict[str, int]:
+        epoch, step = self.position()
+        return {"epoch": epoch, "step": step, "steps_per_epoch": self.steps}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        steps = int(state.get("steps_per_epoch") or self.steps)
+        if steps != self.steps:
+            raise ValueError(f"the saved data position counts {steps} steps per epoch, ctx.shard "
+                             f"{self.steps}: the data or the batches changed")
+        if self._started:
+            raise ValueError("ctx.shard's batches were already being drawn")
+        epoch, step = int(state["epoch"]), int(state["step"])
+        if epoch < 0 or not 0 <= step < self.steps:
+            raise ValueError(f"data position epoch {epoch} step {step} is outside 0..{self.steps - 1}")
+        self._resume = epoch * self.steps + step
 
 
 def group_sizes(split: GroupSplit | None, data_step: int) -> tuple[int, tuple[int, ...]] | None:

@@ -1,7 +1,7 @@
 """A group's data position through PS checkpoints: recorded with every push, restored at ``wrap()``.
 
-The position is that of the first sampler ``ctx.sampler``/``ctx.loader`` made in the process (the
-training data; later ones, such as an evaluation loader, are neither recorded nor restored). It
+The position is that of the first data source ``ctx.sampler``/``ctx.loader``/``ctx.shard`` made in the
+process (the training data; later ones, such as an evaluation loader, are neither recorded nor restored). It
 advances in an optimizer step pre-hook registered before the aggregation's own, so the position a
 push carries already counts the batch of that step. The group leader sends it with each push; the PS
 keeps the latest per group and writes it into its checkpoints (``data_positions``). A PS resumed
@@ -10,20 +10,30 @@ broadcasts the answer to its group, whose samplers then continue from it.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 
 from .errors import TrainingError
-from .sampler import RankBatchSampler
+
+
+class Positioned(Protocol):
+    """A data source with a position: ``sampler.RankBatchSampler`` (ctx.sampler/ctx.loader) and
+    ``data.ShardStream`` (ctx.shard)."""
+
+    def note_step(self) -> None: ...
+
+    def state_dict(self) -> dict[str, int]: ...
+
+    def load_state_dict(self, state: dict[str, int]) -> None: ...
 
 
 class DataPosition:
     def __init__(self) -> None:
-        self.sampler: RankBatchSampler | None = None
+        self.sampler: Positioned | None = None
         self.restored: dict[str, int] | None = None
 
-    def track(self, sampler: RankBatchSampler) -> None:
+    def track(self, sampler: Positioned) -> None:
         """The first sampler of the process is the training data's: it is the one recorded."""
         if self.sampler is not None:
             return
@@ -53,7 +63,7 @@ class DataPosition:
         try:
             self.sampler.load_state_dict(state)
         except ValueError as exc:
-            raise TrainingError(f"the PS checkpoint's data position does not fit this sampler: {exc}") from exc
+            raise TrainingError(f"the saved data position does not fit this data source: {exc}") from exc
 
 
 def fetch_restored(*, rank: int, leader: int, group_id: int, n_members: int, pg: Any, ps_rank: int,

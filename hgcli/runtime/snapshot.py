@@ -12,8 +12,8 @@ Asynchronous: the step only waits for a copy of the tensors to host memory; a th
 (``state.atomic_write``: a kill leaves the old file or the new one). A snapshot due while the last one
 is still being written is skipped rather than waited for. File ``snapshot-s{step:010d}.pt``; the newest
 ``KEEP`` are kept. The launcher lists the steps on each node (``steps_in``, no torch) and names the step
-to resume (``HGTRAIN_RESUME_STEP``); a rank on a node without that file (one that joined at this
-restart) gets it from the group's first rank.
+to resume, the newest on any node (``HGTRAIN_RESUME_STEP``); a rank on a node without that file (one
+that joined at this restart) gets it from the first rank that has it.
 """
 from __future__ import annotations
 

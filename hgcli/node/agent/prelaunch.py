@@ -18,7 +18,7 @@ With ``checkpoints`` (a restart of a job with PS ranks) it lists the PS checkpoi
 has a file of in that directory (shard -> versions, else null): PS shards on different nodes each keep
 their own files, so only the launcher, from every node's list, can tell which version is complete.
 It also lists the steps of the all-reduce snapshots there (``runtime/snapshot.py``), of which the
-launcher resumes the newest rank 0's node has.
+launcher resumes the newest any node has.
 """
 from __future__ import annotations
 
