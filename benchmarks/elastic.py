@@ -118,10 +118,11 @@ def run_hgtrain(args, hosts, work: Path) -> dict[str, Any]:
     trained = resumed_at(trace, killed)
     before = max(s for t, _, s, _ in traces(trace) if t <= killed)
     accuracy = [e["line"] for _, e in stamped if e["event"] == "log" and "final test accuracy" in e["line"]]
+    # The script logs no samples (ctx.log), so the event's own count is null: from the traces instead.
     return {"kill_to_training_s": trained - killed if trained else None,
             "detect_to_training_s": trained - detected if trained else None, "detect_s": detected - killed,
-            "steps_before_kill": before, "resumed_step": resumed["step"], "redone_samples": resumed["redone"],
-            "final": accuracy[-1] if accuracy else None}
+            "steps_before_kill": before, "resumed_step": resumed["step"],
+            "redone_samples": (before - resumed["step"]) * 3 * args.batch, "final": accuracy[-1] if accuracy else None}
 
 
 def run_torchrun(args, hosts, work: Path) -> dict[str, Any]:
@@ -160,11 +161,15 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--batch", type=int, default=64, help="per-rank batch (3 hosts)")
     p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--only", choices=("hgtrain", "torchrun"), default=None, help="run one side (no comparison)")
+    p.add_argument("--keep", action="store_true", help="keep the work directory (logs, traces)")
     args = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="hgtrain-elastic-"))
     results = {}
     try:
         for name, runner in (("hgtrain", run_hgtrain), ("torchrun", run_torchrun)):
+            if args.only not in (None, name):
+                continue
             hosts = start_hosts(root / name / "hosts", 3, first=91 if name == "hgtrain" else 95)
             try:
                 print(f"... {name}", file=sys.stderr, flush=True)
@@ -172,7 +177,13 @@ def main() -> None:
             finally:
                 hosts.stop()
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        if args.keep:
+            print(f"kept {root}", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    if args.only:
+        print(json.dumps({"benchmark": "elastic", args.only: results[args.only]}))
+        return
     hg, tr = results["hgtrain"], results["torchrun"]
     interval = args.every * 3 * args.batch
     print(f"{'':28} {'hgtrain':>10} {'torchrun':>10}")

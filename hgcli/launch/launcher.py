@@ -440,9 +440,13 @@ class _Attempt:
         assert request.nnodes is not None
         low, high = request.nnodes
         answers = fanout(list(request.cluster.nodes), lambda n: _reachable(self.transport(n.name)))
-        alive = [n.name for n in request.cluster.nodes
-                 if any(r.node.name == n.name for r in answers.succeeded)][:high]
+        answering = {r.node.name for r in answers.succeeded}
         old = plan_nodes(self.plan)
+        # The nodes the job ran on first (no re-plan just because a spare answers), then the others in
+        # the cluster file's order, at most MAX; the plan lists them in the cluster's order.
+        chosen = set(([n for n in old if n in answering]
+                      + [n.name for n in request.cluster.nodes if n.name in answering and n.name not in old])[:high])
+        alive = [n.name for n in request.cluster.nodes if n.name in chosen]
         if len(alive) < low:
             gone = "; ".join(f"{r.node.name}: {r.error}" for r in answers.failed)
             cause = RootCause(node=", ".join(sorted(set(old) - set(alive))) or "-", rank=None, exit_code=None,
@@ -450,7 +454,7 @@ class _Attempt:
                               reason=f"cannot restart the job (restart {number}): only {len(alive)} node(s) answer "
                                      f"({', '.join(alive) or 'none'}), --nnodes needs at least {low}; {gone}")
             return Outcome(JobState.FAILED, EXIT_NODES_FAILED, cause, outcome.notes)
-        if tuple(alive) == old:
+        if set(alive) == set(old):
             return None
         lost = [n for n in old if n not in alive]
         back = [n for n in alive if n not in old]

@@ -96,6 +96,8 @@ def job_detail(status: JobStatus) -> list[Any]:
                       cell(f"cluster: {r.cluster_source or 'embedded local cluster'}" + (" · detached" if r.detached else ""))]
     if r.root_cause:
         out.append(cell(f"root cause: {r.root_cause}", style="red"))
+    for number, reason in enumerate(r.restarts, 1):   # launch --restarts / --nnodes: one line per attempt
+        out.append(cell(f"restart {number} after: {reason}", style="yellow"))
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for column in ("rank", "node", "role", "state", "pid", "exit", "last metrics"):
         table.add_column(column)

@@ -35,7 +35,7 @@ def _plan(node: str = HOSTILE) -> Plan:
 
 def _record() -> JobRecord:
     return JobRecord(id="hg-1", cluster="fp", cluster_source=HOSTILE, command=("python", HOSTILE), plan=_plan(),
-                     state=JobState.RUNNING, root_cause=HOSTILE)
+                     state=JobState.RUNNING, root_cause=HOSTILE, restarts=("node b lost", HOSTILE))
 
 
 def _terminal() -> tuple[Console, io.StringIO]:
@@ -61,6 +61,7 @@ def test_status_of_a_job_whose_rank_logged_markup_and_escapes(private_state_dir)
     assert "\x1b]52" not in text and "\x1b[2J" not in text and "\x07" not in text
     assert "step [/oops]" in text and f"root cause: {SHOWN}" in text and f"cluster: {SHOWN}" in text
     assert f"unreachable ({SHOWN})" in text
+    assert "restart 1 after: node b lost" in text and f"restart 2 after: {SHOWN}" in text   # the attempts
 
 
 def test_probe_stop_and_plan_tables_show_node_strings_literally():
