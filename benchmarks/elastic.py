@@ -68,13 +68,19 @@ def wait_step(directory: Path, step: int, proc: subprocess.Popen[Any], timeout: 
 
 
 def resumed_at(directory: Path, killed: float) -> float | None:
-    """The first step traced after the kill by a new attempt (a file started after it)."""
-    later = [(t, f) for t, _, _, f in traces(directory) if t > killed]
-    starts = {}
-    for t, f in later:
-        starts.setdefault(f, t)
-    fresh = [t for f, t in starts.items() if not any(tt <= killed for tt, _, _, ff in traces(directory) if ff == f)]
-    return min(fresh) if fresh else None
+    """When a new attempt first trained after the kill: the first step traced after it that starts a
+    file or goes back from the file's previous step (torchrun's agents restart their workers into the
+    same file when the failure was another node's: their restart count stays)."""
+    found = []
+    for path in directory.glob("rank*.txt"):
+        previous = None
+        for line in path.read_text().splitlines():
+            t, _, step = line.split()
+            if float(t) > killed and (previous is None or int(step) <= previous):
+                found.append(float(t))
+                break
+            previous = int(step)
+    return min(found) if found else None
 
 
 def ssh_argv(hosts, host, remote: str) -> list[str]:

@@ -239,7 +239,7 @@ class Resumed:
     """An attempt's training continued from a saved state: ``source`` "snapshot" (all-reduce: the
     first worker's snapshot, ``step`` its optimizer steps) or "checkpoint" (PS shards, ``step`` the
     version); ``redone``: samples trained again (those the lost attempt trained after that state;
-    None when the script logs no samples)."""
+    None when the script logs no samples, and for a checkpoint, whose samples the PS does not count)."""
 
     job_id: str
     attempt: int
@@ -250,10 +250,12 @@ class Resumed:
 
     @classmethod
     def parse(cls, job_id: str, attempt: int, rank: int, first_worker: int, data: dict[str, Any],
-              reached: int | None) -> "Resumed | None":
-        """The event in the first worker's ``resumed`` metric record (untrusted: only numbers pass);
-        ``reached``: the samples the job had trained when the last attempt ended."""
-        if data.get("event") != "resumed" or rank != first_worker or data.get("source") != "snapshot":
+              reached: int | None, first_ps: int | None = None) -> "Resumed | None":
+        """The event in the ``resumed`` metric record of the first worker (a snapshot) or of PS shard
+        0 (a checkpoint version; untrusted: only numbers pass); ``reached``: the samples the job had
+        trained when the last attempt ended."""
+        source = data.get("source")
+        if data.get("event") != "resumed" or (source, rank) not in (("snapshot", first_worker), ("checkpoint", first_ps)):
             return None
         step, samples = data.get("step"), data.get("samples")
         if not (isinstance(step, int) and _is_int(step) and step >= 0):
@@ -261,7 +263,7 @@ class Resumed:
         if samples is not None and not (isinstance(samples, int) and _is_int(samples) and samples >= 0):
             return None
         redone = max(0, reached - samples) if reached is not None and samples is not None else None
-        return cls(job_id=job_id, attempt=attempt, source="snapshot", step=step, samples=samples, redone=redone)
+        return cls(job_id=job_id, attempt=attempt, source=str(source), step=step, samples=samples, redone=redone)
 
 
 @dataclass(frozen=True)

@@ -255,7 +255,8 @@ class JobController:
         adapted = Adapted.parse(self.job_id, rank, data, self.group_ranks)
         if adapted is not None:
             self.emit(adapted)
-        resumed = Resumed.parse(self.job_id, self.attempt, rank, self.first_worker, data, self.reached)
+        resumed = Resumed.parse(self.job_id, self.attempt, rank, self.first_worker, data, self.reached,
+                                self.plan.ps_shards[0] if self.plan.ps_shards else None)
         if resumed is not None and self.resumed is None:
             self.resumed = resumed
             self.emit(resumed)

@@ -199,7 +199,8 @@ def status_line(event: Event) -> str | None:
                 f"({event.strategy}; {event.reason})")
     if isinstance(event, Resumed):
         redone = "" if event.redone is None else f", {event.redone:,} samples redone"
-        return f"[elastic] attempt {event.attempt} resumed from the {event.source} of step {event.step}{redone}"
+        what = "version" if event.source == "checkpoint" else "step"
+        return f"[elastic] attempt {event.attempt} resumed from the {event.source} of {what} {event.step}{redone}"
     return None
 
 

@@ -717,6 +717,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             version = server.resume(args.resume_version)
             print(f"PS shard {shard}: " + (f"resumed from checkpoint version {version}"
                   if version is not None else "no complete checkpoint, starting fresh"), flush=True)
+            if version is not None and shard == 0:   # the launcher's `resumed` event
+                metrics.emit(event="resumed", source="checkpoint", step=version, samples=None)
         init_distributed(env, plan)
         from .ps_io import ShardIO
 

@@ -163,6 +163,7 @@ def test_hybrid_loses_a_worker_node_and_the_ps_resumes_on_its_own_node(hg, clust
     log = (hg.job_dir(run.job_id) / f"rank{ps_rank}.log").read_text()
     version = re.findall(r"resumed from checkpoint version (\d+)", log)
     assert version and int(version[-1]) >= 10, log[-2000:]
+    assert [(e["source"], e["step"]) for e in of(run, "resumed")] == [("checkpoint", int(version[-1]))]
     assert final_accuracy(run) >= 0.92
 
 

@@ -92,8 +92,14 @@ def test_the_resumed_event_takes_only_the_first_workers_sound_numbers():
     assert Resumed.parse("j", 1, 0, 0, record, reached=100).redone == 0
     assert Resumed.parse("j", 1, 1, 0, record, reached=3000) is None            # not the first worker
     for bad in ({"step": -1}, {"step": 1.5}, {"step": True}, {"samples": "many"}, {"source": "ps"},
-                {"event": "resume"}):
-        assert Resumed.parse("j", 1, 0, 0, {**record, **bad}, reached=3000) is None, bad
+                {"event": "resume"}, {"source": "checkpoint"}):
+        assert Resumed.parse("j", 1, 0, 0, {**record, **bad}, reached=3000, first_ps=3) is None, bad
+    # PS shard 0 (rank 3) says which checkpoint version the shards resumed from; no other rank can
+    ps = {"event": "resumed", "source": "checkpoint", "step": 120, "samples": None}
+    event = Resumed.parse("j", 1, 3, 0, ps, reached=3000, first_ps=3)
+    assert event is not None and (event.source, event.step, event.redone) == ("checkpoint", 120, None)
+    assert Resumed.parse("j", 1, 2, 0, ps, reached=3000, first_ps=3) is None
+    assert Resumed.parse("j", 1, 0, 0, ps, reached=3000, first_ps=None) is None
 
 
 def test_a_board_carries_the_samples_of_earlier_plans():
