@@ -195,7 +195,9 @@ def main() -> None:
     print(f"{'':28} {'hgtrain':>10} {'torchrun':>10}")
     for key, label in (("kill_to_training_s", "kill -> training again (s)"), ("steps_before_kill", "steps before the kill"),
                        ("resumed_step", "resumed from step"), ("redone_samples", "samples redone")):
-        print(f"{label:28} {hg[key]!s:>10.10} {tr[key]!s:>10.10}")
+        cells = [f"{v:,.1f}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else str(v)
+                 for v in (hg[key], tr[key])]
+        print(f"{label:28} {cells[0]:>10} {cells[1]:>10}")
     print(f"hgtrain: loss detected {hg['detect_s']:.1f} s after the kill, training again "
           f"{hg['detect_to_training_s']:.1f} s after that; {hg['final']}; torchrun: {tr['final']}")
     ratio = (hg["kill_to_training_s"] / tr["kill_to_training_s"]
