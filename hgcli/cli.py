@@ -291,7 +291,8 @@ def launch(ctx: click.Context, cluster_file: Path | None, nproc_per_node: int | 
     hgtrain launch -c cluster.toml --plan plan.json -- python train.py --epochs 3
     Exit code: the first failing rank's (128+N for signal N); 130 on Ctrl-C. See docs/launch.md.
     """
-    from .launch.launcher import LaunchRequest, launch as run_launch, parse_nnodes
+    from .launch.elastic import parse_nnodes
+    from .launch.launcher import LaunchRequest, launch as run_launch
     from .schema.stages import JobSpec, Strategy
     from .config.ranklist import parse_rank_list
     from .render.launch import make_sink

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
 from ..jobs import records as jobs
-from ..errors import EXIT_JOB, EXIT_NODES_FAILED, ConfigError, HgError, StateError, UsageError
+from ..errors import EXIT_JOB, ConfigError, HgError, StateError, UsageError
 from .events import Dispatcher, Event, JobEnded, JobRestarted, JobStarted, Notice, Replanned, RootCause, Stage
 from .loop import Interrupt, JobController, Outcome
 from .metrics import MetricsBoard, predictions
@@ -37,14 +37,13 @@ from ..node.agent.spec import DEFAULT_JOBS_ROOT
 from ..remote.fanout import NodeResult, fanout, open_transport
 from ..remote.transport import Transport, node_module_argv
 from .agentlink import INBOX_BYTES, AgentLink, Heartbeat, Inbound
+from .elastic import below_min, change_reason, choose_nodes, plan_nodes, ps_layout, reachable, replan
 
 # PS checkpoints by default once a minute: cheap next to a minute of training, and bounds the work a
 # restart redoes; a count (--checkpoint-every) suits runs whose pace is known.
 DEFAULT_CHECKPOINT_S = 60.0
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RETRY_S = 2.0   # between two tries to prepare a node that failed on a restart
-REACH_S = 20.0  # an elastic restart's check that a node answers (an SSH connection and `true`)
-REPLAN_PAUSE_ENV = "HGTRAIN_TEST_REPLAN_PAUSE"   # tests: seconds to wait after a re-plan
 
 
 @dataclass(frozen=True)
@@ -121,18 +120,6 @@ class LaunchResult:
     state: JobState
     exit_code: int
     root_cause: RootCause | None
-
-
-def parse_nnodes(text: str) -> tuple[int, int]:
-    """``--nnodes``: "MIN:MAX" or "N" (N:N), as torchrun spells it."""
-    parts = text.split(":")
-    try:
-        numbers = [int(p) for p in parts]
-    except ValueError:
-        numbers = []
-    if len(numbers) not in (1, 2):
-        raise UsageError(f"--nnodes: expected MIN:MAX or N (whole numbers), got {text!r}")
-    return (numbers[0], numbers[-1])
 
 
 def user_env(request: LaunchRequest, environ: Mapping[str, str]) -> dict[str, str]:
@@ -213,7 +200,9 @@ def _plan(request: LaunchRequest, emit: Callable[[Event], None], job_id: str) ->
         plan = prepare_plan(cluster, request.job, quick=True, on_stage=on_stage,
                             script=script_identity(request.command), skip_failed=request.elastic)
         if request.elastic:
-            plan = _within_nnodes(request, plan, on_stage)
+            from .elastic import within_nnodes
+
+            plan = within_nnodes(request, plan, on_stage)
         if plan.cluster != cluster.fingerprint():
             raise HgError(f"internal error: the plan is of cluster {plan.cluster}, not {cluster.fingerprint()}")
     known = {n.name for n in cluster.nodes}
@@ -228,35 +217,6 @@ def _plan(request: LaunchRequest, emit: Callable[[Event], None], job_id: str) ->
     from ..plan.slowdowns import with_slowdowns
 
     return with_slowdowns(plan, cluster)
-
-
-def plan_nodes(plan: Plan) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(r.node for r in plan.ranks))
-
-
-def _within_nnodes(request: LaunchRequest, plan: Plan, on_stage: Callable[[str, str], None]) -> Plan:
-    """An elastic job's first plan: on at least MIN nodes (failed probes were skipped), at most MAX."""
-    assert request.nnodes is not None
-    low, high = request.nnodes
-    nodes = plan_nodes(plan)
-    if len(nodes) < low:
-        raise HgError(f"--nnodes {low}:{high}: only {len(nodes)} node(s) can run the job "
-                      f"({', '.join(nodes) or 'none'}); see 'hgtrain probe'")
-    if len(nodes) <= high:
-        return plan
-    from ..bench.rates import script_identity
-    from ..plan.pipeline import replan_on
-
-    return replan_on(request.cluster, _same_batch(request, plan), list(nodes[:high]), on_stage=on_stage,
-                     script=script_identity(request.command))
-
-
-def _same_batch(request: LaunchRequest, plan: Plan) -> JobSpec:
-    """The job of a re-plan: the global batch stays the first plan's (each device then takes more)
-    unless --global-batch set it."""
-    if request.job.global_batch is not None or not plan.global_batch:
-        return request.job
-    return dataclasses.replace(request.job, global_batch=plan.global_batch)
 
 
 @dataclass(frozen=True)
@@ -430,50 +390,22 @@ class _Attempt:
         self.reached = self._started_from + trained if trained > 0 or self._started_from else None
 
     def regroup(self, number: int, outcome: Outcome, reason: str) -> Outcome | None:
-        """``--nnodes MIN:MAX`` before restart ``number``: the nodes that answer (those left, and lost
-        ones that are back), at most MAX; a plan on them from the stored profiles when they are not
-        the last plan's nodes. An Outcome when fewer than MIN answer (the job fails, naming them)."""
-        from ..bench.rates import script_identity
-        from ..plan.pipeline import replan_on
-
+        """``--nnodes MIN:MAX`` before restart ``number``: the nodes that answer (elastic.py), and a
+        plan on them from the stored profiles when they are not the last plan's nodes. An Outcome
+        when fewer than MIN answer (the job fails, naming them)."""
         request = self.request
-        assert request.nnodes is not None
-        low, high = request.nnodes
-        answers = fanout(list(request.cluster.nodes), lambda n: _reachable(self.transport(n.name)))
-        answering = {r.node.name for r in answers.succeeded}
+        answers = fanout(list(request.cluster.nodes), lambda n: reachable(self.transport(n.name)))
         old = plan_nodes(self.plan)
-        # The nodes the job ran on first (no re-plan just because a spare answers), then the others in
-        # the cluster file's order, at most MAX; the plan lists them in the cluster's order.
-        chosen = set(([n for n in old if n in answering]
-                      + [n.name for n in request.cluster.nodes if n.name in answering and n.name not in old])[:high])
-        alive = [n.name for n in request.cluster.nodes if n.name in chosen]
-        if len(alive) < low:
-            gone = "; ".join(f"{r.node.name}: {r.error}" for r in answers.failed)
-            cause = RootCause(node=", ".join(sorted(set(old) - set(alive))) or "-", rank=None, exit_code=None,
-                              signal=None, oom=None,
-                              reason=f"cannot restart the job (restart {number}): only {len(alive)} node(s) answer "
-                                     f"({', '.join(alive) or 'none'}), --nnodes needs at least {low}; {gone}")
-            return Outcome(JobState.FAILED, EXIT_NODES_FAILED, cause, outcome.notes)
-        if set(alive) == set(old):
-            return None
-        lost = [n for n in old if n not in alive]
-        back = [n for n in alive if n not in old]
-        why = "; ".join(part for part in (f"lost {', '.join(lost)}" if lost else "",
-                                          f"back {', '.join(back)}" if back else "") if part)
+        alive = choose_nodes(request, old, {r.node.name for r in answers.succeeded})
+        refused = below_min(request, number, old, alive, answers.failed, outcome.notes)
+        if refused is not None or set(alive) == set(old):
+            return refused
         job_id = self.book.record.id
-        plan = replan_on(request.cluster, _same_batch(request, self.plan), alive,
-                         on_stage=lambda stage, message: self.emit(Stage(job_id, stage, message)),
-                         script=script_identity(request.command), keep_ps=_ps_layout(self.plan))
-        from ..plan.slowdowns import with_slowdowns
-
-        plan = with_slowdowns(plan, request.cluster)
-        pause = float(os.environ.get(REPLAN_PAUSE_ENV) or 0)
-        if pause:                           # fault injection for tests: a controller killed here
-            time.sleep(pause)
+        plan = replan(request, self.plan, alive, lambda stage, message: self.emit(Stage(job_id, stage, message)))
         self.emit(Replanned(job_id=job_id, attempt=number, old_nodes=old, new_nodes=plan_nodes(plan),
                             old_world=self.plan.world_size, new_world=plan.world_size,
-                            strategy=plan.strategy.value, reason=why or reason))
-        if _ps_layout(plan) != _ps_layout(self.plan) and _ps_layout(self.plan):
+                            strategy=plan.strategy.value, reason=change_reason(old, alive) or reason))
+        if ps_layout(plan) != ps_layout(self.plan) and ps_layout(self.plan):
             # The PS shards' files (flat ranges of the old layout) cannot seed the new one: its PS
             # ranks checkpoint into fresh directories and start from the script's initial model.
             self.checkpoint_dirs.clear()
@@ -590,19 +522,6 @@ def _resume_step(plan: Plan, prepared: Mapping[str, _Prepared]) -> int | None:
     one that has it: runtime/context.py), or None: a fresh start."""
     steps = [s for p in prepared.values() for s in (p.snapshots or ())]
     return max(steps) if steps else None
-
-
-def _ps_layout(plan: Plan) -> tuple[str, ...]:
-    """Where the PS shards run, in shard order: the checkpoint files of one layout fit only it."""
-    return tuple(plan.rank(r).node for r in plan.ps_shards)
-
-
-def _reachable(transport: Transport) -> bool:
-    """Whether the node answers a trivial command (an elastic restart takes back lost nodes that do)."""
-    done = transport.run(["true"], timeout=REACH_S)
-    if done.exit_code != 0:
-        raise HgError(f"'true' exited with {done.exit_code}")
-    return True
 
 
 def _resume_version(plan: Plan, prepared: Mapping[str, _Prepared]) -> int | None:

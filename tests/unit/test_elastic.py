@@ -13,7 +13,8 @@ import torch
 from hgcli.bench.profiles import store_profiles
 from hgcli.errors import StateError, UsageError
 from hgcli.launch.events import Resumed
-from hgcli.launch.launcher import LaunchRequest, _same_batch, parse_nnodes
+from hgcli.launch.elastic import choose_nodes, parse_nnodes, same_batch
+from hgcli.launch.launcher import LaunchRequest
 from hgcli.launch.metrics import MetricsBoard
 from hgcli.plan.pipeline import replan_on
 from hgcli.runtime import snapshot
@@ -51,6 +52,16 @@ def test_nnodes_is_checked_before_anything_starts():
             request(**kw)
 
 
+def test_a_restart_keeps_the_nodes_it_ran_on_then_takes_others_up_to_max():
+    elastic = request(cluster=nodes("n0", "n1", "n2", "n3"), nnodes=(2, 3), restarts=1)
+    # n1 was lost and answers again, n3 is a spare: the job stays on n0, n2 and takes n1 back (MAX 3)
+    assert choose_nodes(elastic, ("n0", "n2"), {"n0", "n1", "n2", "n3"}) == ["n0", "n1", "n2"]
+    # what it ran on, when all of it answers, is not traded for an earlier node of the file
+    assert choose_nodes(elastic, ("n1", "n2", "n3"), {"n0", "n1", "n2", "n3"}) == ["n1", "n2", "n3"]
+    assert choose_nodes(elastic, ("n1", "n2", "n3"), {"n0", "n3"}) == ["n0", "n3"]
+    assert choose_nodes(elastic, ("n0", "n1"), set()) == []
+
+
 def stored_cluster() -> Cluster:
     """Three nodes of two fast devices, one slow, and their probe and bench stored (no processes)."""
     spec = nodes("n0", "n1", "n2")
@@ -71,12 +82,12 @@ def test_a_replan_uses_only_the_nodes_left_and_keeps_the_global_batch(private_st
     assert any("re-planning" in m and "n0, n2" in m for m in said), said
     # launch keeps the first plan's global batch: each device left takes more.
     first = replan_on(spec, job, ["n0", "n1", "n2"])
-    again = replan_on(spec, _same_batch(request(cluster=spec, nnodes=(2, 3), restarts=1), first), ["n0", "n2"])
+    again = replan_on(spec, same_batch(request(cluster=spec, nnodes=(2, 3), restarts=1), first), ["n0", "n2"])
     assert again.global_batch == first.global_batch and first.global_batch > plan.global_batch
     assert sum(r.batch_size or 0 for r in again.workers) == first.global_batch
     # --global-batch wins over the first plan's
     fixed = request(cluster=spec, job=JobSpec(global_batch=48), nnodes=(2, 3), restarts=1)
-    assert _same_batch(fixed, first).global_batch == 48
+    assert same_batch(fixed, first).global_batch == 48
 
 
 def test_a_replan_without_a_stored_bench_says_so(private_state_dir):
