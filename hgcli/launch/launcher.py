@@ -430,6 +430,8 @@ class _Attempt:
         links = [prepared[n].link for n in node_names if n in prepared]
         try:
             if failed or self.interrupt.count:
+                if number:   # the restart was tried: said, though nothing of it could start
+                    emit(JobRestarted(job_id=job_id, attempt=number, reason=reason, resume=False))
                 return _not_started(failed, self.interrupt, number)
             if number and jobs.load(job_id).state is JobState.STOPPED:
                 return Outcome(JobState.STOPPED, EXIT_JOB, None)   # 'hgtrain stop' between two attempts
