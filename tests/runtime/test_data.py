@@ -258,5 +258,26 @@ def test_a_restored_position_reaches_the_training_sampler_made_before_or_after()
         assert data.sampler is sampler and data.current() == pos == sampler.state_dict()
     data = DataPosition()
     data.restore(pos)
-    with pytest.raises(hg.TrainingError, match="does not fit this sampler"):
+    with pytest.raises(hg.TrainingError, match="does not fit this data source"):
         data.track(RankBatchSampler(48, [3, 5], 0))   # 6 steps per epoch; the checkpoint counted 5
+
+
+def test_ctx_shard_keeps_a_position_and_continues_from_a_restored_one():
+    from hgcli.runtime.data import ShardStream, shard_batches
+
+    x = torch.arange(40).float().unsqueeze(1)
+    whole = [b[0].squeeze(1).tolist() for b in shard_batches((x,), [3, 5], 1, epochs=2, seed=4)]
+    stream = ShardStream((x,), [3, 5], 1, epochs=2, seed=4)
+    taken = iter(stream)
+    for _ in range(7):                        # drawn 7, trained 6 (the 7th batch is still in hand)
+        next(taken)
+    for _ in range(6):
+        stream.note_step()
+    assert stream.state_dict() == {"epoch": 1, "step": 1, "steps_per_epoch": 5}
+    again = ShardStream((x,), [3, 5], 1, epochs=2, seed=4)
+    again.load_state_dict(stream.state_dict())
+    assert [b[0].squeeze(1).tolist() for b in again] == whole[6:]
+    with pytest.raises(ValueError, match="already being drawn"):
+        stream.load_state_dict({"epoch": 0, "step": 0, "steps_per_epoch": 5})
+    with pytest.raises(ValueError, match="counts 4 steps per epoch"):
+        ShardStream((x,), [3, 5], 1, epochs=2, seed=4).load_state_dict({"epoch": 0, "step": 0, "steps_per_epoch": 4})
