@@ -3,6 +3,7 @@ and per-rank batches as tiny_train.py (batches come from the same indexing funct
 
 --batches gives every rank its own batch; --weighted adds the one line a DDP script needs for their
 union-batch gradient: ``register_comm_hook(None, hg.weighted_ddp_hook)`` (the rank's batch from the plan)."""
+import gc
 import os
 
 import torch
@@ -41,6 +42,11 @@ def main():
         opt.step()
     torch.save(torch.cat([q.detach().reshape(-1) for q in model.parameters()]),
                args.out / f"rank{rank}.pt")
+    # Both ranks done and DDP (its reducer holds the group) gone before the group is destroyed: under
+    # a live DDP the process once aborted at exit ("terminate called without an active exception").
+    dist.barrier()
+    del model, opt
+    gc.collect()
     dist.destroy_process_group()
 
 

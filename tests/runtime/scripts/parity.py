@@ -100,10 +100,22 @@ def main() -> None:
     if args.mode == "hg":
         (args.out / f"buckets{rank}.txt").write_text(str(ctx._sync.buckets_reduced if ctx._sync else 0))
         ctx.finish()          # under a PS: every group now holds its final parameters
-    else:
-        dist.destroy_process_group()
     params = torch.cat([q.detach().reshape(-1) for q in model.parameters()])
     torch.save(params, args.out / f"rank{rank}.pt")
+    if args.mode == "ddp":
+        leave_ddp(model)
+
+
+def leave_ddp(model: torch.nn.Module) -> None:
+    """The reference's clean exit: both ranks done, DDP (its reducer holds the process group) gone
+    before the group is destroyed; destroying the group under a live DDP once aborted the process at
+    exit ("terminate called without an active exception")."""
+    import gc
+
+    dist.barrier()
+    del model
+    gc.collect()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
