@@ -118,7 +118,6 @@ class Outcome:
     # A rank failed or a node was lost (not a stop asked for by Ctrl-C or 'hgtrain stop', nor a node
     # that could not even start): what `launch --restarts` restarts the job for.
     restartable: bool = False
-    lost: tuple[str, ...] = ()     # the nodes lost during the attempt (launch --nnodes re-plans without them)
     resumed: Resumed | None = None   # the state the attempt's training continued from
 
 
@@ -132,7 +131,6 @@ class JobController:
         self.attempt = attempt
         self.reached = reached         # samples the job had trained when the last attempt ended
         self.first_worker = plan.workers[0].rank if plan.workers else -1
-        self.lost: dict[str, str] = {}   # node -> why it was lost
         self.resumed: Resumed | None = None
         self.agent_job_id = agent_job_id or job_id   # what the agents run under (a restart's own id)
         self.plan = plan
@@ -332,7 +330,6 @@ class JobController:
         self.reapers.append(thread)
 
     def _lose(self, node: str, reason: str) -> None:
-        self.lost.setdefault(node, reason)
         self.emit(NodeLost(self.job_id, node, self.attempt, reason))
         self._fail_node(node, reason, EXIT_NODES_FAILED)
 
@@ -393,7 +390,7 @@ class JobController:
             restartable = (not self.interrupt.count and not self.stopped_outside
                            and (cause.rank is not None or self.root_code == EXIT_NODES_FAILED))
             return Outcome(JobState.FAILED, self.root_code or 1, cause, self.notes, restartable,
-                           tuple(self.lost), self.resumed)
+                           resumed=self.resumed)
         if self.interrupt.count:
             return Outcome(JobState.STOPPED, self.interrupt.exit_code, None, self.notes)
         if self.detach:

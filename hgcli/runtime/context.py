@@ -26,8 +26,8 @@ from .metrics import MetricsSink
 from .position import DataPosition, fetch_restored
 from .rebalance import GroupSplit
 from .sampler import RankBatchSampler, dataset_length, make_loader
-from .snapshot import Snapshotter, snapshot_path
 from . import snapshot
+from .snapshot import Snapshotter, snapshot_path
 
 
 def _implicit_plan(env: RankEnv) -> m.Plan:
