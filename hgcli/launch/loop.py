@@ -159,7 +159,8 @@ class JobController:
         self.notes: list[str] = []
         self.metrics_seen = False
         self.progress_at = 0.0
-        self.stopped_outside = False   # a rank ended `stopped` before we asked: 'hgtrain stop' did it
+        self.stopped_outside = False   # an agent said 'hgtrain stop' stopped it: not restarted
+        self.agent_stops: dict[str, str] = {}   # node -> why its agent stopped its ranks by itself
 
     # -- the loop ----------------------------------------------------------------------------------
 
@@ -210,7 +211,12 @@ class JobController:
 
     def _stopping(self, node: str, frame: StoppingFrame) -> None:
         """An agent stops its ranks on its own: only a failure of its own part (the job's store) is
-        the job's root cause; for the rest (a stop asked for, a lost link) the ranks' exits say it."""
+        the job's root cause; for the rest (a stop asked for, a lost link) the ranks' exits say it.
+        Only 'hgtrain stop' is the user's stop: a SIGTERM from elsewhere (a node shutting down)
+        leaves the job restartable, as a lost node."""
+        if frame.get("requested"):
+            self.stopped_outside = True
+        self.agent_stops[node] = str(frame.get("reason") or "stopped")
         if frame.get("failed"):
             self._fail_node(node, str(frame.get("reason") or "failed"), EXIT_JOB)
 
@@ -273,8 +279,6 @@ class JobController:
         rank_state = RankState.parse(state)
         self.book.update_rank(rank, state=rank_state, exit_code=frame.get("code"), signal=frame.get("signal"))
         reason = str(frame.get("reason") or f"ended ({state})")
-        if rank_state is RankState.STOPPED and self.stop_reason is None:
-            self.stopped_outside = True
         self.emit(RankExited(self.job_id, rank, node, self.role.get(rank, "?"), state, code,
                              frame.get("signal_name"), reason, frame.get("oom")))
         if rank_state is RankState.FAILED and self.root_cause is None and self.stop_reason is None:
@@ -283,6 +287,11 @@ class JobController:
                                         reason=reason, oom=frame.get("oom"), error=error, traceback=stack)
             self.root_code = code if code else 1
             self._begin_stop(f"{node}:{rank} {reason}")
+        elif rank_state is RankState.STOPPED and self.stop_reason is None and not self.stopped_outside:
+            # Its agent stopped it unasked (a SIGTERM from the node: a shutdown, a kill): the node
+            # is going away, as lost; the other nodes stop now rather than wait in a collective.
+            why = self.agent_stops.get(node, reason)
+            self._fail_node(node, f"its agent stopped its ranks: {why}", EXIT_NODES_FAILED)
 
     HANDLERS: ClassVar[dict[FrameType | None, Callable[[JobController, str, Any], None]]] = {
         FrameType.LOGS: _logs, FrameType.METRIC: _metric, FrameType.STARTED: _started, FrameType.EXIT: _exit,

@@ -214,6 +214,7 @@ class StoppingFrame(TypedDict):
     type: str
     reason: str
     failed: bool                   # the agent's own part failed (the job's store): the root cause
+    requested: bool                # 'hgtrain stop' asked for it (a launch does not restart the job)
 
 
 class RankError(TypedDict):

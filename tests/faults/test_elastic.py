@@ -84,7 +84,9 @@ def node_dirs(host, job_id: str) -> list[Path]:
 def wait_for(what, check, run) -> None:
     deadline = time.monotonic() + WAIT_S
     while not check():
-        assert time.monotonic() < deadline and run.proc.poll() is None, (what, run.stderr, run.lines[-5:])
+        assert time.monotonic() < deadline and run.proc.poll() is None, (
+            f"{what}: exit {run.proc.poll()}; events {[e['event'] for e in run.events()]}; "
+            f"ended {[e.get('root_cause') for e in of(run, 'job_ended')]}")
         time.sleep(0.1)
 
 

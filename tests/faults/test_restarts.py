@@ -118,6 +118,24 @@ def test_status_and_stop_reach_the_restarted_attempt(hg, tmp_path):
     assert hg.record(job_id)["state"] in ("stopped", "failed")
 
 
+def test_an_agent_sent_sigterm_by_its_node_is_a_lost_node_and_restarts(hg, tmp_path):
+    """A SIGTERM that is not 'hgtrain stop' (a node shutting down): the agent stops its ranks, and the
+    job restarts as after a lost node, unlike the stop above."""
+    ctoml, plan = two_nodes(tmp_path, ps=False)
+    run = hg.start("-c", ctoml, "--plan", plan, "--json", "--grace", "2", "--restarts", "1",
+                   "--env", "SLEEP=300", "--", PY, "-c", "import time; time.sleep(300)")
+    run.wait_all_started(2)
+    agent = json.loads((hg.node_dir(run.job_id, "b") / "agent.json").read_text())["agent"]["pid"]
+    os.kill(agent, signal.SIGTERM)
+    run.wait_event(lambda ev: any(e["event"] == "job_restarted" for e in ev))
+    reason = next(e for e in run.events() if e["event"] == "job_restarted")["reason"]
+    assert "node b" in reason and "the agent received SIGTERM" in reason, reason
+    cli(hg, "stop", run.job_id, "--json")
+    run.finish(timeout=WAIT_S)
+    assert sum(e["event"] == "job_restarted" for e in run.events()) == 1
+    assert attempt_pids(run.job_id) == []
+
+
 def test_ctrl_c_after_a_restart_stops_everything_with_130(hg, tmp_path):
     ctoml, plan = two_nodes(tmp_path, ps=False)
     run = hg.start("-c", ctoml, "--plan", plan, "--json", "--grace", "2", "--restarts", "3",

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from . import procs
-from .jobdir import last_metrics, read_record, record_finished, record_path
+from .jobdir import last_metrics, read_record, record_finished, record_path, request_stop
 from .logs import Follower, log_frames
 from .output import FrameWriter
 from .ranks import STREAMS, log_path
@@ -75,6 +75,7 @@ def stop(job_dir: Path) -> StoppedFrame:
     agent: AgentOutcome = "gone"
     if agent_alive(record):
         agent = "stopped"
+        request_stop(job_dir)
         me = procs.proc_stat(record["agent"]["pid"])
         if me is not None:
             procs.send_signal(me, signal.SIGTERM)

@@ -17,10 +17,22 @@ from .spec import check_name
 
 RECORD = "agent.json"
 AGENT_LOG = "agent.log"
+# Written by ``agent --stop`` before it signals the agent: a SIGTERM with it is 'hgtrain stop', one
+# without it came from elsewhere (the machine shutting down, a kill), which a launch under
+# --restarts takes as a lost node rather than as the user's stop.
+STOP_REQUESTED = "stop-requested"
 
 
 def record_path(job_dir: Path) -> Path:
     return job_dir / RECORD
+
+
+def request_stop(job_dir: Path) -> None:
+    (job_dir / STOP_REQUESTED).touch(mode=0o600)
+
+
+def stop_requested(job_dir: Path) -> bool:
+    return (job_dir / STOP_REQUESTED).exists()
 
 
 def read_record(job_dir: Path) -> dict[str, Any] | None:

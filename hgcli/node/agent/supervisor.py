@@ -20,7 +20,7 @@ from typing import Any, Callable, ClassVar
 from .. import frames
 from ..protocol import EndFrame, FrameType, NodeJobState, RankState, frame_type
 from . import procs
-from .jobdir import AGENT_LOG, record_path
+from .jobdir import AGENT_LOG, record_path, stop_requested
 from .logs import Follower, log_frames, metric_frames, open_private_append
 from .output import FrameWriter
 from .ranks import STREAMS, Rank, signal_name
@@ -209,6 +209,8 @@ class Supervisor:
     def _on_signal(self, signum: int) -> None:
         if self.stopping:
             self.hurry = True
+        elif stop_requested(self.dir):
+            self._stop(f"stopped with 'hgtrain stop' (the agent received {signal_name(signum)})", requested=True)
         else:
             self._stop(f"the agent received {signal_name(signum)}")
 
@@ -232,15 +234,16 @@ class Supervisor:
 
     # ---- stopping ----------------------------------------------------------------------------
 
-    def _stop(self, reason: str, *, failed: bool = False) -> None:
+    def _stop(self, reason: str, *, failed: bool = False, requested: bool = False) -> None:
         """Stop every rank; ``failed``: for a failure of the agent's own (the store), which the
-        controller takes as the job's root cause."""
+        controller takes as the job's root cause; ``requested``: 'hgtrain stop' (not restarted)."""
         if self.stopping:
             return
         self.stopping = True
         self.stop_reason = reason
         self.state = NodeJobState.STOPPING
-        self.writer.post({"type": FrameType.STOPPING, "reason": reason, "failed": failed})
+        self.writer.post({"type": FrameType.STOPPING, "reason": reason, "failed": failed,
+                          "requested": requested})
         self._write_record()
         self._terminate()
 
