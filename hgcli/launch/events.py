@@ -235,6 +235,21 @@ class Replanned:
 
 
 @dataclass(frozen=True)
+class Regrouped:
+    """``launch --adapt``: the running all-reduce job straggled, and goes on under a plan with
+    asynchronous groups, re-planned from the rates it measured (launch/adapt.py)."""
+
+    job_id: str
+    attempt: int                   # the attempt that runs the new plan
+    old_strategy: str
+    new_strategy: str
+    groups: tuple[tuple[int, ...], ...]   # the new plan's groups (ranks)
+    predicted_before: float        # samples/s of the old plan, fitted to the measured rates
+    predicted_after: float
+    reason: str
+
+
+@dataclass(frozen=True)
 class Resumed:
     """An attempt's training continued from a saved state: ``source`` "snapshot" (all-reduce: the
     first worker's snapshot, ``step`` its optimizer steps) or "checkpoint" (PS shards, ``step`` the
@@ -347,13 +362,13 @@ class JobEnded:
 
 
 Event = (Stage | JobStarted | RankStarted | LogLines | Metric | Adapted | RankExited | Notice | Stopping
-         | Progress | JobRestarted | NodeLost | Replanned | Resumed | JobEnded)
+         | Progress | JobRestarted | NodeLost | Replanned | Regrouped | Resumed | JobEnded)
 
 EVENT_NAMES: dict[type, str] = {
     Stage: "stage", JobStarted: "job_started", RankStarted: "rank_started", LogLines: "logs",
     Metric: "metric", Adapted: "adapt", RankExited: "rank_exited", Notice: "notice", Stopping: "stopping",
     Progress: "progress", JobRestarted: "job_restarted", NodeLost: "node_lost", Replanned: "replanned",
-    Resumed: "resumed", JobEnded: "job_ended",
+    Regrouped: "regrouped", Resumed: "resumed", JobEnded: "job_ended",
 }
 
 

@@ -24,7 +24,9 @@ from typing import Callable, Iterator, Mapping
 
 from ..jobs import records as jobs
 from ..errors import EXIT_JOB, ConfigError, HgError, StateError, UsageError
-from .events import Dispatcher, Event, JobEnded, JobRestarted, JobStarted, Notice, Replanned, RootCause, Stage
+from .adapt import Regroup, RegroupWatch, snapshot_every, watched
+from .events import (Dispatcher, Event, JobEnded, JobRestarted, JobStarted, Notice, Regrouped, Replanned,
+                     RootCause, Stage)
 from .loop import Interrupt, JobController, Outcome
 from .metrics import MetricsBoard, predictions
 from .record import JobBook
@@ -302,19 +304,29 @@ def _run(request: LaunchRequest, plan: Plan, job_id: str, env: dict[str, str], m
     try:
         with _signals_to(interrupt):
             outcome = attempt.run(0)
-            for number in range(1, request.restarts + 1):
-                if not outcome.restartable or interrupt.count:
+            number = failures = 0
+            while not interrupt.count:
+                if outcome.regroup is not None:      # launch --adapt: not a failure, not counted
+                    reason = f"re-grouping: {outcome.regroup.reason}"
+                    attempt.ended(outcome)
+                    attempt.adopt(number + 1, outcome.regroup)
+                elif outcome.restartable and failures < request.restarts:
+                    failures += 1
+                    reason = outcome.root_cause.sentence() if outcome.root_cause else "failed"
+                    attempt.ended(outcome)
+                    if request.elastic:
+                        refused = attempt.regroup(number + 1, outcome, reason)
+                        if refused is not None:
+                            outcome = refused
+                            break
+                else:
                     break
-                reason = outcome.root_cause.sentence() if outcome.root_cause else "failed"
-                attempt.ended(outcome)
-                if request.elastic:
-                    refused = attempt.regroup(number, outcome, reason)
-                    if refused is not None:
-                        outcome = refused
-                        break
+                number += 1
                 book.update(restarts=book.record.restarts + (reason,), state=JobState.STARTING,
                             ranks=_fresh_ranks(attempt.plan), plan=attempt.plan)
                 outcome = attempt.run(number, reason)
+            if outcome.regroup is not None:    # interrupted while it re-grouped
+                outcome = Outcome(JobState.STOPPED, interrupt.exit_code, None, outcome.notes)
     finally:
         for t in attempt.transports.values():
             t.close()
@@ -376,6 +388,7 @@ class _Attempt:
     _trained_before: int = 0         # the board's samples when the attempt began
     _started_from: int = 0           # the samples of the state the attempt resumed from
     _ps_moved_at: int = -1           # the restart whose re-plan moved the PS shards (nothing to resume)
+    _regrouped_at: int = -1          # the restart that runs a re-grouped plan (launch/adapt.py)
 
     def transport(self, name: str) -> Transport:
         if name not in self.transports:
@@ -416,6 +429,26 @@ class _Attempt:
         self._trained_before = self.board.samples_total()
         return None
 
+    def adopt(self, number: int, regroup: Regroup) -> None:
+        """Restart ``number`` runs the re-grouped plan: its workers resume from the snapshot every
+        node has, its PS ranks start fresh from those parameters."""
+        job_id = self.book.record.id
+        self.emit(Regrouped(job_id=job_id, attempt=number, old_strategy=self.plan.strategy.value,
+                            new_strategy=regroup.plan.strategy.value,
+                            groups=tuple(tuple(g.ranks) for g in regroup.plan.groups),
+                            predicted_before=round(regroup.predicted_now, 1),
+                            predicted_after=round(regroup.predicted_new, 1), reason=regroup.reason))
+        first = self.plan.workers[0]
+        self.book.write_metric(first.rank, first.node, {
+            "time": time.time(), "event": "adapt", "kind": "regroup", "attempt": number,
+            "strategy": regroup.plan.strategy.value, "groups": [list(g.ranks) for g in regroup.plan.groups],
+            "predicted_before": regroup.predicted_now, "predicted_after": regroup.predicted_new})
+        self.plan = regroup.plan
+        self._regrouped_at = self._ps_moved_at = number   # nothing for its PS ranks to resume
+        self.master_addr = master_address(self.plan, self.request.cluster)
+        self.board = MetricsBoard(self.plan, carried=self.board.samples_total())
+        self._trained_before = self.board.samples_total()
+
     def run(self, number: int, reason: str = "") -> Outcome:
         request, plan, emit = self.request, self.plan, self.emit
         job_id = self.book.record.id
@@ -441,10 +474,18 @@ class _Attempt:
                 launches[name] = dataclasses.replace(ready.launch, checkpoint_dir=self.checkpoint_dirs[name])
             port = prepared[plan.rank(0).node].port
             assert port is not None   # rank 0's node was asked for one (_prepare)
-            snapshots = bool(request.restarts) and not plan.ps_shards
-            resume_step = _resume_step(plan, prepared) if number and snapshots else None
+            watch = watched(request, plan) and self._regrouped_at < 0    # once per job
+            snapshots = (bool(request.restarts) or watch) and not plan.ps_shards
+            every, seconds = request.checkpoint_every, request.checkpoint_seconds
+            if watch and not every:
+                # Counted steps, so that every node snapshots the same ones (launch/adapt.py).
+                every, seconds = snapshot_every(plan), (seconds if request.restarts else 0.0)
+            if number and number == self._regrouped_at:
+                resume_step = _common_step(plan, prepared)
+            else:
+                resume_step = _resume_step(plan, prepared) if number and snapshots else None
             resume_ps = number > 0 and bool(plan.ps_shards) and self._ps_moved_at != number
-            policy = CheckpointPolicy(every=request.checkpoint_every, seconds=request.checkpoint_seconds,
+            policy = CheckpointPolicy(every=every, seconds=seconds,
                                       resume=resume_ps, resume_version=_resume_version(plan, prepared),
                                       snapshots=snapshots, resume_step=resume_step)
             if number:
@@ -475,7 +516,8 @@ class _Attempt:
                                        board=self.board, emit=emit, interrupt=self.interrupt,
                                        grace_s=request.grace_s, heartbeat_timeout_s=request.heartbeat_timeout_s,
                                        detach=request.detach, jobs_root=request.jobs_root,
-                                       agent_job_id=agent_id, attempt=number, reached=self.reached)
+                                       agent_job_id=agent_id, attempt=number, reached=self.reached,
+                                       watch=RegroupWatch(request, plan, job_id).check if watch else None)
             for broken in start_links.failed:   # the agent could not even be started there
                 controller.fail_to_start(broken.node.name, broken.error or "unknown error")
             try:
@@ -502,6 +544,8 @@ class _Attempt:
         # snapshots. An elastic job does not wait for a node: regroup() only kept those that answer.
         listed = ({r.node for r in plan.ranks if r.role is Role.PS} if plan.ps_shards
                   else set(plan_nodes(plan)) if request.restarts else set())
+        if number and number == self._regrouped_at:    # the workers resume the all-reduce snapshots
+            listed |= {r.node for r in plan.workers}
         wait = request.heartbeat_timeout_s if number and not request.elastic else 0.0
         deadline = time.monotonic() + wait
         done: dict[str, _Prepared] = {}
@@ -524,6 +568,14 @@ def _resume_step(plan: Plan, prepared: Mapping[str, _Prepared]) -> int | None:
     one that has it: runtime/context.py), or None: a fresh start."""
     steps = [s for p in prepared.values() for s in (p.snapshots or ())]
     return max(steps) if steps else None
+
+
+def _common_step(plan: Plan, prepared: Mapping[str, _Prepared]) -> int | None:
+    """The newest snapshot step on every node with workers (a re-grouped plan's groups of one
+    cannot fetch it from another node); None: a fresh start."""
+    listings = [set(prepared[n].snapshots or ()) for n in {r.node for r in plan.workers} if n in prepared]
+    common = set.intersection(*listings) if listings else set()
+    return max(common) if common else None
 
 
 def _resume_version(plan: Plan, prepared: Mapping[str, _Prepared]) -> int | None:

@@ -19,7 +19,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
 
 from ..errors import EXIT_JOB, EXIT_NODES_FAILED
 from .events import (
@@ -35,6 +35,9 @@ from ..node.protocol import (
     WarningFrame, frame_type,
 )
 from .agentlink import AgentLink, Inbound, frame_bytes
+
+if TYPE_CHECKING:
+    from .adapt import Regroup
 
 REAP_EXTRA_S = 30.0    # beyond the grace period: connect, the agent's --stop waits, SIGKILL
 STOP_EXTRA_S = 20.0     # beyond the grace period: the agent's 5 s after SIGKILL, draining its logs
@@ -119,6 +122,7 @@ class Outcome:
     # that could not even start): what `launch --restarts` restarts the job for.
     restartable: bool = False
     resumed: Resumed | None = None   # the state the attempt's training continued from
+    regroup: Regroup | None = None   # the attempt stopped to go on under this plan (launch/adapt.py)
 
 
 class JobController:
@@ -126,7 +130,8 @@ class JobController:
                  inbox: Mailbox[Inbound], book: JobBook, board: MetricsBoard,
                  emit: Callable[[Event], None], interrupt: Interrupt, grace_s: float,
                  heartbeat_timeout_s: float, detach: bool, jobs_root: str,
-                 agent_job_id: str | None = None, attempt: int = 0, reached: int | None = None) -> None:
+                 agent_job_id: str | None = None, attempt: int = 0, reached: int | None = None,
+                 watch: Callable[[MetricsBoard], Regroup | None] | None = None) -> None:
         self.job_id = job_id
         self.attempt = attempt
         self.reached = reached         # samples the job had trained when the last attempt ended
@@ -161,6 +166,8 @@ class JobController:
         self.progress_at = 0.0
         self.stopped_outside = False   # an agent said 'hgtrain stop' stopped it: not restarted
         self.agent_stops: dict[str, str] = {}   # node -> why its agent stopped its ranks by itself
+        self.watch = watch                # launch --adapt: re-grouping a running all-reduce job
+        self.regroup: Regroup | None = None
 
     # -- the loop ----------------------------------------------------------------------------------
 
@@ -172,6 +179,7 @@ class JobController:
             self._check_silence()
             self.book.tick()
             self._progress()
+            self._check_watch()
             if self.stop_deadline is not None and time.monotonic() > self.stop_deadline:
                 self._give_up_waiting()
         for reaper in self.reapers:
@@ -179,6 +187,15 @@ class JobController:
         for node, message in self.reap_notes:
             self._note(node, message)
         return self._outcome()
+
+    def _check_watch(self) -> None:
+        """A re-grouping that pays (launch/adapt.py): this attempt stops, the next runs its plan."""
+        if self.watch is None or self.stop_reason is not None or self.root_cause is not None:
+            return
+        regroup = self.watch(self.board)
+        if regroup is not None:
+            self.regroup = regroup
+            self._begin_stop(f"re-grouping: {regroup.reason}")
 
     def _finished(self) -> bool:
         if self.detach and self.root_cause is None and self.stop_reason is None:
@@ -402,6 +419,8 @@ class JobController:
                            resumed=self.resumed)
         if self.interrupt.count:
             return Outcome(JobState.STOPPED, self.interrupt.exit_code, None, self.notes)
+        if self.regroup is not None and not self.stopped_outside:
+            return Outcome(JobState.RUNNING, 0, None, self.notes, resumed=self.resumed, regroup=self.regroup)
         if self.detach:
             return Outcome(JobState.RUNNING, 0, None, self.notes)
         ranks = self.book.record.ranks

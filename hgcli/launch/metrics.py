@@ -102,6 +102,10 @@ class MetricsBoard:
         self._compute_rate: dict[int, float] = {}   # rank -> its finish record's compute samples/s
         self._mean_batch: dict[int, float] = {}     # rank -> its finish record's samples per step
         self._noise: dict[int, float] = {}          # rank -> its finish record's compute noise
+        # rank -> (compute samples/s, mean batch, compute noise) of its latest `rates` record: what
+        # the finish record would say so far (launch/adapt.py re-groups a running job on them)
+        self._live: dict[int, tuple[float, float, float | None]] = {}
+        self.snapshot_step: int | None = None       # the newest all-reduce snapshot a worker took
         self.accuracy: float | None = None
 
     def add(self, rank: int, data: dict[str, Any]) -> None:
@@ -117,6 +121,14 @@ class MetricsBoard:
             noise = _number(data.get("compute_noise"))
             if noise is not None and noise >= 0:
                 self._noise[rank] = noise
+        snap = data.get("step")
+        if data.get("event") == "snapshot" and isinstance(snap, int) and snap > 0 and rank in self._group:
+            self.snapshot_step = max(snap, self.snapshot_step or 0)
+        if data.get("event") == "rates" and rate is not None and rate > 0 and rank in self._group:
+            done, steps = _number(data.get("samples")), _number(data.get("steps"))
+            noise = _number(data.get("compute_noise"))
+            if done is not None and steps is not None and done > 0 and steps > 0:
+                self._live[rank] = (rate, done / steps, noise if noise is not None and noise >= 0 else None)
         step, samples = _number(data.get("step")), _number(data.get("samples"))
         if step is None or samples is None or "event" in data or rank not in self._group:
             return
@@ -180,6 +192,10 @@ class MetricsBoard:
         its finish record, for the workers that reported the first two."""
         return {r: (rate, self._mean_batch[r], self._noise.get(r)) for r, rate in self._compute_rate.items()
                 if r in self._mean_batch}
+
+    def live(self) -> dict[int, tuple[float, float, float | None]]:
+        """Each worker's compute samples/s, mean batch and compute noise so far (``rates`` records)."""
+        return dict(self._live)
 
     def summary(self, elapsed_s: float, rates_stored: bool = False) -> Summary:
         groups = {}

@@ -257,10 +257,13 @@ def prepare_plan(cluster: Cluster, job: JobSpec, *, quick: bool = True, skip_fai
 
 
 def replan_on(cluster: Cluster, job: JobSpec, nodes: list[str], *, on_stage: OnStage | None = None,
-              script: str | None = None, keep_ps: tuple[str, ...] = ()) -> Plan:
+              script: str | None = None, keep_ps: tuple[str, ...] = (),
+              rates: ScriptRates | None = None) -> Plan:
     """A plan on ``nodes`` only (``launch --nnodes``: the nodes left after a loss, and those back),
     from the stored inventory and profiles: no probe, no bench, so a re-plan takes no time of the
-    devices. The plan is still of the whole cluster's fingerprint (its profiles and rates are)."""
+    devices. The plan is still of the whole cluster's fingerprint (its profiles and rates are).
+    ``rates``: what the running job measured (a re-grouping, launch/adapt.py), instead of the
+    script's stored rates."""
     from ..bench.profiles import load_profiles
     from ..probe.inventory import load_inventory
     from .placement import make_plan
@@ -273,7 +276,8 @@ def replan_on(cluster: Cluster, job: JobSpec, nodes: list[str], *, on_stage: OnS
                          "without them")
     keep = set(nodes)
     inventory = dataclasses.replace(inventory, nodes=tuple(n for n in inventory.nodes if n.name in keep))
-    rates = script_rates(cluster.fingerprint(), profiles, script, say) if script else None
+    if rates is None and script:
+        rates = script_rates(cluster.fingerprint(), profiles, script, say)
     profiles = dataclasses.replace(
         profiles, devices=tuple(d for d in profiles.devices if d.node in keep),
         links=tuple(link for link in profiles.links if link.a in keep and link.b in keep))

@@ -24,7 +24,7 @@ from typing import Callable, TextIO
 from .safe import visible
 from ..launch.events import (
     Adapted, Event, JobEnded, JobStarted, JobRestarted, LogLines, Metric, NodeLost, Notice, Progress, RankExited,
-    Replanned, Resumed,
+    Regrouped, Replanned, Resumed,
     RankStarted, RootCause, Stage, Stopping, Summary, event_dict,
 )
 
@@ -197,6 +197,10 @@ def status_line(event: Event) -> str | None:
         return (f"[elastic] attempt {event.attempt} re-planned: {event.old_world} ranks on "
                 f"{', '.join(event.old_nodes)} -> {event.new_world} on {', '.join(event.new_nodes)} "
                 f"({event.strategy}; {event.reason})")
+    if isinstance(event, Regrouped):
+        groups = " + ".join("/".join(str(r) for r in g) for g in event.groups)
+        return (f"[adapt] attempt {event.attempt} re-grouped: {event.old_strategy} -> {event.new_strategy}, "
+                f"groups {groups} ({event.reason})")
     if isinstance(event, Resumed):
         redone = "" if event.redone is None else f", {event.redone:,} samples redone"
         what = "version" if event.source == "checkpoint" else "step"

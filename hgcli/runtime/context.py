@@ -161,11 +161,13 @@ class Context:
                 overlap=self.plan.overlap, wire=self.plan.wire, data_position=self._data.current,
                 frozen=engine.frozen)
         resume = self.env.snapshots.resume_step if self.env.snapshots is not None else None
-        if resume is not None and not self.plan.ps_shards:
-            self._resume_snapshot(resume, engine)   # before DDP's start broadcasts rank 0's parameters
+        if resume is not None:
+            # Before DDP's start broadcasts rank 0's parameters, and before the first group seeds
+            # the PS with its own (a plan re-grouped from an all-reduce one: launch/adapt.py).
+            self._resume_snapshot(resume, engine)
         self._sync = engine
         trained = engine.start()
-        if self.plan.ps_shards:
+        if self.plan.ps_shards and resume is None:
             self._restore_data_position()
         return trained, optimizer
 
@@ -312,11 +314,13 @@ class Context:
             return
         per_step = self._samples_per_step()
         with self.emulator.untimed():       # a copy to host memory: not the device's training work
-            snap.take(step, {
+            taken = snap.take(step, {
                 "samples": None if per_step is None else self._samples_base + (step - self._step_base) * per_step,
                 "model": self._model.state_dict(), "optimizer": opt.state_dict(),
                 "scheduler": self._scheduler.state_dict() if self._scheduler is not None else None,
                 "data": self._data.current(), "world_size": self.world_size})
+        if taken:     # the launcher re-groups a job only once there is a state to resume (launch/adapt.py)
+            self.metrics.emit(event="snapshot", step=step)
 
     def _resume_snapshot(self, step: int, engine: GroupEngine) -> None:
         """Load the snapshot of ``step`` into the model, optimizer, scheduler and data position. A
@@ -356,7 +360,8 @@ class Context:
             if self._scheduler is not None and state.get("scheduler") is not None:
                 self._scheduler.load_state_dict(state["scheduler"])
             if state.get("data") is not None:
-                self._data.restore(state["data"])
+                # Another world (a re-grouped plan) may count other steps per epoch: same share.
+                self._data.restore(state["data"], rescale=state.get("world_size") != self.world_size)
         self._step_base = step
         self._samples_base = int(state.get("samples") or 0)
         if self._snapshots is not None:

@@ -66,6 +66,7 @@ BUCKET_ENV = "HGTRAIN_BUCKET_MB"
 # node), and for rebalancing its compute seconds, samples and data source's next step.
 MEMBER_SLOTS = 5
 NOISE_WINDOWS = 2048        # windows a member's compute_noise is taken over (the run's latest)
+RATES_EVERY_S = 5.0         # between two `rates` records (the launcher's re-grouping reads them)
 # ctx.wrap's keyword arguments that DDP takes as they are; the rest are the engine's to set.
 DDP_OPTIONS = ("find_unused_parameters", "gradient_as_bucket_view", "static_graph")
 
@@ -185,6 +186,7 @@ class GroupEngine:
         # Each window's compute seconds per sample, the last NOISE_WINDOWS of them: how uneven this
         # member's steps are (``compute_noise``), for the next plan of the script (bench/rates.py).
         self._per_sample: collections.deque[float] = collections.deque(maxlen=NOISE_WINDOWS)
+        self._rates_at = time.monotonic()
         self.ddp: torch.nn.parallel.DistributedDataParallel | None = None
         self._ddp_options = dict(ddp_options or {})
         self._bucket_mb = bucket_mb
@@ -477,6 +479,15 @@ class GroupEngine:
             self.computed_total += samples
             if seconds > 0 and samples > 0:
                 self._per_sample.append(seconds / samples)
+        now = time.monotonic()
+        if now - self._rates_at >= RATES_EVERY_S and self.compute_rate is not None:
+            # What the finish record will say, so far: the launcher re-groups a job on it while it
+            # runs (launch/adapt.py), as the next plan of the script is fitted to the finish record.
+            self._rates_at = now
+            self.metrics.emit(event="rates", group=self.group_id, step=self.local_step,
+                              compute_samples_per_s=self.compute_rate,
+                              samples=self.samples_seen, steps=self.local_step,
+                              compute_noise=self.compute_noise)
 
     @property
     def compute_noise(self) -> float | None:

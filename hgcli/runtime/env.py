@@ -106,7 +106,8 @@ def rank_env(plan: model.Plan, rank: int, *, master_addr: str, master_port: int,
     served by the agent (``hgtrain launch``), so every rank is its client, as under torchrun's agent;
     else rank 0 hosts it (``hgcli.local``); ``adapt``: groups rebalance their batches as the members'
     measured speeds change (``HGTRAIN_ADAPT``, runtime/rebalance.py; None: the inherited value);
-    ``snapshots``: a worker of a plan without PS ranks keeps training-state snapshots there.
+    ``snapshots``: a worker of a plan without PS ranks keeps training-state snapshots there (under PS
+    ranks a worker only resumes from them: a plan re-grouped from an all-reduce one, launch/adapt.py).
 
     torchrun's whole set, with torchrun's meaning (``torch/distributed/run.py``), so frameworks that
     detect torchelastic (``torch.distributed.is_torchelastic_launched()``, Lightning) see one: a node
@@ -139,6 +140,10 @@ def rank_env(plan: model.Plan, rank: int, *, master_addr: str, master_port: int,
         env["HGTRAIN_ADAPT"] = "1" if adapt else "0"
     if snapshots is not None and rp.role is model.Role.WORKER and not plan.ps_shards:
         env.update(snapshots.environ())
+    elif snapshots is not None and rp.role is model.Role.WORKER and snapshots.resume_step is not None:
+        # Under PS ranks the PS checkpoints hold the state: a worker only resumes a snapshot (a plan
+        # re-grouped from an all-reduce one, launch/adapt.py) and takes none.
+        env.update(SnapshotEnv(directory=snapshots.directory, resume_step=snapshots.resume_step).environ())
     devices = cuda_visible_devices(rp)
     if devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = devices

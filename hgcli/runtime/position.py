@@ -32,6 +32,7 @@ class DataPosition:
     def __init__(self) -> None:
         self.sampler: Positioned | None = None
         self.restored: dict[str, int] | None = None
+        self.rescale = False
 
     def track(self, sampler: Positioned) -> None:
         """The first sampler of the process is the training data's: it is the one recorded."""
@@ -53,13 +54,19 @@ class DataPosition:
         """What a push carries: the position after the batch of the step being pushed."""
         return self.sampler.state_dict() if self.sampler is not None else None
 
-    def restore(self, state: dict[str, int]) -> None:
+    def restore(self, state: dict[str, int], *, rescale: bool = False) -> None:
+        """``rescale``: the position was saved under another plan (a re-grouping), whose batches may
+        give another number of steps per epoch; it then keeps its share of the epoch."""
         self.restored = dict(state)
+        self.rescale = rescale
         if self.sampler is not None:
             self._load(self.restored)
 
     def _load(self, state: dict[str, int]) -> None:
         assert self.sampler is not None
+        saved, now = int(state.get("steps_per_epoch") or 0), int(self.sampler.state_dict().get("steps_per_epoch") or 0)
+        if self.rescale and saved and now and saved != now:
+            state = {**state, "step": min(now - 1, int(state["step"]) * now // saved), "steps_per_epoch": now}
         try:
             self.sampler.load_state_dict(state)
         except ValueError as exc:

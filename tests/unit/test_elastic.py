@@ -196,9 +196,15 @@ def test_workers_of_a_plan_without_ps_get_the_snapshot_variables_and_read_them_b
     assert SnapshotEnv.from_environ(env) == snaps
     assert SnapshotEnv.from_environ({**env, "HGTRAIN_RESUME_STEP": ""}) == dataclasses.replace(snaps, resume_step=None)
     hybrid = make_plan(local, [["a"], ["b"]], ps=["b"])
+    fresh = dataclasses.replace(snaps, resume_step=None)
     for rank in (0, 2):                     # the PS checkpoints hold a hybrid job's state
         assert "HGTRAIN_SNAPSHOT_DIR" not in rank_env(hybrid, rank, master_addr="127.0.0.1", master_port=1,
-                                                       plan_path="p", job_id="j", snapshots=snaps)
+                                                       plan_path="p", job_id="j", snapshots=fresh)
+    # ... but a plan re-grouped from an all-reduce one (launch/adapt.py): its workers resume, take none
+    worker = rank_env(hybrid, 0, master_addr="127.0.0.1", master_port=1, plan_path="p", job_id="j", snapshots=snaps)
+    assert SnapshotEnv.from_environ(worker) == SnapshotEnv(directory=snaps.directory, resume_step=40)
+    assert "HGTRAIN_SNAPSHOT_DIR" not in rank_env(hybrid, 2, master_addr="127.0.0.1", master_port=1,
+                                                   plan_path="p", job_id="j", snapshots=snaps)
     with pytest.raises(Exception, match="HGTRAIN_SNAPSHOT_EVERY"):
         SnapshotEnv.from_environ({"HGTRAIN_SNAPSHOT_DIR": "/d", "HGTRAIN_SNAPSHOT_EVERY": "-1"})
     assert RankEnv.from_environ({"RANK": "0", "WORLD_SIZE": "1"}).snapshots is None

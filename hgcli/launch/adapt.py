@@ -1,0 +1,136 @@
+"""Re-grouping a running job (``launch --adapt``, the default): an all-reduce job whose workers
+straggle moves to a plan with asynchronous groups when the cost model, fitted to what the job
+measures, predicts a gain.
+
+Inside a group, the runtime rebalances the batch as speeds change (runtime/rebalance.py). What it
+cannot fix is noise: a synchronous step waits for the slowest member, and when a different worker
+is slow at every step, no split helps. Groups that exchange through parameter servers do not wait
+for each other. The planner prices that wait (``plan/cost.py``, ``straggle``) from each device's
+compute noise, but at launch it knows only the bench's, taken of each device alone.
+
+So while an all-reduce job runs, each worker reports its compute rate and noise so far every few
+seconds (``rates`` records, runtime/engine.py). From ``WARMUP_S`` of training on, every
+``CHECK_EVERY_S`` the launcher plans the same nodes again from the stored profiles, fitted to those
+rates (as the next launch of the script would be, bench/rates.py). When that plan has PS ranks and
+predicts at least ``GAIN`` more samples/s than all-reduce under the same rates, the job stops and
+starts again on it (one restart, not counted against ``--restarts``), its workers resuming from the
+newest training-state snapshot every node has, taken every ``SNAPSHOT_S`` while the job is watched.
+The PS starts from those parameters; the optimizer state of the PS update rule starts fresh.
+
+Only under ``--strategy auto`` with the planner's own plan (not ``--plan``), once per job, and not
+the other way (a hybrid job whose stragglers recover keeps its plan).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+from ..schema.stages import Plan, Strategy
+from .elastic import plan_nodes, same_batch
+from .metrics import MetricsBoard
+
+if TYPE_CHECKING:
+    from .launcher import LaunchRequest
+
+WARMUP_S = 15.0       # of training before the first look: a noise figure needs 10 windows or more
+CHECK_EVERY_S = 5.0   # between two looks (the runtime's records come every 5 s)
+GAIN = 0.1            # the re-grouped plan's predicted samples/s over all-reduce's, both fitted
+SNAPSHOT_S = 10.0     # between two snapshots of a watched job (what a re-grouping redoes at most)
+# Fault injection for tests: re-group into a ps plan (groups of one) after this many seconds,
+# whatever the prediction (the decision itself is tested on its own, tests/unit/test_regroup.py).
+FORCE_ENV = "HGTRAIN_TEST_REGROUP_AFTER"
+
+
+@dataclass(frozen=True)
+class Regroup:
+    plan: Plan                  # the next attempt's
+    reason: str                 # one line: what was measured, what is predicted
+    predicted_now: float        # all-reduce's samples/s, fitted to the measured rates
+    predicted_new: float        # the new plan's
+
+
+def watched(request: "LaunchRequest", plan: Plan) -> bool:
+    """Whether this attempt's plan may be re-grouped while it runs."""
+    return (request.adapt and request.plan_file is None and request.job.strategy is Strategy.AUTO
+            and not request.detach and not plan.ps_shards and len(plan.workers) > 1)
+
+
+def snapshot_every(plan: Plan, seconds: float = SNAPSHOT_S) -> int:
+    """Optimizer steps of about ``seconds`` at the plan's predicted pace: a count, not a clock, so
+    that the first worker of every node snapshots the same steps (a re-grouped plan resumes a step
+    that every node has)."""
+    predicted = plan.predicted_samples_per_s.get(plan.strategy.value) or 0.0
+    per_step = sum(r.batch_size or 0 for r in plan.workers) or 1
+    return max(1, math.ceil(seconds * predicted / per_step)) if predicted > 0 else 20
+
+
+class RegroupWatch:
+    """Looks at the board of one attempt; ``check`` returns a re-grouping once, when it pays."""
+
+    def __init__(self, request: "LaunchRequest", plan: Plan, job_id: str,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.request, self.plan, self.job_id, self.clock = request, plan, job_id, clock
+        self.started = clock()
+        self.forced = float(os.environ.get(FORCE_ENV) or 0)
+        self.next_at = self.started + (self.forced or WARMUP_S)
+        self.done = False
+        self.last: str | None = None    # the last look's verdict (tests, --debug)
+
+    def check(self, board: MetricsBoard) -> Regroup | None:
+        now = self.clock()
+        if self.done or now < self.next_at:
+            return None
+        if board.snapshot_step is None:
+            self.last = "no snapshot to resume from yet"
+            return None
+        self.next_at = now + CHECK_EVERY_S
+        if self.forced:
+            return self._forced()
+        live = board.live()
+        if any(live.get(w.rank, (0, 0, None))[2] is None for w in self.plan.workers):
+            self.last = "not every worker has reported its noise yet"
+            return None
+        from ..bench.profiles import load_profiles
+        from ..bench.rates import rates_of_job
+        from ..plan.pipeline import replan_on
+        from ..plan.slowdowns import with_slowdowns
+
+        profiles = load_profiles(self.plan.cluster)
+        if profiles is None:
+            self.done, self.last = True, "no stored bench to plan from"
+            return None
+        rates = rates_of_job(self.plan, self.job_id, self.request.command, profiles.measured_at, live)
+        if rates is None:
+            self.last = "no rates"
+            return None
+        request = self.request
+        plan = with_slowdowns(replan_on(request.cluster, same_batch(request, self.plan),
+                                        list(plan_nodes(self.plan)), rates=rates), request.cluster)
+        now_rate = plan.predicted_samples_per_s.get(Strategy.ALLREDUCE.value) or 0.0
+        new_rate = plan.predicted_samples_per_s.get(plan.strategy.value) or 0.0
+        noise = max((r.noise or 0.0) for r in rates.rates)
+        self.last = (f"{plan.strategy.value} {new_rate:,.0f} samples/s against allreduce {now_rate:,.0f} "
+                     f"(measured noise up to {noise:.2f})")
+        if not plan.ps_shards or now_rate <= 0 or new_rate < now_rate * (1 + GAIN):
+            return None
+        self.done = True
+        groups = "+".join(str(len(g.ranks)) for g in plan.groups)
+        reason = (f"workers straggle (compute noise up to {noise:.2f} of their step): {plan.strategy.value} "
+                  f"with groups of {groups} is predicted {new_rate:,.0f} samples/s against "
+                  f"{now_rate:,.0f} for allreduce, fitted to the rates measured so far")
+        return Regroup(plan=plan, reason=reason, predicted_now=now_rate, predicted_new=new_rate)
+
+    def _forced(self) -> Regroup:
+        from ..plan.pipeline import replan_on
+        from ..plan.slowdowns import with_slowdowns
+
+        self.done = True
+        job = dataclasses.replace(same_batch(self.request, self.plan), strategy=Strategy.PS)
+        plan = with_slowdowns(replan_on(self.request.cluster, job, list(plan_nodes(self.plan))),
+                              self.request.cluster)
+        return Regroup(plan=plan, reason=f"{FORCE_ENV} (a test)", predicted_now=0.0,
+                       predicted_new=plan.predicted_samples_per_s.get(plan.strategy.value) or 0.0)

@@ -1,0 +1,57 @@
+"""``launch --adapt`` re-groups a running all-reduce job (launch/adapt.py) with real agents and
+ranks on the local transport: the attempt stops, the next runs a plan with a PS, its workers resume
+from the all-reduce snapshot and the job finishes with the script's accuracy.
+
+The decision (measured noise, the fitted cost model) is tested in tests/unit/test_regroup.py; here
+``HGTRAIN_TEST_REGROUP_AFTER`` makes it at a given time, so that what is tested is the switch."""
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import pytest
+
+from tests.faults.test_restarts import attempt_pids
+
+pytestmark = pytest.mark.slow
+PY = sys.executable
+CLUSTER = """[[nodes]]
+host = "local"
+name = "local"
+emulate = { devices = ["NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-40GB"], speed = [0.5, 0.5], memory_mib = [40960, 40960] }
+"""
+
+
+def test_a_regrouped_job_resumes_its_snapshot_under_a_ps_and_finishes(hg, tmp_path):
+    ctoml = tmp_path / "cluster.toml"
+    ctoml.write_text(CLUSTER)
+    ctoml.chmod(0o600)
+    env = hg.env(HGTRAIN_TEST_REGROUP_AFTER="4", HGTRAIN_BENCH_MODEL="hgcli.examples.models:example@32,64,96")
+    code, out, err = hg.run("-c", str(ctoml), "--json", "--checkpoint-every", "300", "--", PY, "-m",
+                            "hgcli.examples.train_mlp", "--epochs", "20", "--hidden", "256", "--eval-every", "1000", env=env, timeout=600)
+    events = [json.loads(line) for line in out.splitlines()]
+    assert code == 0, err[-3000:]
+    started = next(e for e in events if e["event"] == "job_started")
+    assert started["strategy"] == "allreduce"
+    regrouped = [e for e in events if e["event"] == "regrouped"]
+    assert len(regrouped) == 1 and regrouped[0]["attempt"] == 1, regrouped
+    assert regrouped[0]["old_strategy"] == "allreduce" and regrouped[0]["new_strategy"] == "ps"
+    restarted = [e for e in events if e["event"] == "job_restarted"]
+    assert [e["resume_from"] for e in restarted] == ["snapshot"], restarted
+    resumed = [e for e in events if e["event"] == "resumed"]
+    assert len(resumed) == 1 and resumed[0]["source"] == "snapshot" and resumed[0]["step"] > 0, resumed
+    assert resumed[0]["redone"] is not None and resumed[0]["redone"] >= 0
+    record = hg.record(started["job_id"])
+    assert record["state"] == "succeeded" and len(record["restarts"]) == 1
+    assert record["restarts"][0].startswith("re-grouping: ")
+    assert record["plan"]["strategy"] == "ps" and any(r["role"] == "ps" for r in record["plan"]["ranks"])
+    ended = events[-1]
+    assert ended["event"] == "job_ended" and ended["summary"]["accuracy"] >= 0.92
+    # every rank of the second attempt began where the snapshot was
+    logs = [(hg.job_dir(started["job_id"]) / f"rank{r}.log").read_text() for r in (0, 1)]
+    assert all(re.search(rf"resumed from the snapshot of step {resumed[0]['step']}\b", log) for log in logs)
+    metrics = (hg.job_dir(started["job_id"]) / "metrics.jsonl").read_text().splitlines()
+    assert any(json.loads(m).get("kind") == "regroup" for m in metrics)    # the report's and TensorBoard's
+    assert "[adapt] attempt 1 re-grouped: allreduce -> ps" not in out       # --json: events only
+    assert attempt_pids(started["job_id"]) == []

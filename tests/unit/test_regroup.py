@@ -1,0 +1,99 @@
+"""``launch --adapt``'s re-grouping decision (launch/adapt.py), from a real board fed the workers'
+``rates`` records and a real planner on stored profiles (no processes): straggling workers move an
+all-reduce job to asynchronous groups when the fitted cost model predicts a gain, never before a
+snapshot exists, once, and only for the planner's own auto plans."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from hgcli.bench.profiles import store_profiles
+from hgcli.launch import adapt
+from hgcli.launch.adapt import RegroupWatch, snapshot_every, watched
+from hgcli.launch.launcher import LaunchRequest
+from hgcli.launch.metrics import MetricsBoard
+from hgcli.plan.pipeline import replan_on
+from hgcli.schema.stages import Cluster, JobSpec, NodeSpec, Strategy
+from tests.bench_inventory import store_inventory
+from tests.unit.plan_clusters import A100 as FAST, T4 as SLOW, cluster, link
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def stored() -> tuple[Cluster, LaunchRequest]:
+    spec = Cluster(nodes=(NodeSpec(name="n0", host="10.0.0.1"), NodeSpec(name="n1", host="10.0.0.2")))
+    inventory, profiles = cluster([[FAST, FAST], [SLOW, SLOW]], fingerprint=spec.fingerprint(),
+                                  links=(link(0, 1, 10.0),))
+    store_inventory(inventory)
+    store_profiles(profiles)
+    return spec, LaunchRequest(command=("python", "train.py"), cluster=spec)
+
+
+def board_with(plan, noise: float | None, snapshot: bool = True) -> MetricsBoard:
+    board = MetricsBoard(plan)
+    for r in plan.workers:
+        batch = r.batch_size or 1
+        board.add(r.rank, {"event": "rates", "compute_samples_per_s": r.benched_samples_per_s or 100.0,
+                           "samples": 100 * batch, "steps": 100, "compute_noise": noise})
+        if snapshot:
+            board.add(r.rank, {"event": "snapshot", "step": 40})
+    return board
+
+
+def test_straggling_workers_regroup_an_allreduce_job_once_the_fitted_model_predicts_a_gain(private_state_dir):
+    spec, request = stored()
+    plan = replan_on(spec, JobSpec(), ["n0", "n1"])
+    assert plan.strategy is Strategy.ALLREDUCE and watched(request, plan)
+    clock = Clock()
+
+    calm = RegroupWatch(request, plan, "job", clock=clock)
+    clock.now += adapt.WARMUP_S
+    assert calm.check(board_with(plan, 0.0)) is None and "allreduce" in calm.last
+
+    clock.now = 1000.0
+    watch = RegroupWatch(request, plan, "job", clock=clock)
+    noisy = board_with(plan, 1.0)
+    assert watch.check(noisy) is None                  # still warming up
+    clock.now += adapt.WARMUP_S
+    regroup = watch.check(noisy)
+    assert regroup is not None and regroup.plan.ps_shards and len(regroup.plan.groups) == 2
+    assert regroup.predicted_new >= regroup.predicted_now * (1 + adapt.GAIN) > 0
+    assert "compute noise up to 1.00" in regroup.reason and regroup.plan.global_batch == plan.global_batch
+    clock.now += 100
+    assert watch.check(noisy) is None                  # once per job
+
+
+def test_no_regrouping_before_every_worker_reports_its_noise_or_before_a_snapshot(private_state_dir):
+    spec, request = stored()
+    plan = replan_on(spec, JobSpec(), ["n0", "n1"])
+    clock = Clock()
+    watch = RegroupWatch(request, plan, "job", clock=clock)
+    clock.now += adapt.WARMUP_S
+    assert watch.check(board_with(plan, 1.0, snapshot=False)) is None and "snapshot" in watch.last
+    assert watch.check(board_with(plan, None)) is None and "noise" in watch.last
+    clock.now += adapt.CHECK_EVERY_S
+    assert watch.check(board_with(plan, 1.0)) is not None
+
+
+def test_only_the_planners_auto_allreduce_plans_are_watched(private_state_dir, tmp_path):
+    spec, request = stored()
+    plan = replan_on(spec, JobSpec(), ["n0", "n1"])
+    hybrid = replan_on(spec, JobSpec(strategy=Strategy.HYBRID), ["n0", "n1"])
+    assert watched(request, plan) and not watched(request, hybrid)
+    for other in (LaunchRequest(command=request.command, cluster=spec, adapt=False),
+                  LaunchRequest(command=request.command, cluster=spec, job=JobSpec(strategy=Strategy.ALLREDUCE)),
+                  LaunchRequest(command=request.command, cluster=spec, plan_file=Path(tmp_path / "plan.json"))):
+        assert not watched(other, plan)
+
+
+def test_a_watched_job_snapshots_about_every_ten_seconds_of_predicted_steps(private_state_dir):
+    spec, _ = stored()
+    plan = replan_on(spec, JobSpec(), ["n0", "n1"])
+    per_step = sum(r.batch_size or 0 for r in plan.workers)
+    rate = plan.predicted_samples_per_s[plan.strategy.value]
+    assert abs(snapshot_every(plan) - adapt.SNAPSHOT_S * rate / per_step) <= 1
