@@ -17,7 +17,9 @@ in file order (the order the controller received them). A point belongs to a *ru
   with the plan's ``throughput/predicted`` and ``ideal``; and every ``accuracy/<event>``;
 * rebalancing (a group leader's ``adapt`` records, checked against the plan): each member's
   ``batch`` from the data step it changed at (the plan's batch at step 0 first), and on the group
-  an ``adapt`` point per change (its value: how much shorter the slowest step was predicted).
+  an ``adapt`` point per change (its value: how much shorter the slowest step was predicted);
+* re-grouping (the launcher's ``adapt`` record of kind ``regroup``): a ``regroup`` point on the job
+  (its value: the new plan's predicted samples/s over the old one's).
 
 Pure Python (no torch, no numpy): the controller imports it.
 """
@@ -108,6 +110,12 @@ class Series:
         adapted = Adapted.parse("", rank, data, self._groups)
         if adapted is not None:
             out += self._adapted(adapted, at)
+        before, after = _number(data.get("predicted_before")), _number(data.get("predicted_after"))
+        if data.get("event") == "adapt" and data.get("kind") == "regroup" and after is not None:
+            # The launcher re-grouped the job (launch/adapt.py): a mark on the job's time line, its
+            # value the predicted gain.
+            gain = after / before if before else 1.0
+            out.append(Point("job", "regroup", gain, int(at - self._start), at))
         step, samples = _number(data.get("step")), _number(data.get("samples"))
         if state is None or "event" in data or step is None or samples is None:
             return out

@@ -97,3 +97,15 @@ def test_a_watched_job_snapshots_about_every_ten_seconds_of_predicted_steps(priv
     per_step = sum(r.batch_size or 0 for r in plan.workers)
     rate = plan.predicted_samples_per_s[plan.strategy.value]
     assert abs(snapshot_every(plan) - adapt.SNAPSHOT_S * rate / per_step) <= 1
+
+
+def test_the_launchers_regroup_record_is_a_mark_on_the_jobs_time_line(private_state_dir):
+    from hgcli.jobs.series import Series
+
+    spec, _ = stored()
+    plan = replan_on(spec, JobSpec(), ["n0", "n1"])
+    series = Series(plan)
+    series.add(0, {"time": 100.0, "step": 1, "samples": 32, "loss": 1.0})
+    points = series.add(0, {"time": 130.0, "event": "adapt", "kind": "regroup", "attempt": 1,
+                            "predicted_before": 2000.0, "predicted_after": 2600.0})
+    assert [(p.run, p.tag, p.value, p.step) for p in points] == [("job", "regroup", 1.3, 30)]
