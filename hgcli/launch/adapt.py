@@ -17,8 +17,17 @@ starts again on it (one restart, not counted against ``--restarts``), its worker
 newest training-state snapshot every node has, taken every ``SNAPSHOT_S`` while the job is watched.
 The PS starts from those parameters; the optimizer state of the PS update rule starts fresh.
 
-Only under ``--strategy auto`` with the planner's own plan (not ``--plan``), once per job, and not
-the other way (a hybrid job whose stragglers recover keeps its plan).
+The way back: while the re-grouped plan runs, the first worker of its first group snapshots its
+state (its model holds the parameters the PS last answered), and the launcher plans again from the
+rates of the workers' last steps (``recent_*`` in the ``rates`` records). When the stragglers have
+recovered, so that the asynchronous plan is no longer predicted more than the planner's
+``AUTO_MARGIN`` above all-reduce (where ``--strategy auto`` keeps all-reduce, plan/placement.py), at
+``BACK_LOOKS`` looks in a row, the job goes back to all-reduce, resuming that snapshot with a fresh
+optimizer state (the PS's is not carried over, as on the way there). Out at a predicted gain of
+``GAIN``, back below ``AUTO_MARGIN``: a job whose prediction sits between the two stays as it is.
+
+Only under ``--strategy auto`` with the planner's own plan (not ``--plan``), and once each way per
+job: a job whose workers straggle, recover and straggle again stays on all-reduce the second time.
 """
 from __future__ import annotations
 
@@ -31,7 +40,7 @@ from typing import TYPE_CHECKING, Callable
 
 from ..schema.stages import Plan, Strategy
 from .elastic import plan_nodes, same_batch
-from .metrics import MetricsBoard
+from .metrics import MetricsBoard, group_predictions
 
 if TYPE_CHECKING:
     from .launcher import LaunchRequest
@@ -43,6 +52,8 @@ SNAPSHOT_S = 10.0     # between two snapshots of a watched job (what a re-groupi
 # Fault injection for tests: re-group into a ps plan (groups of one) after this many seconds,
 # whatever the prediction (the decision itself is tested on its own, tests/unit/test_regroup.py).
 FORCE_ENV = "HGTRAIN_TEST_REGROUP_AFTER"
+FORCE_BACK_ENV = "HGTRAIN_TEST_REGROUP_BACK_AFTER"   # the same for the way back, in the re-grouped attempt
+BACK_LOOKS = 2        # looks in a row that must predict the way back's gain
 
 
 @dataclass(frozen=True)
@@ -59,25 +70,39 @@ def watched(request: "LaunchRequest", plan: Plan) -> bool:
             and not request.detach and not plan.ps_shards and len(plan.workers) > 1)
 
 
+def watched_back(request: "LaunchRequest", plan: Plan) -> bool:
+    """Whether a re-grouped attempt's plan may go back to all-reduce while it runs."""
+    return (request.adapt and request.plan_file is None and request.job.strategy is Strategy.AUTO
+            and not request.detach and bool(plan.ps_shards))
+
+
 def snapshot_every(plan: Plan, seconds: float = SNAPSHOT_S) -> int:
     """Optimizer steps of about ``seconds`` at the plan's predicted pace: a count, not a clock, so
     that the first worker of every node snapshots the same steps (a re-grouped plan resumes a step
-    that every node has)."""
-    predicted = plan.predicted_samples_per_s.get(plan.strategy.value) or 0.0
-    per_step = sum(r.batch_size or 0 for r in plan.workers) or 1
+    that every node has). Under a plan with PS ranks, the steps of its first group, whose first
+    worker is the one that snapshots."""
+    first = plan.groups[0] if plan.ps_shards and plan.groups else None
+    if first is None:
+        predicted = plan.predicted_samples_per_s.get(plan.strategy.value) or 0.0
+        per_step = sum(r.batch_size or 0 for r in plan.workers) or 1
+    else:
+        predicted = group_predictions(plan)[0].get(str(first.id)) or 0.0
+        per_step = sum(plan.rank(r).batch_size or 0 for r in first.ranks) or 1
     return max(1, math.ceil(seconds * predicted / per_step)) if predicted > 0 else 20
 
 
 class RegroupWatch:
-    """Looks at the board of one attempt; ``check`` returns a re-grouping once, when it pays."""
+    """Looks at the board of one attempt; ``check`` returns a re-grouping once, when it pays.
+    ``back``: the attempt runs a re-grouped plan, and the way back to all-reduce is watched."""
 
     def __init__(self, request: "LaunchRequest", plan: Plan, job_id: str,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.request, self.plan, self.job_id, self.clock = request, plan, job_id, clock
+                 clock: Callable[[], float] = time.monotonic, back: bool = False) -> None:
+        self.request, self.plan, self.job_id, self.clock, self.back = request, plan, job_id, clock, back
         self.started = clock()
-        self.forced = float(os.environ.get(FORCE_ENV) or 0)
+        self.forced = float(os.environ.get(FORCE_BACK_ENV if back else FORCE_ENV) or 0)
         self.next_at = self.started + (self.forced or WARMUP_S)
         self.done = False
+        self.looks = 0                  # looks in a row that predicted the way back's gain
         self.last: str | None = None    # the last look's verdict (tests, --debug)
 
     def check(self, board: MetricsBoard) -> Regroup | None:
@@ -90,7 +115,7 @@ class RegroupWatch:
         self.next_at = now + CHECK_EVERY_S
         if self.forced:
             return self._forced()
-        live = board.live()
+        live = board.live(recent=self.back)
         if any(live.get(w.rank, (0, 0, None))[2] is None for w in self.plan.workers):
             self.last = "not every worker has reported its noise yet"
             return None
@@ -110,9 +135,11 @@ class RegroupWatch:
         request = self.request
         plan = with_slowdowns(replan_on(request.cluster, same_batch(request, self.plan),
                                         list(plan_nodes(self.plan)), rates=rates), request.cluster)
+        noise = max((r.noise or 0.0) for r in rates.rates)
+        if self.back:
+            return self._back(plan, noise)
         now_rate = plan.predicted_samples_per_s.get(Strategy.ALLREDUCE.value) or 0.0
         new_rate = plan.predicted_samples_per_s.get(plan.strategy.value) or 0.0
-        noise = max((r.noise or 0.0) for r in rates.rates)
         self.last = (f"{plan.strategy.value} {new_rate:,.0f} samples/s against allreduce {now_rate:,.0f} "
                      f"(measured noise up to {noise:.2f})")
         if not plan.ps_shards or now_rate <= 0 or new_rate < now_rate * (1 + GAIN):
@@ -124,13 +151,35 @@ class RegroupWatch:
                   f"{now_rate:,.0f} for allreduce, fitted to the rates measured so far")
         return Regroup(plan=plan, reason=reason, predicted_now=now_rate, predicted_new=new_rate)
 
+    def _back(self, plan: Plan, noise: float) -> Regroup | None:
+        """The way back: ``plan`` is the planner's choice on the same nodes, fitted to the rates
+        of the workers' last steps."""
+        from ..plan.placement import AUTO_MARGIN
+
+        now_rate = plan.predicted_samples_per_s.get(self.plan.strategy.value) or 0.0
+        new_rate = plan.predicted_samples_per_s.get(Strategy.ALLREDUCE.value) or 0.0
+        self.last = (f"allreduce {new_rate:,.0f} samples/s against {self.plan.strategy.value} {now_rate:,.0f} "
+                     f"(recent noise up to {noise:.2f})")
+        if plan.ps_shards or new_rate <= 0 or now_rate > new_rate * (1 + AUTO_MARGIN):
+            self.looks = 0
+            return None
+        self.looks += 1
+        if self.looks < BACK_LOOKS:
+            return None
+        self.done = True
+        reason = (f"workers no longer straggle (recent compute noise up to {noise:.2f} of their step): "
+                  f"{self.plan.strategy.value} is predicted {now_rate:,.0f} samples/s against {new_rate:,.0f} for "
+                  f"allreduce, not more than {AUTO_MARGIN:.0%} faster, fitted to the rates of their last steps")
+        return Regroup(plan=plan, reason=reason, predicted_now=now_rate, predicted_new=new_rate)
+
     def _forced(self) -> Regroup:
         from ..plan.pipeline import replan_on
         from ..plan.slowdowns import with_slowdowns
 
         self.done = True
-        job = dataclasses.replace(same_batch(self.request, self.plan), strategy=Strategy.PS)
+        strategy = Strategy.ALLREDUCE if self.back else Strategy.PS
+        job = dataclasses.replace(same_batch(self.request, self.plan), strategy=strategy)
         plan = with_slowdowns(replan_on(self.request.cluster, job, list(plan_nodes(self.plan))),
                               self.request.cluster)
-        return Regroup(plan=plan, reason=f"{FORCE_ENV} (a test)", predicted_now=0.0,
+        return Regroup(plan=plan, reason=f"{FORCE_BACK_ENV if self.back else FORCE_ENV} (a test)", predicted_now=0.0,
                        predicted_new=plan.predicted_samples_per_s.get(plan.strategy.value) or 0.0)

@@ -24,7 +24,7 @@ from typing import Callable, Iterator, Mapping
 
 from ..jobs import records as jobs
 from ..errors import EXIT_JOB, ConfigError, HgError, StateError, UsageError
-from .adapt import Regroup, RegroupWatch, snapshot_every, watched
+from .adapt import Regroup, RegroupWatch, snapshot_every, watched, watched_back
 from .events import (Dispatcher, Event, JobEnded, JobRestarted, JobStarted, Notice, Regrouped, Replanned,
                      RootCause, Stage)
 from .loop import Interrupt, JobController, Outcome
@@ -389,6 +389,7 @@ class _Attempt:
     _started_from: int = 0           # the samples of the state the attempt resumed from
     _ps_moved_at: int = -1           # the restart whose re-plan moved the PS shards (nothing to resume)
     _regrouped_at: int = -1          # the restart that runs a re-grouped plan (launch/adapt.py)
+    _back_at: int = -1               # the restart that went back to all-reduce from it
 
     def transport(self, name: str) -> Transport:
         if name not in self.transports:
@@ -431,7 +432,8 @@ class _Attempt:
 
     def adopt(self, number: int, regroup: Regroup) -> None:
         """Restart ``number`` runs the re-grouped plan: its workers resume from the snapshot every
-        node has, its PS ranks start fresh from those parameters."""
+        node has, its PS ranks start fresh from those parameters. On the way back (a plan without
+        PS ranks) they resume from the snapshot of the re-grouped plan's first group."""
         job_id = self.book.record.id
         self.emit(Regrouped(job_id=job_id, attempt=number, old_strategy=self.plan.strategy.value,
                             new_strategy=regroup.plan.strategy.value,
@@ -444,7 +446,10 @@ class _Attempt:
             "strategy": regroup.plan.strategy.value, "groups": [list(g.ranks) for g in regroup.plan.groups],
             "predicted_before": regroup.predicted_now, "predicted_after": regroup.predicted_new})
         self.plan = regroup.plan
-        self._regrouped_at = self._ps_moved_at = number   # nothing for its PS ranks to resume
+        if regroup.plan.ps_shards:
+            self._regrouped_at = self._ps_moved_at = number   # nothing for its PS ranks to resume
+        else:
+            self._back_at = number
         self.master_addr = master_address(self.plan, self.request.cluster)
         self.board = MetricsBoard(self.plan, carried=self.board.samples_total())
         self._trained_before = self.board.samples_total()
@@ -474,14 +479,18 @@ class _Attempt:
                 launches[name] = dataclasses.replace(ready.launch, checkpoint_dir=self.checkpoint_dirs[name])
             port = prepared[plan.rank(0).node].port
             assert port is not None   # rank 0's node was asked for one (_prepare)
-            watch = watched(request, plan) and self._regrouped_at < 0    # once per job
-            snapshots = (bool(request.restarts) or watch) and not plan.ps_shards
+            back = bool(number) and number == self._regrouped_at and watched_back(request, plan)
+            watch = back or (watched(request, plan) and self._regrouped_at < 0)    # once each way
+            # Under a PS plan, only a watched one snapshots (its first group: runtime/context.py).
+            snapshots = back or ((bool(request.restarts) or watch) and not plan.ps_shards)
             every, seconds = request.checkpoint_every, request.checkpoint_seconds
             if watch and not every:
                 # Counted steps, so that every node snapshots the same ones (launch/adapt.py).
                 every, seconds = snapshot_every(plan), (seconds if request.restarts else 0.0)
             if number and number == self._regrouped_at:
                 resume_step = _common_step(plan, prepared)
+            elif number and number == self._back_at:      # the first group's, from one node
+                resume_step = _resume_step(plan, prepared)
             else:
                 resume_step = _resume_step(plan, prepared) if number and snapshots else None
             resume_ps = number > 0 and bool(plan.ps_shards) and self._ps_moved_at != number
@@ -517,7 +526,7 @@ class _Attempt:
                                        grace_s=request.grace_s, heartbeat_timeout_s=request.heartbeat_timeout_s,
                                        detach=request.detach, jobs_root=request.jobs_root,
                                        agent_job_id=agent_id, attempt=number, reached=self.reached,
-                                       watch=RegroupWatch(request, plan, job_id).check if watch else None)
+                                       watch=RegroupWatch(request, plan, job_id, back=back).check if watch else None)
             for broken in start_links.failed:   # the agent could not even be started there
                 controller.fail_to_start(broken.node.name, broken.error or "unknown error")
             try:
@@ -544,7 +553,7 @@ class _Attempt:
         # snapshots. An elastic job does not wait for a node: regroup() only kept those that answer.
         listed = ({r.node for r in plan.ranks if r.role is Role.PS} if plan.ps_shards
                   else set(plan_nodes(plan)) if request.restarts else set())
-        if number and number == self._regrouped_at:    # the workers resume the all-reduce snapshots
+        if number and number in (self._regrouped_at, self._back_at):   # the workers resume snapshots
             listed |= {r.node for r in plan.workers}
         wait = request.heartbeat_timeout_s if number and not request.elastic else 0.0
         deadline = time.monotonic() + wait

@@ -105,6 +105,7 @@ class MetricsBoard:
         # rank -> (compute samples/s, mean batch, compute noise) of its latest `rates` record: what
         # the finish record would say so far (launch/adapt.py re-groups a running job on them)
         self._live: dict[int, tuple[float, float, float | None]] = {}
+        self._live_recent: dict[int, tuple[float, float, float | None]] = {}   # the same, its last steps
         self.snapshot_step: int | None = None       # the newest all-reduce snapshot a worker took
         self.accuracy: float | None = None
 
@@ -129,6 +130,10 @@ class MetricsBoard:
             noise = _number(data.get("compute_noise"))
             if done is not None and steps is not None and done > 0 and steps > 0:
                 self._live[rank] = (rate, done / steps, noise if noise is not None and noise >= 0 else None)
+                last, last_noise = _number(data.get("recent_samples_per_s")), _number(data.get("recent_noise"))
+                if last is not None and last > 0:
+                    self._live_recent[rank] = (last, done / steps, last_noise
+                                               if last_noise is not None and last_noise >= 0 else None)
         step, samples = _number(data.get("step")), _number(data.get("samples"))
         if step is None or samples is None or "event" in data or rank not in self._group:
             return
@@ -193,9 +198,10 @@ class MetricsBoard:
         return {r: (rate, self._mean_batch[r], self._noise.get(r)) for r, rate in self._compute_rate.items()
                 if r in self._mean_batch}
 
-    def live(self) -> dict[int, tuple[float, float, float | None]]:
-        """Each worker's compute samples/s, mean batch and compute noise so far (``rates`` records)."""
-        return dict(self._live)
+    def live(self, recent: bool = False) -> dict[int, tuple[float, float, float | None]]:
+        """Each worker's compute samples/s, mean batch and compute noise so far (``rates`` records);
+        with ``recent``, the samples/s and noise of its last steps."""
+        return dict(self._live_recent if recent else self._live)
 
     def summary(self, elapsed_s: float, rates_stored: bool = False) -> Summary:
         groups = {}

@@ -164,8 +164,8 @@ def agent_spec(*, plan: Plan, job_id: str, node: NodeLaunch, command: Sequence[s
     attempt = attempt or RunAttempt(run_id=job_id)
     env = dict(user_env)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (node.package_root, env.get("PYTHONPATH")) if p)
-    # A re-grouped plan (launch/adapt.py) has PS ranks and takes no snapshots, but its workers
-    # resume from the all-reduce plan's.
+    # A re-grouped plan (launch/adapt.py) has PS ranks: its workers resume from the all-reduce plan's
+    # snapshots, and its first group's first worker takes them while the way back is watched.
     snapshots = (SnapshotEnv(directory=node.checkpoint_dir, every=checkpoint.every if checkpoint.snapshots else 0,
                              seconds=checkpoint.seconds if checkpoint.snapshots else 0.0,
                              resume_step=checkpoint.resume_step)

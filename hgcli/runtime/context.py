@@ -291,14 +291,20 @@ class Context:
 
     # --- all-reduce snapshots (snapshot.py) -------------------------------------------------------
     def _snapshotter(self) -> Snapshotter | None:
-        """This rank's, when it is the first worker of its node in a plan without PS ranks and the
-        launcher asked for snapshots."""
+        """This rank's, when the launcher asked for snapshots and it is the first worker of its node
+        in a plan without PS ranks, or of the first group in a plan with them (a re-grouped job
+        watched for the way back to all-reduce, launch/adapt.py: every group has its own steps, and
+        its first group's state is the one the way back resumes)."""
         s = self.env.snapshots
-        if s is None or self.plan.ps_shards or not (s.every or s.seconds) or self.env.plan is None:
+        if s is None or not (s.every or s.seconds) or self.env.plan is None:
             return None
-        node = self.plan.rank(self.rank).node
-        if min(w.rank for w in self.plan.workers if w.node == node) != self.rank:
-            return None
+        if self.plan.ps_shards:
+            if self.rank != self.plan.groups[0].ranks[0]:
+                return None
+        else:
+            node = self.plan.rank(self.rank).node
+            if min(w.rank for w in self.plan.workers if w.node == node) != self.rank:
+                return None
         return Snapshotter(Path(s.directory), every=s.every, seconds=s.seconds)
 
     def _samples_per_step(self) -> int | None:
@@ -309,18 +315,21 @@ class Context:
         engine, snap = self._sync, self._snapshots
         if engine is None or snap is None or self._model is None or engine.local_step % engine.accumulate:
             return      # not started, or inside an accumulation window
+        for written in snap.written():   # the launcher re-groups a job only to a state on disk (launch/adapt.py)
+            self.metrics.emit(event="snapshot", step=written)
         step = self._step_base + engine.local_step // engine.accumulate
         if step == self._step_base or not snap.due(step):
             return
-        per_step = self._samples_per_step()
+        # Under PS ranks the group's samples are not the job's, and the optimizer that matters is the
+        # PS's: the local one steps on nothing, so the way back starts a fresh one.
+        asynchronous = bool(self.plan.ps_shards)
+        per_step = None if asynchronous else self._samples_per_step()
         with self.emulator.untimed():       # a copy to host memory: not the device's training work
-            taken = snap.take(step, {
+            snap.take(step, {
                 "samples": None if per_step is None else self._samples_base + (step - self._step_base) * per_step,
-                "model": self._model.state_dict(), "optimizer": opt.state_dict(),
+                "model": self._model.state_dict(), "optimizer": None if asynchronous else opt.state_dict(),
                 "scheduler": self._scheduler.state_dict() if self._scheduler is not None else None,
                 "data": self._data.current(), "world_size": self.world_size})
-        if taken:     # the launcher re-groups a job only once there is a state to resume (launch/adapt.py)
-            self.metrics.emit(event="snapshot", step=step)
 
     def _resume_snapshot(self, step: int, engine: GroupEngine) -> None:
         """Load the snapshot of ``step`` into the model, optimizer, scheduler and data position. A
@@ -356,7 +365,8 @@ class Context:
             if state is None:
                 raise TrainingError(f"rank {self.rank}: cannot resume from the snapshot of step {step}: {problem}")
             self._model.load_state_dict(state["model"])
-            engine.opt.load_state_dict(state["optimizer"])
+            if state.get("optimizer") is not None:
+                engine.opt.load_state_dict(state["optimizer"])
             if self._scheduler is not None and state.get("scheduler") is not None:
                 self._scheduler.load_state_dict(state["scheduler"])
             if state.get("data") is not None:

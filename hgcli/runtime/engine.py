@@ -48,7 +48,7 @@ import inspect
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Mapping
+from typing import Any, Callable, ContextManager, Iterable, Mapping
 
 import torch
 import torch.distributed as dist
@@ -66,6 +66,9 @@ BUCKET_ENV = "HGTRAIN_BUCKET_MB"
 # node), and for rebalancing its compute seconds, samples and data source's next step.
 MEMBER_SLOTS = 5
 NOISE_WINDOWS = 2048        # windows a member's compute_noise is taken over (the run's latest)
+# Windows of the `rates` record's recent figures: a straggler that recovers shows there within a
+# minute of steps, where the run's figures still carry its slow past (launch/adapt.py, the way back).
+RECENT_WINDOWS = 64
 RATES_EVERY_S = 5.0         # between two `rates` records (the launcher's re-grouping reads them)
 # ctx.wrap's keyword arguments that DDP takes as they are; the rest are the engine's to set.
 DDP_OPTIONS = ("find_unused_parameters", "gradient_as_bucket_view", "static_graph")
@@ -186,6 +189,7 @@ class GroupEngine:
         # Each window's compute seconds per sample, the last NOISE_WINDOWS of them: how uneven this
         # member's steps are (``compute_noise``), for the next plan of the script (bench/rates.py).
         self._per_sample: collections.deque[float] = collections.deque(maxlen=NOISE_WINDOWS)
+        self._recent: collections.deque[tuple[float, float]] = collections.deque(maxlen=RECENT_WINDOWS)
         self._rates_at = time.monotonic()
         self.ddp: torch.nn.parallel.DistributedDataParallel | None = None
         self._ddp_options = dict(ddp_options or {})
@@ -479,6 +483,7 @@ class GroupEngine:
             self.computed_total += samples
             if seconds > 0 and samples > 0:
                 self._per_sample.append(seconds / samples)
+                self._recent.append((seconds, samples))
         now = time.monotonic()
         if now - self._rates_at >= RATES_EVERY_S and self.compute_rate is not None:
             # What the finish record will say, so far: the launcher re-groups a job on it while it
@@ -487,18 +492,20 @@ class GroupEngine:
             self.metrics.emit(event="rates", group=self.group_id, step=self.local_step,
                               compute_samples_per_s=self.compute_rate,
                               samples=self.samples_seen, steps=self.local_step,
-                              compute_noise=self.compute_noise)
+                              compute_noise=self.compute_noise, **self._recent_figures())
 
     @property
     def compute_noise(self) -> float | None:
         """The mean delay of this member's steps over their noise-free time, as the planner's
         ``Device.noise`` means it: the mean over the 10th percentile of its per-sample compute, less
         one (a member that is every fourth step 3x slower: 0.5). None before 10 windows."""
-        values = sorted(self._per_sample)
-        if len(values) < 10:
-            return None
-        floor = values[len(values) // 10]
-        return max(0.0, statistics.fmean(values) / floor - 1.0) if floor > 0 else None
+        return _noise_of(self._per_sample)
+
+    def _recent_figures(self) -> dict[str, float | None]:
+        """Compute samples/s and noise over the last RECENT_WINDOWS windows."""
+        seconds = sum(s for s, _ in self._recent)
+        return {"recent_samples_per_s": sum(n for _, n in self._recent) / seconds if seconds > 0 else None,
+                "recent_noise": _noise_of([s / n for s, n in self._recent])}
 
     @property
     def compute_rate(self) -> float | None:
@@ -599,3 +606,11 @@ class GroupEngine:
 def _grad(p: torch.Tensor) -> torch.Tensor:
     return p.grad if p.grad is not None else torch.zeros_like(p)
 
+
+def _noise_of(per_sample: Iterable[float]) -> float | None:
+    """Mean over 10th percentile of per-sample compute seconds, less one; None under 10 values."""
+    values = sorted(per_sample)
+    if len(values) < 10:
+        return None
+    floor = values[len(values) // 10]
+    return max(0.0, statistics.fmean(values) / floor - 1.0) if floor > 0 else None

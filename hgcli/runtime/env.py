@@ -107,7 +107,8 @@ def rank_env(plan: model.Plan, rank: int, *, master_addr: str, master_port: int,
     else rank 0 hosts it (``hgcli.local``); ``adapt``: groups rebalance their batches as the members'
     measured speeds change (``HGTRAIN_ADAPT``, runtime/rebalance.py; None: the inherited value);
     ``snapshots``: a worker of a plan without PS ranks keeps training-state snapshots there (under PS
-    ranks a worker only resumes from them: a plan re-grouped from an all-reduce one, launch/adapt.py).
+    ranks a worker only resumes from them, a plan re-grouped from an all-reduce one, and the first of
+    the first group takes them while the way back is watched: launch/adapt.py).
 
     torchrun's whole set, with torchrun's meaning (``torch/distributed/run.py``), so frameworks that
     detect torchelastic (``torch.distributed.is_torchelastic_launched()``, Lightning) see one: a node
@@ -138,11 +139,13 @@ def rank_env(plan: model.Plan, rank: int, *, master_addr: str, master_port: int,
     }
     if adapt is not None:
         env["HGTRAIN_ADAPT"] = "1" if adapt else "0"
-    if snapshots is not None and rp.role is model.Role.WORKER and not plan.ps_shards:
+    if snapshots is not None and rp.role is model.Role.WORKER and (
+            not plan.ps_shards or rank == plan.groups[0].ranks[0]):
         env.update(snapshots.environ())
     elif snapshots is not None and rp.role is model.Role.WORKER and snapshots.resume_step is not None:
         # Under PS ranks the PS checkpoints hold the state: a worker only resumes a snapshot (a plan
-        # re-grouped from an all-reduce one, launch/adapt.py) and takes none.
+        # re-grouped from an all-reduce one, launch/adapt.py) and takes none, but for the first of the
+        # first group while the way back to all-reduce is watched (runtime/context.py).
         env.update(SnapshotEnv(directory=snapshots.directory, resume_step=snapshots.resume_step).environ())
     devices = cuda_visible_devices(rp)
     if devices is not None:

@@ -84,6 +84,7 @@ class Snapshotter:
         self.error: str | None = None      # the last write's failure, said once at the end
         self.taken = 0
         self.skipped = 0                   # due while the previous one was still being written
+        self._written: list[int] = []      # steps whose file is complete, not yet reported
 
     @property
     def enabled(self) -> bool:
@@ -125,8 +126,15 @@ class Snapshotter:
             atomic_write(snapshot_path(self.directory, step), write, mode=0o600)
             for old in steps_in(self.directory)[:-KEEP]:
                 snapshot_path(self.directory, old).unlink(missing_ok=True)
+            self._written.append(step)     # one append from this thread: the step's reader takes it
         except OSError as exc:
             self.error = f"snapshot of step {step} not written to {self.directory}: {exc.strerror or exc}"
+
+    def written(self) -> list[int]:
+        """The steps whose file was completed since the last call: only a complete file is worth
+        telling the launcher of (a re-grouping stops the ranks and resumes what it was told of)."""
+        done, self._written = self._written, []
+        return done
 
     def close(self, timeout_s: float = 120.0) -> None:
         """Wait for the write in flight (a snapshot half-taken at the end is worth finishing)."""

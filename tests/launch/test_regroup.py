@@ -1,9 +1,11 @@
 """``launch --adapt`` re-groups a running all-reduce job (launch/adapt.py) with real agents and
 ranks on the local transport: the attempt stops, the next runs a plan with a PS, its workers resume
-from the all-reduce snapshot and the job finishes with the script's accuracy.
+from the all-reduce snapshot and the job finishes with the script's accuracy; and back: the
+re-grouped attempt stops, the next runs all-reduce again from its first group's snapshot.
 
-The decision (measured noise, the fitted cost model) is tested in tests/unit/test_regroup.py; here
-``HGTRAIN_TEST_REGROUP_AFTER`` makes it at a given time, so that what is tested is the switch."""
+The decisions (measured noise, the fitted cost model) are tested in tests/unit/test_regroup.py;
+here ``HGTRAIN_TEST_REGROUP_AFTER`` and ``..._BACK_AFTER`` make them at a given time, so that what
+is tested is the switch."""
 from __future__ import annotations
 
 import json
@@ -23,15 +25,24 @@ emulate = { devices = ["NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-40GB"], speed 
 """
 
 
-def test_a_regrouped_job_resumes_its_snapshot_under_a_ps_and_finishes(hg, tmp_path):
+def regrouped_run(hg, tmp_path, *, back_after: str, every: int, epochs: int) -> tuple[str, list[dict]]:
+    """The example MLP launched --json on the two like devices, re-grouped after 4 s and back after
+    ``back_after`` s (forced); its stdout and events, once it succeeded."""
     ctoml = tmp_path / "cluster.toml"
     ctoml.write_text(CLUSTER)
     ctoml.chmod(0o600)
-    env = hg.env(HGTRAIN_TEST_REGROUP_AFTER="4", HGTRAIN_BENCH_MODEL="hgcli.examples.models:example@32,64,96")
-    code, out, err = hg.run("-c", str(ctoml), "--json", "--checkpoint-every", "300", "--", PY, "-m",
-                            "hgcli.examples.train_mlp", "--epochs", "20", "--hidden", "256", "--eval-every", "1000", env=env, timeout=600)
-    events = [json.loads(line) for line in out.splitlines()]
+    env = hg.env(HGTRAIN_TEST_REGROUP_AFTER="4", HGTRAIN_TEST_REGROUP_BACK_AFTER=back_after,
+                 HGTRAIN_BENCH_MODEL="hgcli.examples.models:example@32,64,96")
+    code, out, err = hg.run("-c", str(ctoml), "--json", "--checkpoint-every", str(every), "--", PY, "-m",
+                            "hgcli.examples.train_mlp", "--epochs", str(epochs), "--hidden", "256",
+                            "--eval-every", "1000", env=env, timeout=600)
     assert code == 0, err[-3000:]
+    return out, [json.loads(line) for line in out.splitlines()]
+
+
+def test_a_regrouped_job_resumes_its_snapshot_under_a_ps_and_finishes(hg, tmp_path):
+    # Not back within the run: on these like devices the planner would choose all-reduce again.
+    out, events = regrouped_run(hg, tmp_path, back_after="100000", every=300, epochs=20)
     started = next(e for e in events if e["event"] == "job_started")
     assert started["strategy"] == "allreduce"
     regrouped = [e for e in events if e["event"] == "regrouped"]
@@ -54,4 +65,23 @@ def test_a_regrouped_job_resumes_its_snapshot_under_a_ps_and_finishes(hg, tmp_pa
     metrics = (hg.job_dir(started["job_id"]) / "metrics.jsonl").read_text().splitlines()
     assert any(json.loads(m).get("kind") == "regroup" for m in metrics)    # the report's and TensorBoard's
     assert "[adapt] attempt 1 re-grouped: allreduce -> ps" not in out       # --json: events only
+    assert attempt_pids(started["job_id"]) == []
+
+
+def test_a_regrouped_job_goes_back_to_allreduce_from_its_first_groups_snapshot(hg, tmp_path):
+    _, events = regrouped_run(hg, tmp_path, back_after="4", every=150, epochs=30)
+    started = next(e for e in events if e["event"] == "job_started")
+    regrouped = [(e["attempt"], e["old_strategy"], e["new_strategy"]) for e in events if e["event"] == "regrouped"]
+    assert regrouped == [(1, "allreduce", "ps"), (2, "ps", "allreduce")], regrouped
+    restarted = [e for e in events if e["event"] == "job_restarted"]
+    assert [e["resume_from"] for e in restarted] == ["snapshot", "snapshot"], restarted
+    resumed = [e["step"] for e in events if e["event"] == "resumed" and e["source"] == "snapshot"]
+    assert len(resumed) == 2 and 0 < resumed[0] < resumed[1], resumed    # the ps attempt's own snapshot
+    record = hg.record(started["job_id"])
+    assert record["state"] == "succeeded" and len(record["restarts"]) == 2
+    assert record["plan"]["strategy"] == "allreduce" and not any(r["role"] == "ps" for r in record["plan"]["ranks"])
+    ended = events[-1]
+    assert ended["event"] == "job_ended" and ended["summary"]["accuracy"] >= 0.92
+    logs = [(hg.job_dir(started["job_id"]) / f"rank{r}.log").read_text() for r in (0, 1)]
+    assert all(re.search(rf"resumed from the snapshot of step {resumed[1]}\b", log) for log in logs)
     assert attempt_pids(started["job_id"]) == []

@@ -171,9 +171,11 @@ def test_a_snapshot_due_while_the_last_is_written_is_skipped_not_waited_for(tmp_
     shooter = snapshot.Snapshotter(tmp_path, every=1)
     assert shooter.take(1, {"model": {}})
     assert not shooter.take(2, {"model": {}}) and shooter.skipped == 1
+    assert shooter.written() == []         # nothing is on disk yet: nothing to tell the launcher
     release.set()
     shooter.close()
     assert snapshot.steps_in(tmp_path) == [1]
+    assert shooter.written() == [1] and shooter.written() == []     # told once, when complete
 
 
 def test_what_is_not_a_snapshot_is_refused_naming_the_file(tmp_path):
@@ -197,12 +199,15 @@ def test_workers_of_a_plan_without_ps_get_the_snapshot_variables_and_read_them_b
     assert SnapshotEnv.from_environ({**env, "HGTRAIN_RESUME_STEP": ""}) == dataclasses.replace(snaps, resume_step=None)
     hybrid = make_plan(local, [["a"], ["b"]], ps=["b"])
     fresh = dataclasses.replace(snaps, resume_step=None)
-    for rank in (0, 2):                     # the PS checkpoints hold a hybrid job's state
+    for rank in (1, 2):                     # the PS checkpoints hold a hybrid job's state
         assert "HGTRAIN_SNAPSHOT_DIR" not in rank_env(hybrid, rank, master_addr="127.0.0.1", master_port=1,
                                                        plan_path="p", job_id="j", snapshots=fresh)
-    # ... but a plan re-grouped from an all-reduce one (launch/adapt.py): its workers resume, take none
-    worker = rank_env(hybrid, 0, master_addr="127.0.0.1", master_port=1, plan_path="p", job_id="j", snapshots=snaps)
-    assert SnapshotEnv.from_environ(worker) == SnapshotEnv(directory=snaps.directory, resume_step=40)
+    # ... but a plan re-grouped from an all-reduce one (launch/adapt.py): its workers resume, and only
+    # the first group's first worker takes snapshots (the state the way back to all-reduce resumes)
+    first = rank_env(hybrid, 0, master_addr="127.0.0.1", master_port=1, plan_path="p", job_id="j", snapshots=snaps)
+    assert SnapshotEnv.from_environ(first) == snaps
+    other = rank_env(hybrid, 1, master_addr="127.0.0.1", master_port=1, plan_path="p", job_id="j", snapshots=snaps)
+    assert SnapshotEnv.from_environ(other) == SnapshotEnv(directory=snaps.directory, resume_step=40)
     assert "HGTRAIN_SNAPSHOT_DIR" not in rank_env(hybrid, 2, master_addr="127.0.0.1", master_port=1,
                                                    plan_path="p", job_id="j", snapshots=snaps)
     with pytest.raises(Exception, match="HGTRAIN_SNAPSHOT_EVERY"):

@@ -12,6 +12,7 @@ from hgcli.launch.adapt import RegroupWatch, snapshot_every, watched
 from hgcli.launch.launcher import LaunchRequest
 from hgcli.launch.metrics import MetricsBoard
 from hgcli.plan.pipeline import replan_on
+from hgcli.plan.placement import AUTO_MARGIN
 from hgcli.schema.stages import Cluster, JobSpec, NodeSpec, Strategy
 from tests.bench_inventory import store_inventory
 from tests.unit.plan_clusters import A100 as FAST, T4 as SLOW, cluster, link
@@ -109,3 +110,67 @@ def test_the_launchers_regroup_record_is_a_mark_on_the_jobs_time_line(private_st
     points = series.add(0, {"time": 130.0, "event": "adapt", "kind": "regroup", "attempt": 1,
                             "predicted_before": 2000.0, "predicted_after": 2600.0})
     assert [(p.run, p.tag, p.value, p.step) for p in points] == [("job", "regroup", 1.3, 30)]
+
+
+def recent_board(plan, recent_noise: float | None, run_noise: float = 1.0) -> MetricsBoard:
+    """A board of a re-grouped attempt: the run's noise is its straggling past, the recent figures
+    say how its last steps went."""
+    board = MetricsBoard(plan)
+    for r in plan.workers:
+        batch, rate = r.batch_size or 1, r.benched_samples_per_s or 100.0
+        board.add(r.rank, {"event": "rates", "compute_samples_per_s": rate, "samples": 100 * batch,
+                           "steps": 100, "compute_noise": run_noise, "recent_samples_per_s": rate,
+                           "recent_noise": recent_noise})
+    board.add(plan.groups[0].ranks[0], {"event": "snapshot", "step": 60})
+    return board
+
+
+def test_a_regrouped_job_goes_back_to_allreduce_when_its_last_steps_no_longer_straggle(private_state_dir):
+    spec, request = stored()
+    allreduce = replan_on(spec, JobSpec(), ["n0", "n1"])
+    hybrid = replan_on(spec, JobSpec(strategy=Strategy.HYBRID), ["n0", "n1"])
+    assert hybrid.ps_shards and adapt.watched_back(request, hybrid) and not adapt.watched_back(request, allreduce)
+    clock = Clock()
+
+    still = RegroupWatch(request, hybrid, "job", clock=clock, back=True)
+    clock.now += adapt.WARMUP_S
+    assert still.check(recent_board(hybrid, 1.0)) is None and "recent noise up to 1.00" in still.last
+
+    clock.now = 1000.0
+    watch = RegroupWatch(request, hybrid, "job", clock=clock, back=True)
+    recovered = recent_board(hybrid, 0.0)      # the run's noise still says 1.0: the recent figures decide
+    clock.now += adapt.WARMUP_S
+    assert watch.check(recovered) is None      # one look is not enough
+    clock.now += adapt.CHECK_EVERY_S
+    back = watch.check(recovered)
+    assert back is not None and not back.plan.ps_shards and back.plan.strategy is Strategy.ALLREDUCE
+    assert back.predicted_now <= back.predicted_new * (1 + AUTO_MARGIN) and back.predicted_new > 0
+    assert "no longer straggle" in back.reason and back.plan.global_batch == hybrid.global_batch
+    clock.now += 100
+    assert watch.check(recovered) is None      # once
+
+
+def test_a_look_that_does_not_predict_the_gain_resets_the_way_backs_count(private_state_dir):
+    spec, request = stored()
+    hybrid = replan_on(spec, JobSpec(strategy=Strategy.HYBRID), ["n0", "n1"])
+    clock = Clock()
+    watch = RegroupWatch(request, hybrid, "job", clock=clock, back=True)
+    clock.now += adapt.WARMUP_S
+    assert watch.check(recent_board(hybrid, 0.0)) is None
+    clock.now += adapt.CHECK_EVERY_S
+    assert watch.check(recent_board(hybrid, 1.0)) is None     # straggling again: the count restarts
+    clock.now += adapt.CHECK_EVERY_S
+    assert watch.check(recent_board(hybrid, 0.0)) is None
+    clock.now += adapt.CHECK_EVERY_S
+    assert watch.check(recent_board(hybrid, 0.0)) is not None
+
+
+def test_a_regrouped_plan_snapshots_about_every_ten_seconds_of_its_first_groups_steps(private_state_dir):
+    from hgcli.launch.metrics import group_predictions
+
+    spec, _ = stored()
+    hybrid = replan_on(spec, JobSpec(strategy=Strategy.HYBRID), ["n0", "n1"])
+    first = hybrid.groups[0]
+    rate = group_predictions(hybrid)[0][str(first.id)]
+    per_step = sum(hybrid.rank(r).batch_size or 0 for r in first.ranks)
+    assert abs(snapshot_every(hybrid) - adapt.SNAPSHOT_S * rate / per_step) <= 1
