@@ -180,15 +180,20 @@ def script_batch(loader: DataLoader) -> int | None:
     return int(sampler.batch_size) if type(sampler) is BatchSampler else None
 
 
-def with_batch_sampler(loader: DataLoader, batch_sampler: RankBatchSampler) -> DataLoader:
-    """``loader`` again, drawing its batches from ``batch_sampler``: the same dataset, workers,
-    collate function and the rest. A plain DataLoader: a subclass's own arguments cannot be known."""
+def loader_kwargs(loader: DataLoader) -> dict[str, Any]:
+    """The arguments ``loader`` was built with that a DataLoader of another batch sampler keeps:
+    workers, collate function, seeding and the rest (not a subclass's own: they cannot be known)."""
     accepted = inspect.signature(DataLoader).parameters
     kwargs: dict[str, Any] = {k: getattr(loader, k) for k in _CARRIED if k in accepted and hasattr(loader, k)}
     if not kwargs.get("num_workers"):
         kwargs.pop("prefetch_factor", None)
         kwargs.pop("persistent_workers", None)
-    return DataLoader(loader.dataset, batch_sampler=batch_sampler, **kwargs)
+    return kwargs
+
+
+def with_batch_sampler(loader: DataLoader, batch_sampler: RankBatchSampler) -> DataLoader:
+    """``loader`` again, drawing its batches from ``batch_sampler`` (a plain DataLoader)."""
+    return DataLoader(loader.dataset, batch_sampler=batch_sampler, **loader_kwargs(loader))
 
 
 def is_shuffled(loader: DataLoader) -> bool:
