@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,15 +28,15 @@ from .hook import PacedState
 
 
 class PlanRefused(SystemExit):
-    """A plan this integration cannot train: one line on stderr and exit code 2, no traceback (a
+    """A plan this integration cannot train: exit code 2 after one line on stderr, no traceback (a
     framework's traceback would bury the one thing to change)."""
 
     def __init__(self, line: str) -> None:
-        super().__init__(f"hgtrain: {line}")
-        self.code = 2
+        super().__init__(2)
+        self.line = line
 
     def __str__(self) -> str:
-        return str(self.args[0])
+        return self.line
 
 
 def refuse_groups(plan: m.Plan | None, framework: str) -> None:
@@ -43,9 +44,11 @@ def refuse_groups(plan: m.Plan | None, framework: str) -> None:
     servers' exchange lives in ``ctx.wrap()``, which the framework's loop does not call."""
     if plan is None or (not plan.ps_shards and len(plan.groups) == 1):
         return
-    raise PlanRefused(f"the plan is {plan.strategy.value} ({len(plan.groups)} groups, {len(plan.ps_shards)} "
-                      f"parameter-server ranks), but {framework} trains one all-reduce group: launch with "
-                      f"--strategy allreduce")
+    refused = PlanRefused(f"hgtrain: the plan is {plan.strategy.value} ({len(plan.groups)} groups, "
+                          f"{len(plan.ps_shards)} parameter-server ranks), but {framework} trains one "
+                          f"all-reduce group: launch with --strategy allreduce")
+    print(refused.line, file=sys.stderr, flush=True)
+    raise refused
 
 
 @dataclass

@@ -1,0 +1,101 @@
+"""Runs the integration scripts (tests/integrations/scripts/) as real jobs: under ``hgtrain launch``
+on a hand-made plan for this machine (emulated devices, batches and speeds chosen by the test, so no
+probe or bench runs), and under torchrun, and reads what every rank wrote."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from hgcli.schema.stages import Plan
+from tests.launch.hg import REPO, Hg, cluster_toml
+from tests.launch.plans import local_cluster, make_plan, plan_file
+
+PY = sys.executable
+SCRIPTS = Path(__file__).parent / "scripts"
+TIMEOUT_S = 300
+
+
+def mixed_plan(batches: Sequence[int], speeds: Sequence[float], *, ps: bool = False) -> Plan:
+    """One all-reduce group of emulated devices on this machine (node ``local``), worker i with
+    plan batch ``batches[i]`` at speed ``speeds[i]``; ``ps``: two groups and a PS rank instead."""
+    cluster = local_cluster(("local",))
+    groups = [["local"]] * len(batches) if ps else [["local"] * len(batches)]
+    plan = make_plan(cluster, groups, ps=["local"] if ps else [], batch=1)
+    workers = {r.rank: (b, s) for r, b, s in zip(plan.workers, batches, speeds)}
+    ranks = tuple(dataclasses.replace(r, batch_size=workers[r.rank][0], speed=workers[r.rank][1])
+                  if r.rank in workers else r for r in plan.ranks)
+    return dataclasses.replace(plan, ranks=ranks, global_batch=sum(batches))
+
+
+@dataclasses.dataclass
+class Job:
+    code: int
+    events: list[dict[str, Any]]
+    stderr: str
+    ranks: list[dict[str, Any]]       # what each rank wrote, in rank order
+
+    def metrics(self, rank: int) -> list[dict[str, Any]]:
+        return [e["data"] for e in self.events if e["event"] == "metric" and e["data"].get("rank") == rank]
+
+    def why(self) -> str:
+        lines = "\n".join(e.get("line", "") for e in self.events if e["event"] == "log")
+        return self.stderr[-3000:] + lines[-3000:]
+
+
+def read_ranks(out: Path, world: int) -> list[dict[str, Any]]:
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def launch(hg: Hg, tmp_path: Path, plan: Plan, script: str, *args: str) -> Job:
+    """``hgtrain launch --plan`` of ``script OUT args...`` on ``plan``."""
+    out = tmp_path / "out-launch"
+    cluster = local_cluster(("local",))
+    code, stdout, stderr = hg.run("-c", str(cluster_toml(tmp_path / "cluster.toml", cluster)),
+                                  "--plan", str(plan_file(tmp_path, plan)), "--no-adapt", "--json", "--",
+                                  PY, str(SCRIPTS / script), str(out), *args, timeout=TIMEOUT_S)
+    events = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    job = Job(code, events, stderr, [])
+    assert code == 0, job.why()
+    job.ranks = read_ranks(out, len(plan.workers))
+    return job
+
+
+def torchrun(tmp_path: Path, nproc: int, script: str, *args: str) -> list[dict[str, Any]]:
+    """The same script under torchrun (``--standalone``: its own rendezvous on a free port)."""
+    out = tmp_path / "out-torchrun"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    for name in [k for k in env if k.startswith("HGTRAIN_") and k != "HGTRAIN_STATE_DIR"]:
+        del env[name]
+    proc = subprocess.run([PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+                           str(SCRIPTS / script), str(out), *args], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return read_ranks(out, nproc)
+
+
+def refusal(plan: Plan, tmp_path: Path, code: str) -> subprocess.CompletedProcess[str]:
+    """``code`` run as rank 0 of ``plan`` (the environment hgtrain launch gives it), not started."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RANK": "0", "WORLD_SIZE": str(plan.world_size),
+           "LOCAL_RANK": "0", "HGTRAIN_PLAN": str(plan_file(tmp_path, plan))}
+    return subprocess.run([PY, "-c", code], capture_output=True, text=True, env=env, timeout=TIMEOUT_S)
+
+
+def assert_disjoint_shares(ranks: list[dict[str, Any]], shares: Sequence[int], dataset: int) -> None:
+    """Every rank's every batch has its share's size; each step's batches are disjoint and together
+    one global batch; no sample twice in an epoch."""
+    steps = {len(r["seen"]) for r in ranks}
+    assert len(steps) == 1, steps                          # every rank made the same number of steps
+    per_epoch = dataset // sum(shares)
+    for rank, share in zip(ranks, shares):
+        assert {len(b) for b in rank["seen"]} == {share}
+    for k in range(steps.pop()):
+        union = [i for r in ranks for i in r["seen"][k]]
+        assert len(set(union)) == len(union) == sum(shares)
+    for start in range(0, len(ranks[0]["seen"]), per_epoch):
+        epoch = [i for r in ranks for b in r["seen"][start:start + per_epoch] for i in b]
+        assert len(set(epoch)) == len(epoch)
