@@ -10,8 +10,8 @@ Lightning builds the DDP; this strategy adds what hgtrain knows:
   trains as under torchrun, to the bit);
 * the samples-weighted comm hook, on gloo too (DDPStrategy registers comm hooks on CUDA only);
 * device emulation's stretch and pacing, and step, loss and samples on hgtrain's metrics pipe;
-* ranks from the environment, not ``num_nodes x devices``: a heterogeneous cluster's nodes may run
-  different numbers of ranks.
+* ranks from the environment, not ``num_nodes x devices``: the script need not set ``devices``, and a
+  heterogeneous cluster's nodes may run different numbers of ranks.
 """
 from __future__ import annotations
 
@@ -64,6 +64,17 @@ class HgtrainStrategy(DDPStrategy):
         from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
         rank_zero_only.rank = utils_rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]
+
+    def _configure_launcher(self) -> None:
+        super()._configure_launcher()
+        env = self.cluster_environment
+        if env is not None and env.creates_processes_externally:
+            # The ranks are started already (hgtrain, torchrun) and numbered by the environment: the
+            # launcher only checks devices x num_nodes against WORLD_SIZE, which fails wherever the
+            # script leaves ``devices`` to Lightning (one CPU) or nodes hold different numbers of ranks.
+            from pytorch_lightning.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+
+            self._launcher = _SubprocessScriptLauncher(env, num_processes=env.world_size(), num_nodes=1)
 
     def _register_ddp_hooks(self) -> None:
         if isinstance(self.model, DistributedDataParallel):
