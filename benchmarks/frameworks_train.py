@@ -1,7 +1,7 @@
 """The training script of benchmarks/frameworks.py, one per framework, each through its hgtrain
 integration: ``python frameworks_train.py {lightning|transformers|accelerate} [--batch B] [--epochs E]``.
 
-lightning and accelerate train a regression by an MLP over each sample's tokens (hidden --hidden); transformers a small GPT-2 built from a config (no download). After
+lightning and accelerate train a regression by an MLP on each of a sample's tokens (hidden --hidden); transformers a small GPT-2 built from a config (no download). After
 training, rank 0 prints ``final loss X``: the model's loss over the whole dataset, outside the timed
 steps."""
 from __future__ import annotations
@@ -15,25 +15,20 @@ SAMPLES, TOKENS_PER_SAMPLE, FEATURES = 3072, 32, 64
 TOKENS, LENGTH, VOCAB = 1536, 32, 256
 
 
-class TokenMLP(torch.nn.Module):
-    """An MLP over each of a sample's tokens, averaged: a step's compute grows with its batch (the
-    weights are used once per token) while the gradient all-reduced stays small, as for a GPU's model."""
-
-    def __init__(self, hidden: int) -> None:
-        super().__init__()
-        self.net = torch.nn.Sequential(torch.nn.Linear(FEATURES, hidden), torch.nn.ReLU(),
-                                       torch.nn.Linear(hidden, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 1))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x).mean(dim=1)
+def token_mlp(hidden: int) -> torch.nn.Module:
+    """An MLP applied to each of a sample's tokens: a step's compute grows with its batch (the weights
+    are used once per token) while the gradient all-reduced stays small, as for a GPU's model."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(FEATURES, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden),
+                               torch.nn.ReLU(), torch.nn.Linear(hidden, 1))
 
 
 def regression(hidden: int) -> tuple[TensorDataset, torch.nn.Module]:
+    """Every token's target is a fixed smooth function of it."""
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(SAMPLES, TOKENS_PER_SAMPLE, FEATURES, generator=gen)
-    y = torch.tanh(x.mean(dim=1) @ torch.randn(FEATURES, 1, generator=gen))
-    torch.manual_seed(0)
-    return TensorDataset(x, y), TokenMLP(hidden)
+    y = torch.tanh(x @ torch.randn(FEATURES, 1, generator=gen) * (2 / FEATURES ** 0.5))
+    return TensorDataset(x, y), token_mlp(hidden)
 
 
 def full_loss(net: torch.nn.Module, data: TensorDataset) -> float:

@@ -9,6 +9,7 @@ them. A plan whose global batch is that sum gives every rank exactly the plan's 
 """
 from __future__ import annotations
 
+import atexit
 import inspect
 import os
 import sys
@@ -45,7 +46,7 @@ def refuse_groups(plan: m.Plan | None, framework: str) -> None:
     if plan is None or (not plan.ps_shards and len(plan.groups) == 1):
         return
     refused = PlanRefused(f"hgtrain: the plan is {plan.strategy.value} ({len(plan.groups)} groups, "
-                          f"{len(plan.ps_shards)} parameter-server ranks), but {framework} trains one "
+                          f"{len(plan.ps_shards)} parameter-server rank{'' if len(plan.ps_shards) == 1 else 's'}), but {framework} trains one "
                           f"all-reduce group: launch with --strategy allreduce")
     print(refused.line, file=sys.stderr, flush=True)
     raise refused
@@ -84,6 +85,7 @@ class RankShare:
             torch.set_num_threads(1)     # emulated devices share the node's CPU, one thread each
         metrics = MetricsSink(env.metrics_fd, {"rank": env.rank, "group": env.group if env.group is not None else 0,
                                                "role": "worker"})
+        atexit.register(_leave)
         return cls(env=env, index=index, planned=planned, emulator=emulator, metrics=metrics)
 
     def batches(self, batch_size: int) -> list[int]:
@@ -112,6 +114,16 @@ class RankShare:
         (None: set ``state.batch_size`` before the first backward, else the plan's batch is used)."""
         mine = None if batch_size is None else self.batches(batch_size)[self.index]
         return PacedState(batch_size=mine, emulator=self.emulator, weighted=weighted)
+
+
+def _leave() -> None:
+    """Destroy the framework's process group before the interpreter's own teardown, as ctx.finish()
+    does: a Trainer rank that left it to the exit once ended with C++'s "terminate called without an
+    active exception" after training, failing the job."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 @dataclass

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+import torch
+
 from hgcli.schema.stages import Plan
 from tests.launch.hg import REPO, Hg, cluster_toml
 from tests.launch.plans import local_cluster, make_plan, plan_file
@@ -99,3 +101,25 @@ def assert_disjoint_shares(ranks: list[dict[str, Any]], shares: Sequence[int], d
     for start in range(0, len(ranks[0]["seen"]), per_epoch):
         epoch = [i for r in ranks for b in r["seen"][start:start + per_epoch] for i in b]
         assert len(set(epoch)) == len(epoch)
+
+
+def assert_union_sgd(ranks: list[dict[str, Any]]) -> None:
+    """Rank 0's final parameters are one process's SGD over each step's union of the ranks' batches
+    (the samples-weighted hook's gradient; tests/integrations/scripts/regression.py)."""
+    from tests.integrations.scripts.regression import one_process
+
+    steps = [[i for r in ranks for i in r["seen"][k]] for k in range(len(ranks[0]["seen"]))]
+    for got, want in zip(ranks[0]["params"], one_process(steps)):
+        assert torch.allclose(torch.tensor(got), want, atol=1e-5)
+
+
+def assert_step_metrics(job: Job, shares: Sequence[int], steps: int) -> None:
+    """hgtrain's metrics pipe has every step of each rank at its share, with its loss, and each
+    rank's finish record; ranks of emulated speed < 1 slept (emulation ran), the others did not."""
+    for rank, share in enumerate(shares):
+        records = [m for m in job.metrics(rank) if "step" in m and "event" not in m]
+        assert [m["step"] for m in records] == list(range(1, steps + 1))
+        assert {m["samples"] for m in records} == {share} and all(m["loss"] > 0 for m in records)
+        finish = next(m for m in job.metrics(rank) if m.get("event") == "finish")
+        assert finish["steps"] == steps and finish["samples"] == steps * share
+    assert job.events[-1]["summary"]["samples"] == steps * sum(shares)

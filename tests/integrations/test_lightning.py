@@ -2,14 +2,13 @@
 (tests/integrations/scripts/lightning_fit.py)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
-import torch
 
 from .conftest import require
-from .jobs import SCRIPTS, assert_disjoint_shares, launch, mixed_plan, refusal, torchrun
+from .jobs import (assert_disjoint_shares, assert_step_metrics, assert_union_sgd, launch, mixed_plan, refusal,
+                   torchrun)
 
 pytestmark = pytest.mark.slow
 N = 384          # the script's dataset
@@ -19,13 +18,6 @@ BATCH = 16       # its per-device batch
 @pytest.fixture(autouse=True)
 def lightning():
     require("pytorch_lightning")
-
-
-def script_module():
-    spec = importlib.util.spec_from_file_location("lightning_fit", SCRIPTS / "lightning_fit.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_a_homogeneous_plan_trains_as_lightning_ddp_under_torchrun_to_the_bit(hg, tmp_path):
@@ -44,28 +36,10 @@ def test_an_emulated_mix_trains_each_rank_at_its_share_with_the_union_batchs_gra
     assert_disjoint_shares(job.ranks, [24, 8], N)
     # the script's global batch and its optimizer steps: 2 epochs of 384 // 32
     assert [r["optimizer_steps"] for r in job.ranks] == [2 * (N // 32)] * 2
-    # the samples-weighted hook: the parameters are one process's SGD over each step's union batch
-    fit = script_module()
-    gen = torch.Generator().manual_seed(1)
-    x = torch.randn(N, fit.FEATURES, generator=gen)
-    y = x @ torch.randn(fit.FEATURES, 1, generator=gen) + 0.1 * torch.randn(N, 1, generator=gen)
-    model = fit.Regression()
-    opt = model.configure_optimizers()
-    for a, b in zip(job.ranks[0]["seen"], job.ranks[1]["seen"]):
-        index = torch.tensor(a + b)
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model.net(x[index]), y[index]).backward()
-        opt.step()
-    for got, want in zip(job.ranks[0]["params"], model.parameters()):
-        assert torch.allclose(torch.tensor(got), want.detach().flatten(), atol=1e-5)
-    # hgtrain's metrics pipe: every step of each rank at its share, the slow device emulated
-    for rank, share in ((0, 24), (1, 8)):
-        steps = [m for m in job.metrics(rank) if "step" in m and "event" not in m]
-        assert [m["step"] for m in steps] == list(range(1, 2 * (N // 32) + 1))
-        assert {m["samples"] for m in steps} == {share} and all(m["loss"] > 0 for m in steps)
-    finish = {rank: next(m for m in job.metrics(rank) if m.get("event") == "finish") for rank in (0, 1)}
-    assert finish[0]["emulated_sleep_s"] == 0 and finish[1]["emulated_sleep_s"] > 0
-    assert job.events[-1]["summary"]["samples"] == 2 * N
+    assert_union_sgd(job.ranks)
+    assert_step_metrics(job, [24, 8], 2 * (N // 32))
+    sleep = [next(m for m in job.metrics(r) if m.get("event") == "finish")["emulated_sleep_s"] for r in (0, 1)]
+    assert sleep[0] == 0 and sleep[1] > 0          # the slow device was emulated, the fast one ran as it is
 
 
 def test_a_hybrid_plan_is_refused_in_one_line_naming_strategy_allreduce(tmp_path):

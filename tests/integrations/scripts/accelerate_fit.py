@@ -11,21 +11,18 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from hgcli.integrations.accelerate import Hgtrain
 
-N, FEATURES = 384, 8
+from regression import LR, data, net
 
 
 def main() -> None:
     out = Path(sys.argv[1])
-    gen = torch.Generator().manual_seed(1)
-    x = torch.randn(N, FEATURES, generator=gen)
-    y = x @ torch.randn(FEATURES, 1, generator=gen)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = data()
+    model = net()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
     accelerator = Accelerator(cpu=True)
     hg = Hgtrain(accelerator)
     model, opt = accelerator.prepare(model, opt)
-    loader = hg.prepare(DataLoader(TensorDataset(x, y, torch.arange(N)), batch_size=16, shuffle=True), model)
+    loader = hg.prepare(DataLoader(TensorDataset(x, y, torch.arange(len(x))), batch_size=16, shuffle=True), model)
     seen = []
     for epoch in range(2):
         for xb, yb, index in loader:

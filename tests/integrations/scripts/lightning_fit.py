@@ -13,14 +13,13 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-N, FEATURES = 384, 8
+from regression import LR, data, net
 
 
 class Regression(pl.LightningModule):
     def __init__(self) -> None:
         super().__init__()
-        torch.manual_seed(0)
-        self.net = torch.nn.Sequential(torch.nn.Linear(FEATURES, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+        self.net = net()
         self.seen: list[list[int]] = []
         self.losses: list[float] = []
 
@@ -32,7 +31,7 @@ class Regression(pl.LightningModule):
         return loss
 
     def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.05)
+        return torch.optim.SGD(self.parameters(), lr=LR)
 
 
 def main() -> None:
@@ -43,10 +42,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--accumulate", type=int, default=1)
     args = parser.parse_args()
-    gen = torch.Generator().manual_seed(1)
-    x = torch.randn(N, FEATURES, generator=gen)
-    y = x @ torch.randn(FEATURES, 1, generator=gen) + 0.1 * torch.randn(N, 1, generator=gen)
-    data = DataLoader(TensorDataset(x, y, torch.arange(N)), batch_size=args.batch, shuffle=True)
+    x, y = data()
+    loader = DataLoader(TensorDataset(x, y, torch.arange(len(x))), batch_size=args.batch, shuffle=True)
     if args.strategy == "hgtrain":
         from hgcli.integrations.lightning import HgtrainStrategy
 
@@ -57,7 +54,7 @@ def main() -> None:
     trainer = pl.Trainer(strategy=strategy, accelerator="cpu", devices=int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
                          max_epochs=args.epochs, accumulate_grad_batches=args.accumulate, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-    trainer.fit(model, data)
+    trainer.fit(model, loader)
     rank = trainer.global_rank
     record = {"seen": model.seen, "losses": model.losses, "optimizer_steps": trainer.global_step}
     if rank == 0:
