@@ -1,8 +1,8 @@
 """The training script of benchmarks/frameworks.py, one per framework, each through its hgtrain
 integration: ``python frameworks_train.py {lightning|transformers|accelerate} [--batch B] [--epochs E]``.
 
-lightning and accelerate train a regression by an MLP on each of a sample's tokens (hidden --hidden); transformers a small GPT-2 built from a config (no download). After
-training, rank 0 prints ``final loss X``: the model's loss over the whole dataset, outside the timed
+lightning and accelerate train a regression by an MLP on each of a sample's tokens (hidden --hidden);
+transformers a small GPT-2 built from a config (no download). After training, rank 0 prints ``final loss X``: the model's loss over the whole dataset, outside the timed
 steps."""
 from __future__ import annotations
 

@@ -45,8 +45,9 @@ def refuse_groups(plan: m.Plan | None, framework: str) -> None:
     servers' exchange lives in ``ctx.wrap()``, which the framework's loop does not call."""
     if plan is None or (not plan.ps_shards and len(plan.groups) == 1):
         return
-    refused = PlanRefused(f"hgtrain: the plan is {plan.strategy.value} ({len(plan.groups)} groups, "
-                          f"{len(plan.ps_shards)} parameter-server rank{'' if len(plan.ps_shards) == 1 else 's'}), but {framework} trains one "
+    shards = len(plan.ps_shards)
+    refused = PlanRefused(f"hgtrain: the plan is {plan.strategy.value} ({len(plan.groups)} groups, {shards} "
+                          f"parameter-server rank{'' if shards == 1 else 's'}), but {framework} trains one "
                           f"all-reduce group: launch with --strategy allreduce")
     print(refused.line, file=sys.stderr, flush=True)
     raise refused

@@ -123,3 +123,17 @@ def assert_step_metrics(job: Job, shares: Sequence[int], steps: int) -> None:
         finish = next(m for m in job.metrics(rank) if m.get("event") == "finish")
         assert finish["steps"] == steps and finish["samples"] == steps * share
     assert job.events[-1]["summary"]["samples"] == steps * sum(shares)
+
+
+def assert_same_as_torchrun(hg: Hg, tmp_path: Path, script: str, framework_arm: str, steps: int) -> None:
+    """``script`` through its integration on a homogeneous plan, against the same script with the
+    framework's own DDP (``framework_arm``) under torchrun: the same parameters, losses, samples per
+    rank and optimizer steps, to the bit. The plan's batches (50/50) are not the script's: its own
+    global batch stays, split evenly."""
+    reference = torchrun(tmp_path, 2, script, framework_arm)
+    job = launch(hg, tmp_path, mixed_plan([50, 50], [1.0, 1.0]), script, "hgtrain")
+    assert job.ranks[0]["params"] == reference[0]["params"]
+    assert job.ranks[0]["losses"] == reference[0]["losses"]
+    for ours, theirs in zip(job.ranks, reference):
+        assert ours["seen"] == theirs["seen"]
+        assert ours["optimizer_steps"] == theirs["optimizer_steps"] == steps

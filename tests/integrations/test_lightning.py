@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
 from .conftest import require
-from .jobs import (assert_disjoint_shares, assert_step_metrics, assert_union_sgd, launch, mixed_plan, refusal,
-                   torchrun)
+from .jobs import (assert_disjoint_shares, assert_same_as_torchrun, assert_step_metrics, assert_union_sgd, launch,
+                   mixed_plan, refusal)
 
 pytestmark = pytest.mark.slow
 N = 384          # the script's dataset
@@ -21,13 +23,7 @@ def lightning():
 
 
 def test_a_homogeneous_plan_trains_as_lightning_ddp_under_torchrun_to_the_bit(hg, tmp_path):
-    reference = torchrun(tmp_path, 2, "lightning_fit.py", "ddp")
-    # The plan's global batch (100) is not the script's (2 x 16): the script's stays, split evenly.
-    job = launch(hg, tmp_path, mixed_plan([50, 50], [1.0, 1.0]), "lightning_fit.py", "hgtrain")
-    assert job.ranks[0]["params"] == reference[0]["params"]
-    for ours, theirs in zip(job.ranks, reference):
-        assert ours["losses"] == theirs["losses"] and ours["seen"] == theirs["seen"]
-        assert ours["optimizer_steps"] == theirs["optimizer_steps"] == 2 * (N // (2 * BATCH))
+    assert_same_as_torchrun(hg, tmp_path, "lightning_fit.py", "ddp", steps=2 * (N // (2 * BATCH)))
 
 
 def test_an_emulated_mix_trains_each_rank_at_its_share_with_the_union_batchs_gradient(hg, tmp_path):
@@ -58,9 +54,7 @@ def test_the_strategy_keeps_the_comm_hook_its_own():
 
 
 def test_importing_hgcli_integrations_imports_no_framework():
-    import subprocess
-    import sys
-
-    code = "import sys, hgcli.integrations; print(json.dumps(sorted(m for m in ('torch', 'pytorch_lightning', 'transformers', 'accelerate') if m in sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", "import json; " + code], capture_output=True, text=True, check=True)
+    code = ("import json, sys, hgcli.integrations; print(json.dumps(sorted(m for m in ('torch', 'pytorch_lightning', "
+            "'transformers', 'accelerate') if m in sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from .conftest import require
-from .jobs import assert_disjoint_shares, assert_step_metrics, launch, mixed_plan, refusal, torchrun
+from .jobs import assert_disjoint_shares, assert_same_as_torchrun, assert_step_metrics, launch, mixed_plan, refusal
 
 pytestmark = pytest.mark.slow
 N = 256          # the script's dataset
@@ -18,13 +18,7 @@ def transformers():
 
 
 def test_a_homogeneous_plan_trains_as_the_trainer_under_torchrun_to_the_bit(hg, tmp_path):
-    reference = torchrun(tmp_path, 2, "hf_fit.py", "trainer")
-    job = launch(hg, tmp_path, mixed_plan([50, 50], [1.0, 1.0]), "hf_fit.py", "hgtrain")
-    assert job.ranks[0]["params"] == reference[0]["params"]
-    assert job.ranks[0]["losses"] == reference[0]["losses"]
-    for ours, theirs in zip(job.ranks, reference):
-        assert ours["seen"] == theirs["seen"]
-        assert ours["optimizer_steps"] == theirs["optimizer_steps"] == 2 * (N // (2 * BATCH))
+    assert_same_as_torchrun(hg, tmp_path, "hf_fit.py", "trainer", steps=2 * (N // (2 * BATCH)))
 
 
 def test_an_emulated_mix_trains_each_rank_at_its_share(hg, tmp_path):
