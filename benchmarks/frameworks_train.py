@@ -2,8 +2,8 @@
 integration: ``python frameworks_train.py {lightning|transformers|accelerate} [--batch B] [--epochs E]``.
 
 lightning and accelerate train a regression by an MLP on each of a sample's tokens (hidden --hidden);
-transformers a small GPT-2 built from a config (no download). After training, rank 0 prints ``final loss X``: the model's loss over the whole dataset, outside the timed
-steps."""
+transformers a small GPT-2 built from a config (no download). After training, rank 0 prints
+``final loss X``: the model's loss over the whole dataset, outside the timed steps."""
 from __future__ import annotations
 
 import argparse
