@@ -103,13 +103,13 @@ def assert_disjoint_shares(ranks: list[dict[str, Any]], shares: Sequence[int], d
         assert len(set(epoch)) == len(epoch)
 
 
-def assert_union_sgd(ranks: list[dict[str, Any]]) -> None:
+def assert_union_sgd(ranks: list[dict[str, Any]], accumulate: int = 1) -> None:
     """Rank 0's final parameters are one process's SGD over each step's union of the ranks' batches
     (the samples-weighted hook's gradient; tests/integrations/scripts/regression.py)."""
     from tests.integrations.scripts.regression import one_process
 
     steps = [[i for r in ranks for i in r["seen"][k]] for k in range(len(ranks[0]["seen"]))]
-    for got, want in zip(ranks[0]["params"], one_process(steps)):
+    for got, want in zip(ranks[0]["params"], one_process(steps, accumulate)):
         assert torch.allclose(torch.tensor(got), want, atol=1e-5)
 
 

@@ -1,6 +1,7 @@
 """A small Lightning script for the integration tests: an MLP regression on fixed synthetic data.
 
-``python lightning_fit.py OUT {hgtrain|ddp} [--batch B] [--epochs E] [--accumulate K]``: trains with
+``python lightning_fit.py OUT {hgtrain|ddp} [--batch B] [--epochs E] [--accumulate K] [--devices auto]``:
+trains with
 ``HgtrainStrategy()`` or Lightning's own ``DDPStrategy``; every rank writes ``OUT/rank<R>.json``
 (the sample indices of each of its batches, its losses, the optimizer steps) and rank 0 also the
 final parameters."""
@@ -41,6 +42,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--accumulate", type=int, default=1)
+    parser.add_argument("--devices", default=os.environ.get("LOCAL_WORLD_SIZE", "1"),
+                        help="Trainer(devices=...): the node's ranks (as torchrun users set it), or auto")
     args = parser.parse_args()
     x, y = data()
     loader = DataLoader(TensorDataset(x, y, torch.arange(len(x))), batch_size=args.batch, shuffle=True)
@@ -51,7 +54,8 @@ def main() -> None:
     else:
         strategy = pl.strategies.DDPStrategy()
     model = Regression()
-    trainer = pl.Trainer(strategy=strategy, accelerator="cpu", devices=int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+    devices = args.devices if args.devices == "auto" else int(args.devices)
+    trainer = pl.Trainer(strategy=strategy, accelerator="cpu", devices=devices,
                          max_epochs=args.epochs, accumulate_grad_batches=args.accumulate, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(model, loader)

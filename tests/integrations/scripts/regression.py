@@ -16,13 +16,15 @@ def net() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(FEATURES, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
 
 
-def one_process(steps: list[list[int]]) -> list[torch.Tensor]:
-    """The parameters after SGD on each step's samples ``steps[k]`` as one batch."""
+def one_process(steps: list[list[int]], accumulate: int = 1) -> list[torch.Tensor]:
+    """The parameters after SGD on each step's samples ``steps[k]`` as one batch, stepping once per
+    ``accumulate`` steps on their gradients' mean (as Lightning's ``accumulate_grad_batches``)."""
     x, y = data()
     model = net()
     opt = torch.optim.SGD(model.parameters(), lr=LR)
-    for index in steps:
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x[index]), y[index]).backward()
-        opt.step()
+    for k, index in enumerate(steps):
+        (torch.nn.functional.mse_loss(model(x[index]), y[index]) / accumulate).backward()
+        if (k + 1) % accumulate == 0:
+            opt.step()
+            opt.zero_grad()
     return [p.detach().flatten() for p in model.parameters()]
