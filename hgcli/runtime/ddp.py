@@ -74,7 +74,11 @@ def weighted_ddp_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Futu
         st.total = float(total.item())
         if st.total <= 0:
             raise TrainingError(f"weighted_ddp_hook: the ranks' batches sum to {st.total:g}")
-    buf.mul_(st.batch_size / st.total)
+    world = dist.get_world_size(st.process_group)
+    if st.batch_size * world == st.total:
+        buf.div_(world)         # equal batches: DDP's own mean, to the bit (not x 1/W, rounded)
+    else:
+        buf.mul_(st.batch_size / st.total)
     fut = dist.all_reduce(buf, group=st.process_group, async_op=True).get_future()
     return fut.then(lambda f: f.value()[0])
 

@@ -1,6 +1,6 @@
 """The package's import boundaries, read from the source (no imports run):
 
-- code that runs on a node (``hgcli/node``), in a training script (``hgcli/runtime``) and the schema
+- code that runs on a node (``hgcli/node``), in a training script (``hgcli/runtime``, ``hgcli/integrations``) and the schema
   shipped with them must not import click, rich or paramiko at all: a node needs only Python and torch;
 - the controller (every other package, and ``hgcli.cli`` itself) must not import torch or numpy when its
   modules load: ``--help``, ``probe`` and ``status`` stay light. Imports inside functions are the
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "hgcli"
-NODE_SIDE = ("hgcli.node", "hgcli.runtime", "hgcli.schema")
+NODE_SIDE = ("hgcli.node", "hgcli.runtime", "hgcli.integrations", "hgcli.schema")
 CONTROLLER = ("hgcli.cli", "hgcli.config", "hgcli.probe", "hgcli.bench", "hgcli.plan", "hgcli.launch",
               "hgcli.jobs", "hgcli.remote", "hgcli.render", "hgcli.schema", "hgcli.state", "hgcli.errors")
 CONTROLLER_ONLY = ("click", "rich", "paramiko")
