@@ -63,10 +63,10 @@ def _stop_node(job: JobRecord, cluster: Cluster, node: NodeSpec) -> NodeStop:
                            None if frame else "no stopped frame from the agent"))
 
 
-def stop_job(job_id: str) -> StopResult:
+def stop_job(job_id: str, transport: str = "auto") -> StopResult:
     """Stop the job on every node (concurrently, bounded) and record the outcome."""
     record = jobs.load(job_id)
-    where = job_nodes(record)
+    where = job_nodes(record, transport=transport)
     results = fanout(where.nodes, lambda node: _stop_node(record, where.cluster, node))
     # A launch under --restarts may have started its next attempt (new agents, a new agent job id)
     # while we stopped the previous one: stop that one too, a bounded number of times.
