@@ -71,8 +71,10 @@ def _ask_slurm(settings: SrunSettings, argv: Sequence[str]) -> str | None:
 
 
 def job_nodelist(settings: SrunSettings) -> str | None:
-    """The job's node list in Slurm's compressed form (``squeue --jobs``), None when the job is gone."""
-    out = _ask_slurm(settings, ["squeue", "--noheader", f"--jobs={settings.job_id}", "--format=%N"])
+    """The running job's node list in Slurm's compressed form (``squeue --jobs``), None when the job
+    is not running (ended, or never known)."""
+    out = _ask_slurm(settings, ["squeue", "--noheader", f"--jobs={settings.job_id}", "--states=RUNNING",
+                                "--format=%N"])
     lines = [line.strip() for line in (out or "").splitlines() if line.strip()]
     return ",".join(lines) if lines else None
 
