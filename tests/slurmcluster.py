@@ -148,7 +148,8 @@ def _slurm_conf(root: Path, nodes: tuple[str, ...], addresses: dict[str, str], c
         f"SlurmctldLogFile={root / 'log' / 'slurmctld.log'}", f"SlurmdLogFile={root / 'log'}/slurmd.%n.log",
         # No cgroups in a container: the process tree is what a step owns.
         "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "SwitchType=switch/none",
-        "MpiDefault=none", "SchedulerType=sched/builtin", "SelectType=select/cons_tres",
+        "MpiDefault=none", "SchedulerType=sched/backfill",   # backfill: heterogeneous jobs need it
+        "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core", "ReturnToService=2", "JobAcctGatherType=jobacct_gather/none",
         "AccountingStorageType=accounting_storage/none",
         # Several nodes declare this machine's CPUs and memory: slurmd must not drain them for it.

@@ -24,6 +24,8 @@ from ..errors import ConfigError
 from ..schema.names import RULE as NAME_RULE, valid_name
 from ..schema.stages import Cluster, EmulateSpec, HostKeyPolicy, NodeSpec, Slowdown, SshSettings
 from .nodelists import HostEntry, expand_nodelist, parse_hostfile, valid_host
+from . import slurm
+from .slurm import allocation_nodelist
 from .tomllines import TomlLines
 
 if sys.version_info >= (3, 11):
@@ -130,11 +132,9 @@ def load_node_source(cluster_file: str | Path | None = None, *, hostfile: str | 
     ``nproc_per_node`` sizes the embedded cluster and every node of a Slurm allocation: a declared
     node says its devices itself. ``transport`` (config/slurm.py): how the nodes are reached.
     """
-    from . import slurm
-
     environ = os.environ if environ is None else environ
     srun = slurm.wanted(transport, environ)
-    from_slurm = bool(environ.get(SLURM_SOURCE)) and hostfile is None
+    from_slurm = bool(allocation_nodelist(environ)) and hostfile is None
     if nproc_per_node is not None and (hostfile is not None or (cluster_file is not None and not from_slurm)):
         source = cluster_file or hostfile
         raise ConfigError("--nproc-per-node sizes the embedded local cluster and a Slurm allocation's "
@@ -161,8 +161,9 @@ def _declared_nodes(cluster_file: str | Path | None, hostfile: str | Path | None
             return _finish(settings.nodes, settings.ssh, source=str(settings.file.path))
     if hostfile is not None:
         return load_hostfile(hostfile, settings_from=cluster_file)
-    if environ.get(SLURM_SOURCE):
-        return cluster_from_slurm(environ[SLURM_SOURCE], settings_from=cluster_file, nproc_per_node=nproc_per_node,
+    nodelist = allocation_nodelist(environ)
+    if nodelist:
+        return cluster_from_slurm(nodelist, settings_from=cluster_file, nproc_per_node=nproc_per_node,
                                   python=sys.executable if by_srun else None)
     if cluster_file is not None:
         raise ConfigError("no nodes declared: add [[nodes]] tables or hostfile = \"...\", or pass "

@@ -17,6 +17,24 @@ from .nodelists import expand_nodelist
 
 TRANSPORTS = ("auto", "ssh", "srun")
 JOB_ID = "SLURM_JOB_ID"
+NODELIST = "SLURM_JOB_NODELIST"
+# A heterogeneous job (``#SBATCH hetjob``, ``salloc ... : ...``) has no SLURM_JOB_NODELIST: each
+# component N has its own list, and a step on its nodes names the component (``--het-group=N``).
+HET_NODELIST = "SLURM_JOB_NODELIST_HET_GROUP_{}"
+
+
+def het_nodelists(environ: Mapping[str, str]) -> list[str]:
+    """Each component's node list of a heterogeneous job, in component order ([] for any other job)."""
+    found: list[str] = []
+    while environ.get(HET_NODELIST.format(len(found))):
+        found.append(environ[HET_NODELIST.format(len(found))])
+    return found
+
+
+def allocation_nodelist(environ: Mapping[str, str]) -> str | None:
+    """The allocation's nodes in Slurm's compressed form: SLURM_JOB_NODELIST, or every component's
+    list of a heterogeneous job; None outside an allocation."""
+    return environ.get(NODELIST) or ",".join(het_nodelists(environ)) or None
 
 
 def allocation(environ: Mapping[str, str], job_id: str | None = None) -> SrunSettings | None:
@@ -43,17 +61,22 @@ def wanted(transport: str, environ: Mapping[str, str], job_id: str | None = None
     return found
 
 
-def members(settings: SrunSettings, environ: Mapping[str, str]) -> list[str]:
-    """The allocation's node names: this environment's SLURM_JOB_NODELIST when it is that job's,
-    else Slurm's own answer (a recorded job reached from another terminal)."""
-    from ..remote.srun import job_nodelist
+def members(settings: SrunSettings, environ: Mapping[str, str]) -> dict[str, int | None]:
+    """The allocation's node names, each with its component of a heterogeneous job (else None):
+    from this environment when it is that job's, else Slurm's own answer (a recorded job reached
+    from another terminal; squeue prints one line per component)."""
+    from ..remote.srun import job_nodelists
 
-    nodelist = environ.get("SLURM_JOB_NODELIST") if environ.get(JOB_ID) == settings.job_id else None
-    nodelist = nodelist or job_nodelist(settings)
-    if not nodelist:
+    if environ.get(JOB_ID) == settings.job_id and allocation_nodelist(environ):
+        lists = het_nodelists(environ) or [environ[NODELIST]]
+    else:
+        lists = job_nodelists(settings)
+    if not lists:
         raise UsageError(f"Slurm job {settings.job_id} is not running (squeue does not know it): its "
                          "nodes cannot be reached as job steps; use --transport ssh")
-    return expand_nodelist(nodelist)
+    het = len(lists) > 1 or bool(het_nodelists(environ))
+    return {host: (group if het else None) for group, nodelist in enumerate(lists)
+            for host in expand_nodelist(nodelist)}
 
 
 def reach_by_srun(cluster: Cluster, settings: SrunSettings, environ: Mapping[str, str], *,
@@ -63,15 +86,16 @@ def reach_by_srun(cluster: Cluster, settings: SrunSettings, environ: Mapping[str
     (``required``), else the cluster unchanged (SSH)."""
     from ..remote.srun import node_addresses
 
-    inside = set(members(settings, environ))
-    outside = [n for n in cluster.nodes if n.host not in inside]
+    groups = members(settings, environ)
+    outside = [n for n in cluster.nodes if n.host not in groups]
     if outside:
         if not required:
             return cluster
         node = outside[0]
         raise UsageError(f"--transport srun: node {node.name!r} (host {node.host}) is not a node of Slurm "
-                         f"job {settings.job_id}; srun reaches only the allocation's nodes ({', '.join(sorted(inside))})")
+                         f"job {settings.job_id}; srun reaches only the allocation's nodes ({', '.join(sorted(groups))})")
     addresses = node_addresses(settings, [n.host for n in cluster.nodes])
     nodes = tuple(dataclasses.replace(n, hostname=addresses[n.host]) if addresses.get(n.host, n.host) != n.host
                   else n for n in cluster.nodes)
-    return dataclasses.replace(cluster, nodes=nodes, srun=settings)
+    het = tuple((host, group) for host, group in groups.items() if group is not None)
+    return dataclasses.replace(cluster, nodes=nodes, srun=dataclasses.replace(settings, het_groups=het))

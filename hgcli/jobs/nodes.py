@@ -52,6 +52,7 @@ def cluster_of(record: JobRecord, transport: str = "auto") -> Cluster:
 
 def _source_of(record: JobRecord) -> Cluster:
     from ..config.cluster import SLURM_SOURCE, cluster_from_slurm, default_cluster, load_hostfile, load_node_source
+    from ..config.slurm import allocation_nodelist
 
     source = record.cluster_source
     if source is None:
@@ -60,7 +61,7 @@ def _source_of(record: JobRecord) -> Cluster:
         if record.slurm_job is not None:
             # Launched by srun: the controller's Python on the shared file system, as then. Outside
             # the allocation there is no SLURM_JOB_NODELIST: the nodes the job ran on, as recorded.
-            nodelist = os.environ.get(SLURM_SOURCE) or ",".join(record_nodes(record))
+            nodelist = allocation_nodelist(os.environ) or ",".join(record_nodes(record))
             return cluster_from_slurm(nodelist, python=sys.executable)
         return load_node_source(None)
     try:

@@ -22,7 +22,7 @@ from .nodes import agent_control, error_message, job_nodes
 from ..schema.stages import Cluster, JobRecord, JobState, NodeSpec, RankState
 from ..node.protocol import FrameType, first
 from ..remote.fanout import fanout
-from ..remote.srun import job_nodelist
+from ..remote.srun import job_nodelists
 
 # The agent waits its grace period (10 s by default) + 15 s for its ranks, then kills leftovers with
 # another grace period: generous, still bounded.
@@ -55,7 +55,7 @@ def _stop_node(job: JobRecord, cluster: Cluster, node: NodeSpec) -> NodeStop:
     try:
         found = agent_control(cluster, node, jobs.agent_job_id(job), "stop", timeout=STOP_TIMEOUT_S)
     except RemoteError:
-        if cluster.srun is not None and job_nodelist(cluster.srun) is None:
+        if cluster.srun is not None and not job_nodelists(cluster.srun):
             # The allocation ended while we stopped (under salloc or sbatch it ends when hgtrain
             # launch returns, which stopping another node made it do): Slurm has ended every
             # process of it on every node, this one's stop step included.

@@ -48,7 +48,9 @@ def step_argv(settings: SrunSettings, node: NodeSpec, name: str, argv: Sequence[
               env: Mapping[str, str] | None = None) -> list[str]:
     """The srun command line that runs ``argv`` (with ``env`` set) as one step on ``node``."""
     assignments = [f"{k}={v}" for k, v in (env or {}).items()]
-    return [settings.srun, f"--jobid={settings.job_id}", "--nodes=1", "--ntasks=1",
+    group = dict(settings.het_groups).get(node.host)
+    het = [] if group is None else [f"--het-group={group}"]   # a component's node: name the component
+    return [settings.srun, f"--jobid={settings.job_id}", *het, "--nodes=1", "--ntasks=1",
             f"--nodelist={node.host}", "--overlap", "--whole", "--cpu-bind=none", "--mpi=none",
             "--kill-on-bad-exit=1", "--unbuffered", "--quiet", "--export=ALL", f"--job-name={name}",
             "--", "env", *assignments, *argv]
@@ -70,13 +72,12 @@ def _ask_slurm(settings: SrunSettings, argv: Sequence[str]) -> str | None:
     return done.stdout if done.returncode == 0 else None
 
 
-def job_nodelist(settings: SrunSettings) -> str | None:
-    """The running job's node list in Slurm's compressed form (``squeue --jobs``), None when the job
-    is not running (ended, or never known)."""
+def job_nodelists(settings: SrunSettings) -> list[str]:
+    """The running job's node lists in Slurm's compressed form (``squeue --jobs``), one per component
+    of a heterogeneous job; [] when the job is not running (ended, or never known)."""
     out = _ask_slurm(settings, ["squeue", "--noheader", f"--jobs={settings.job_id}", "--states=RUNNING",
                                 "--format=%N"])
-    lines = [line.strip() for line in (out or "").splitlines() if line.strip()]
-    return ",".join(lines) if lines else None
+    return [line.strip() for line in (out or "").splitlines() if line.strip()]
 
 
 def node_addresses(settings: SrunSettings, hosts: Sequence[str]) -> dict[str, str]:

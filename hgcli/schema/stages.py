@@ -60,6 +60,8 @@ class SrunSettings:
 
     job_id: str                    # SLURM_JOB_ID: ``srun --jobid`` works from inside and outside the job
     srun: str = "srun"             # the srun (and beside it squeue, scancel) on the controller's PATH
+    # A heterogeneous job: (host, component) of each node; a step there is ``--het-group=N``.
+    het_groups: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -50,15 +50,16 @@ class Hg:
         env.update(PYTHONPATH=str(REPO), HOME=str(self.home), HGTRAIN_STATE_DIR=str(self.state))
         return env
 
-    def salloc(self, *args: str) -> subprocess.Popen[str]:
-        proc = subprocess.Popen(["salloc", "--nodes=2", "--quiet", "--", sys.executable, "-m", "hgcli", *args],
+    def salloc(self, *args: str, allocation: tuple[str, ...] = ("--nodes=2",)) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(["salloc", "--quiet", *allocation, "--", sys.executable, "-m", "hgcli", *args],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, env=self.env(), cwd=self.home)
         self.procs.append(proc)
         return proc
 
-    def run(self, *args: str, timeout: float = WAIT_S) -> tuple[int, str, str]:
-        proc = self.salloc(*args)
+    def run(self, *args: str, timeout: float = WAIT_S, allocation: tuple[str, ...] = ("--nodes=2",)
+            ) -> tuple[int, str, str]:
+        proc = self.salloc(*args, allocation=allocation)
         out, err = proc.communicate(timeout=timeout)
         return proc.returncode, out, err
 
@@ -140,11 +141,34 @@ def test_main_job_in_salloc(slurm, hg):
 def test_ranks_run_as_job_steps_and_a_failing_rank_is_the_exit_code(slurm, hg):
     """Each node's agent is a job step on that node (the ranks see SLURMD_NODENAME, no sshd is
     involved), and the first failing rank's exit code is salloc's."""
-    script = WHERE + "\nimport sys; sys.exit(3 if os.environ['RANK'] == '1' else 0)"
-    code, out, err = hg.run("launch", "--nproc-per-node", "1", "--grace", "2", "--", sys.executable, "-c", script)
+    # Rank 1 fails once rank 0 has said where it runs (else the stop could end rank 0 first).
+    script = WHERE + """
+import sys, time
+ready = os.environ['READY']
+if os.environ['RANK'] == '0':
+    open(ready, 'w').close()
+    sys.exit(0)
+deadline = time.time() + 60
+while not os.path.exists(ready) and time.time() < deadline:
+    time.sleep(0.05)
+sys.exit(3)
+"""
+    ready = hg.home / f"ready-{time.monotonic_ns()}"
+    code, out, err = hg.run("launch", "--nproc-per-node", "1", "--grace", "2", "--env", f"READY={ready}", "--",
+                            sys.executable, "-c", script)
     assert code == 3, (out + err)[-3000:]
     assert re.search(r"n1:0 \| on n1 step \d+", out) and re.search(r"n2:1 \| on n2 step \d+", out), out
     assert "root cause: n2:1 exited with code 3" in err, err[-3000:]
+
+
+def test_a_heterogeneous_job_reaches_each_component_s_nodes(slurm, hg):
+    """``salloc -N1 -w n1 : -N1 -w n2`` (as ``#SBATCH hetjob``): no SLURM_JOB_NODELIST, one list per
+    component; each node's step names its component (--het-group)."""
+    code, out, err = hg.run("launch", "--nproc-per-node", "1", "--", sys.executable, "-c", WHERE,
+                            allocation=("--nodes=1", "--nodelist=n1", ":", "--nodes=1", "--nodelist=n2"))
+    assert code == 0, (out + err)[-3000:]
+    assert "2 ranks on n1, n2" in err, err[-3000:]
+    assert re.search(r"n1:0 \| on n1 step \d+", out) and re.search(r"n2:1 \| on n2 step \d+", out), out
 
 
 def test_ctrl_c_leaves_no_step_behind(slurm, hg):
