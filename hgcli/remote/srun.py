@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import threading
 import time
 from pathlib import Path
-from typing import BinaryIO, Mapping, Sequence, cast
+from typing import Mapping, Sequence
 
 from ..errors import RemoteError
 from ..schema.stages import NodeSpec, SrunSettings
+from .local import LocalProcess
 from .transport import Completed
 
 # A step whose connection was closed (its agent saw stdin EOF) normally ends within a second or two;
@@ -112,22 +112,13 @@ def cancel_steps(settings: SrunSettings, names: Sequence[str]) -> list[str]:
     return ids
 
 
-class SrunProcess:
-    """One step's srun, its pipes the step's stdin, stdout and stderr."""
+class SrunProcess(LocalProcess):
+    """One step's srun, its pipes the step's stdin, stdout and stderr. Closing them is the agent's
+    stdin EOF through srun (the lifeline), as closing a local agent's pipes is."""
 
     def __init__(self, popen: subprocess.Popen[bytes], name: str) -> None:
-        self._popen = popen
-        self.name = name
-        # Started with all three as pipes (SrunTransport.start): buffered binary files, never None.
-        self.stdin = cast(BinaryIO, popen.stdin)
-        self.stdout = cast(BinaryIO, popen.stdout)
-        self.stderr = cast(BinaryIO, popen.stderr)
-
-    def wait(self, timeout: float | None = None) -> int:
-        try:
-            return self._popen.wait(timeout)
-        except subprocess.TimeoutExpired as exc:
-            raise TimeoutError(str(exc)) from None
+        super().__init__(popen)
+        self.name = name   # its --job-name, by which squeue finds the step
 
     def running(self) -> bool:
         return self._popen.poll() is None
@@ -137,17 +128,6 @@ class SrunProcess:
             self._popen.kill()
         except OSError:
             pass
-
-    def close(self) -> None:
-        # stdin EOF travels through srun to the agent, which stops its ranks and exits: the step ends.
-        for stream in (self.stdin, self.stdout, self.stderr):
-            try:
-                stream.close()
-            except OSError:
-                pass
-        if self._popen.poll() is None:   # reaped when it ends, not left a zombie (as LocalProcess)
-            threading.Thread(target=self._popen.wait, name=f"hgtrain-reap-{self._popen.pid}",
-                             daemon=True).start()
 
 
 class SrunTransport:
