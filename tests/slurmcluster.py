@@ -146,7 +146,9 @@ def _slurm_conf(root: Path, nodes: tuple[str, ...], addresses: dict[str, str], c
         f"StateSaveLocation={root / 'state'}", f"SlurmdSpoolDir={root / 'spool'}/%n",
         f"SlurmctldPidFile={root / 'slurmctld.pid'}", f"SlurmdPidFile={root / 'slurmd'}.%n.pid",
         f"SlurmctldLogFile={root / 'log' / 'slurmctld.log'}", f"SlurmdLogFile={root / 'log'}/slurmd.%n.log",
-        # No cgroups in a container: the process tree is what a step owns.
+        # No cgroups in a container: the process tree is what a step owns. No CPU binding either
+        # (task/none; srun says the cluster "lacks support for cpu binding"): the nodes share this
+        # machine's cores, and task/affinity would pin every node's ranks to the same first core.
         "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "SwitchType=switch/none",
         "MpiDefault=none", "SchedulerType=sched/backfill",   # backfill: heterogeneous jobs need it
         "SelectType=select/cons_tres",
