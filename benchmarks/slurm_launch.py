@@ -9,10 +9,13 @@ node, no torch) both ways:
 
 - hgtrain: ``hgtrain launch --nproc-per-node 1 --plan PLAN -- python script``, the plan laid out in
   advance for the allocation's two nodes (so no probe or bench); each node's agent is a job step;
-- srun: ``srun --nodes=2 --ntasks=2 --overlap python script``.
+- srun: ``srun --nodes=2 --ntasks=2 --overlap python script``;
+- for reference, hgtrain on the embedded local cluster (two ranks on the machine the launch runs on,
+  local subprocesses, the allocation's variables unset): what the launch costs without Slurm, so the
+  difference to the first row is the srun transport's own share.
 start: from the command (just before its process is spawned) to every rank running, by the wall clock
 each rank writes as its first statement; end: to the launcher's exit. Goal: hgtrain / srun <= 1.5 for
-both. Prints a table, then one JSON object.
+both. Prints a table, then one JSON object (``goals``: which goals were met).
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from hgcli.config.cluster import load_node_source  # noqa: E402
+from hgcli.config.cluster import default_cluster, load_node_source  # noqa: E402
 from hgcli.plan.files import write_plan  # noqa: E402
 from hgcli.schema.stages import GroupPlan, Plan, RankPlan, Role, Strategy  # noqa: E402
 
@@ -53,11 +56,23 @@ def allocation_plan() -> Plan:
                 reason="benchmark: one rank per node of the allocation, laid out in advance")
 
 
+def local_plan() -> Plan:
+    """Two emulated workers on the embedded local cluster (as benchmarks/launch_latency.py)."""
+    cluster = default_cluster()
+    ranks = tuple(RankPlan(rank=r, role=Role.WORKER, node="local", device=f"gpu{r}", group=0, batch_size=32,
+                           local_rank=r, emulated=True) for r in range(2))
+    return Plan(strategy=Strategy.ALLREDUCE, world_size=2, groups=(GroupPlan(id=0, ranks=(0, 1)),), ranks=ranks,
+                predicted_samples_per_s={}, global_batch=64, cluster=cluster.fingerprint(),
+                reason="benchmark: two ranks laid out in advance")
+
+
 class Tools:
     def __init__(self, work: Path) -> None:
         self.work = work
         self.plan = work / "plan.json"
         write_plan(self.plan, allocation_plan())
+        self.local_plan = work / "local-plan.json"
+        write_plan(self.local_plan, local_plan())
         self.env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": str(work / "home"),
                     "HGTRAIN_STATE_DIR": str(work / "state")}
         (work / "home").mkdir(exist_ok=True)
@@ -68,6 +83,10 @@ class Tools:
         if tool == "hgtrain":
             return ([sys.executable, "-m", "hgcli", "launch", "--nproc-per-node", "1", "--plan", str(self.plan),
                      "--env", f"BENCH_OUT={out}", "--", sys.executable, str(self.script)], self.env)
+        if tool == "hgtrain-local":
+            outside = {k: v for k, v in self.env.items() if not k.startswith("SLURM_")}
+            return ([sys.executable, "-m", "hgcli", "launch", "--plan", str(self.local_plan), "--env",
+                     f"BENCH_OUT={out}", "--", sys.executable, str(self.script)], outside)
         return (["srun", "--nodes=2", "--ntasks=2", "--overlap", "--quiet", sys.executable, str(self.script)],
                 {**self.env, "BENCH_OUT": str(out)})
 
@@ -88,7 +107,7 @@ def inside(repeats: int) -> dict[str, dict[str, float]]:
     """Run in the allocation: both tools, alternating, after one warm-up each."""
     with tempfile.TemporaryDirectory(prefix="hg-slurm-latency-") as tmp:
         tools = Tools(Path(tmp))
-        runs: dict[str, list[tuple[float, float]]] = {"hgtrain": [], "srun": []}
+        runs: dict[str, list[tuple[float, float]]] = {"hgtrain": [], "srun": [], "hgtrain-local": []}
         for tool in runs:
             tools.start_and_end(tool)   # warm-up: page cache, .pyc files
         for _ in range(repeats):
@@ -126,20 +145,24 @@ def main() -> int:
         print(done.stdout[-2000:], done.stderr[-3000:], file=sys.stderr)
         return 1
     results = json.loads(done.stdout.strip().splitlines()[-1])
-    h, s = results["hgtrain"], results["srun"]
+    h, s, local = results["hgtrain"], results["srun"], results["hgtrain-local"]
     figures = {
         "benchmark": "slurm_launch", "slurm": version, "repeats": args.repeats, "nodes": 2, "ranks": 2,
         "hgtrain_start_s": round(h["start_s"], 3), "srun_start_s": round(s["start_s"], 3),
         "start_ratio": round(h["start_s"] / s["start_s"], 3),
         "hgtrain_end_s": round(h["end_s"], 3), "srun_end_s": round(s["end_s"], 3),
         "end_ratio": round(h["end_s"] / s["end_s"], 3),
+        "hgtrain_local_start_s": round(local["start_s"], 3), "hgtrain_local_end_s": round(local["end_s"], 3),
+        "load_1min": round(os.getloadavg()[0], 2),
     }
     figures["goals"] = {f"start_ratio<={GOAL_RATIO}": figures["start_ratio"] <= GOAL_RATIO,
                         f"end_ratio<={GOAL_RATIO}": figures["end_ratio"] <= GOAL_RATIO}
     print(f"{version}, 2 nodes, 1 rank each; median of {args.repeats}")
-    print(f"{'':<30}{'hgtrain':>10}{'srun':>10}{'ratio':>8}")
-    print(f"{'command -> all ranks up (s)':<30}{h['start_s']:>10.3f}{s['start_s']:>10.3f}{figures['start_ratio']:>8.2f}")
-    print(f"{'command -> launcher exit (s)':<30}{h['end_s']:>10.3f}{s['end_s']:>10.3f}{figures['end_ratio']:>8.2f}")
+    print(f"{'':<30}{'hgtrain':>10}{'srun':>10}{'ratio':>8}{'hgtrain local':>15}")
+    print(f"{'command -> all ranks up (s)':<30}{h['start_s']:>10.3f}{s['start_s']:>10.3f}{figures['start_ratio']:>8.2f}"
+          f"{local['start_s']:>15.3f}")
+    print(f"{'command -> launcher exit (s)':<30}{h['end_s']:>10.3f}{s['end_s']:>10.3f}{figures['end_ratio']:>8.2f}"
+          f"{local['end_s']:>15.3f}")
     print(json.dumps(figures))
     return 0
 
