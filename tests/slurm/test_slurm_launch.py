@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -159,6 +160,22 @@ sys.exit(3)
     assert code == 3, (out + err)[-3000:]
     assert re.search(r"n1:0 \| on n1 step \d+", out) and re.search(r"n2:1 \| on n2 step \d+", out), out
     assert "root cause: n2:1 exited with code 3" in err, err[-3000:]
+
+
+def test_an_sbatch_script_launches_and_its_exit_code_is_the_job_s(slurm, hg, tmp_path):
+    """From a batch script (the batch step on the first node), as docs/slurm.md shows; ``sbatch
+    --wait`` exits with the script's code, here a failing rank's."""
+    script = tmp_path / "train.sbatch"
+    output = tmp_path / "slurm.out"
+    failing = WHERE + "\nimport sys; sys.exit(5 if os.environ['RANK'] == '0' else 0)"
+    script.write_text("#!/bin/bash\n#SBATCH --nodes=2\n"
+                      f"exec {sys.executable} -m hgcli launch --nproc-per-node 1 --grace 2 -- "
+                      f"{sys.executable} -c {shlex.quote(failing)}\n")
+    done = subprocess.run(["sbatch", "--wait", "--quiet", f"--output={output}", str(script)], capture_output=True,
+                          text=True, env=hg.env(), cwd=hg.home, timeout=WAIT_S, stdin=subprocess.DEVNULL)
+    log = output.read_text() if output.exists() else ""
+    assert done.returncode == 5, done.stderr + log[-3000:]
+    assert re.search(r"n1:0 \| on n1 step \d+", log) and "root cause: n1:0 exited with code 5" in log, log[-3000:]
 
 
 def test_a_heterogeneous_job_reaches_each_component_s_nodes(slurm, hg):
