@@ -1,7 +1,7 @@
 """The transport for the nodes of the Slurm allocation hgtrain runs in: job steps, no SSH.
 
 Every command on a node (probe, bench, an agent, ``agent --stop``) is one job step of the allocation:
-``srun --jobid=JOB --nodes=1 --ntasks=1 --nodelist=NODE --overlap --whole ... -- env K=V ARGV``.
+``srun --jobid=JOB --nodes=1 --ntasks=1 --nodelist=NODE --overlap ... -- env K=V ARGV``.
 srun runs ARGV with no shell in between, so every argument reaches the node exactly as given (the
 quoting the SSH transport needs does not arise), and it carries the step's stdin, stdout and stderr
 as an SSH channel does: the agent's lifeline (it dies on stdin EOF) works unchanged. The flags, for
@@ -10,8 +10,9 @@ Slurm 22.05 and later:
 - ``--overlap``: a step shares the CPUs, memory and GPUs of the job with every other step; without it a
   second step (bench beside a probe, ``hgtrain stop`` beside the running job) waits for resources
   the first one holds, and inside an sbatch script the batch step itself holds them.
-- ``--whole``: the step gets all of the job's resources on its node, not one CPU (the default for one
-  task since 21.08), so the agent's ranks are not confined to a single core or its memory share.
+- no ``--exact``: a step then gets all of the job's CPUs and memory on its node (srun's default since
+  21.08) and all of its GPUs (the default for a step that asks for no GRES), so the agent's ranks are
+  not confined to the one CPU a one-task step would ask for.
 - ``--cpu-bind=none``, ``--mpi=none``: the agent places its ranks itself; no PMI set-up to wait for.
 - ``--kill-on-bad-exit=1``, ``--unbuffered``, ``--quiet``: no step outlives a failed task; the agent's
   frames arrive as it writes them; srun's own progress lines never mix into a node's stderr.
@@ -51,7 +52,7 @@ def step_argv(settings: SrunSettings, node: NodeSpec, name: str, argv: Sequence[
     group = dict(settings.het_groups).get(node.host)
     het = [] if group is None else [f"--het-group={group}"]   # a component's node: name the component
     return [settings.srun, f"--jobid={settings.job_id}", *het, "--nodes=1", "--ntasks=1",
-            f"--nodelist={node.host}", "--overlap", "--whole", "--cpu-bind=none", "--mpi=none",
+            f"--nodelist={node.host}", "--overlap", "--cpu-bind=none", "--mpi=none",
             "--kill-on-bad-exit=1", "--unbuffered", "--quiet", "--export=ALL", f"--job-name={name}",
             "--", "env", *assignments, *argv]
 

@@ -47,4 +47,4 @@ def test_heterogeneous_job_components_and_their_steps():
     # No shell in between: every argument is one argv element, as given.
     assert argv[argv.index("--"):] == ["--", "env", "PYTHONPATH=/p q", "python3", "-c", "print('a b')"]
     plain = step_argv(settings, NodeSpec(name="a1", host="a1"), "hgtrain-y", ["true"])
-    assert not any(a.startswith("--het-group") for a in plain) and "--overlap" in plain and "--whole" in plain
+    assert not any(a.startswith("--het-group") for a in plain) and "--overlap" in plain and "--exact" not in plain
