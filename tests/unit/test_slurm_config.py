@@ -48,3 +48,13 @@ def test_heterogeneous_job_components_and_their_steps():
     assert argv[argv.index("--"):] == ["--", "env", "PYTHONPATH=/p q", "python3", "-c", "print('a b')"]
     plain = step_argv(settings, NodeSpec(name="a1", host="a1"), "hgtrain-y", ["true"])
     assert not any(a.startswith("--het-group") for a in plain) and "--overlap" in plain and "--exact" not in plain
+
+
+def test_detach_is_refused_with_srun_before_anything_starts():
+    from hgcli.launch.launcher import LaunchRequest
+    from hgcli.schema.stages import Cluster
+
+    cluster = Cluster(nodes=(NodeSpec(name="n1", host="n1"),), srun=SrunSettings(job_id="5"))
+    with pytest.raises(UsageError, match="--detach cannot be used with --transport srun"):
+        LaunchRequest(cluster=cluster, command=("true",), detach=True)
+    LaunchRequest(cluster=cluster, command=("true",))   # attached: fine
