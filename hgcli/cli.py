@@ -51,7 +51,10 @@ def transport_option(f: F) -> F:
     """``--transport`` for the job commands (status, logs, stop): auto reaches a job launched by srun
     as steps of its allocation again, any other job as it was declared."""
     return click.option("--transport", type=transport_choice(), default="auto", show_default=True,
-                        envvar="HGTRAIN_TRANSPORT", help=TRANSPORT_HELP)(f)
+                        envvar="HGTRAIN_TRANSPORT",
+                        help="How the job's nodes are reached: auto (as the job was launched: a job "
+                             "launched by srun as steps of its Slurm allocation, from any terminal), "
+                             "ssh, or srun. See docs/slurm.md.")(f)
 
 
 def cluster_option(f: F) -> F:
