@@ -33,9 +33,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from hgcli.config.cluster import default_cluster, load_node_source  # noqa: E402
+from hgcli.config.cluster import load_node_source  # noqa: E402
 from hgcli.plan.files import write_plan  # noqa: E402
 from hgcli.schema.stages import GroupPlan, Plan, RankPlan, Role, Strategy  # noqa: E402
+# The embedded cluster's two-rank plan of the launch benchmark (this script's directory is on sys.path).
+from launch_latency import two_rank_plan  # noqa: E402
 
 GOAL_RATIO = 1.5
 # Each rank writes its clock to its own file; under srun the rank is SLURM_PROCID.
@@ -56,23 +58,13 @@ def allocation_plan() -> Plan:
                 reason="benchmark: one rank per node of the allocation, laid out in advance")
 
 
-def local_plan() -> Plan:
-    """Two emulated workers on the embedded local cluster (as benchmarks/launch_latency.py)."""
-    cluster = default_cluster()
-    ranks = tuple(RankPlan(rank=r, role=Role.WORKER, node="local", device=f"gpu{r}", group=0, batch_size=32,
-                           local_rank=r, emulated=True) for r in range(2))
-    return Plan(strategy=Strategy.ALLREDUCE, world_size=2, groups=(GroupPlan(id=0, ranks=(0, 1)),), ranks=ranks,
-                predicted_samples_per_s={}, global_batch=64, cluster=cluster.fingerprint(),
-                reason="benchmark: two ranks laid out in advance")
-
-
 class Tools:
     def __init__(self, work: Path) -> None:
         self.work = work
         self.plan = work / "plan.json"
         write_plan(self.plan, allocation_plan())
         self.local_plan = work / "local-plan.json"
-        write_plan(self.local_plan, local_plan())
+        write_plan(self.local_plan, two_rank_plan())
         self.env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": str(work / "home"),
                     "HGTRAIN_STATE_DIR": str(work / "state")}
         (work / "home").mkdir(exist_ok=True)
