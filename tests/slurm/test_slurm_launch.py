@@ -205,8 +205,17 @@ def test_stop_from_outside_the_allocation_leaves_no_step_behind(slurm, hg):
     job_id = wait_events(proc, 2)[0]["job_id"]
     status = hg.outside("status", job_id, "--json")
     assert status.returncode == 0 and json.loads(status.stdout)["live"]["nodes"], status.stderr
+    # `logs -f` tails each node's files through a step of its own, until the job ends.
+    follow = subprocess.Popen([sys.executable, "-m", "hgcli", "logs", job_id, "-f"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=hg.env(), cwd=hg.home, stdin=subprocess.DEVNULL)
+    hg.procs.append(follow)
+    assert follow.stdout is not None
+    first = [follow.stdout.readline(), follow.stdout.readline()]
+    assert sorted(re.sub(r"step \d+", "step N", line.strip()) for line in first) == [
+        "n1:0| on n1 step N", "n2:1| on n2 step N"], first
     stop = hg.outside("stop", job_id, "--json")
     _, err = proc.communicate(timeout=WAIT_S)
+    follow.communicate(timeout=WAIT_S)   # ends with the job (or with its allocation)
     assert stop.returncode == 0, stop.stdout + stop.stderr + err
     nodes = json.loads(stop.stdout)["nodes"]
     # A node whose stop step the ending allocation cut short (the launch returned once the other node
