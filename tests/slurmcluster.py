@@ -98,7 +98,10 @@ class SlurmCluster:
             time.sleep(0.3)
 
     def stop(self) -> None:
+        """Cancel every job (waiting for Slurm to end its steps), stop the daemons, and kill any
+        slurmstepd left (a step's daemon outlives slurmd; it runs in our log directory)."""
         self.command("scancel", "--full", "--user=root")
+        self.wait_no_jobs(15.0)
         for pid in reversed(self.pids):
             try:
                 os.kill(pid, signal.SIGTERM)
@@ -110,9 +113,29 @@ class SlurmCluster:
                 time.sleep(0.1)
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+        for pid in self.step_daemons():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def step_daemons(self) -> list[int]:
+        """Live slurmstepd processes of this Slurm (their working directory is under our root)."""
+        found = []
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
+                cwd = os.readlink(f"/proc/{name}/cwd")
+            except OSError:
+                continue
+            if cmdline.startswith(b"slurmstepd:") and Path(cwd).is_relative_to(self.root) and _alive(int(name)):
+                found.append(int(name))
+        return found
 
     def leftover_pids(self) -> list[int]:
-        return [pid for pid in self.pids if _alive(pid)]
+        return [pid for pid in self.pids if _alive(pid)] + self.step_daemons()
 
 
 def _alive(pid: int) -> bool:

@@ -52,9 +52,10 @@ class Hg:
         return env
 
     def salloc(self, *args: str, allocation: tuple[str, ...] = ("--nodes=2",)) -> subprocess.Popen[str]:
+        # A session of its own: a failed test's teardown ends salloc and hgtrain under it together.
         proc = subprocess.Popen(["salloc", "--quiet", *allocation, "--", sys.executable, "-m", "hgcli", *args],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=self.env(), cwd=self.home)
+                                text=True, env=self.env(), cwd=self.home, start_new_session=True)
         self.procs.append(proc)
         return proc
 
@@ -80,14 +81,27 @@ class Hg:
 def hg(slurm, home):
     runner = Hg(slurm, home)
     yield runner
-    for proc in runner.procs:
+    for proc in runner.procs:   # only a failed test leaves one running
         if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
+            end_group(proc)
     slurm.wait_no_jobs()
     leaked = {job: job_pids(job) for job in runner.job_ids() if job_pids(job)}
     assert not leaked, f"processes left behind: {leaked}"
     assert not slurm.steps(), f"job steps left behind: {slurm.steps()}"
+
+
+def end_group(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM to the process's session (salloc and hgtrain: it stops its job in order), then SIGKILL."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(30)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def child_of(pid: int, timeout: float = 30.0) -> int:
@@ -207,7 +221,8 @@ def test_stop_from_outside_the_allocation_leaves_no_step_behind(slurm, hg):
     assert status.returncode == 0 and json.loads(status.stdout)["live"]["nodes"], status.stderr
     # `logs -f` tails each node's files through a step of its own, until the job ends.
     follow = subprocess.Popen([sys.executable, "-m", "hgcli", "logs", job_id, "-f"], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=hg.env(), cwd=hg.home, stdin=subprocess.DEVNULL)
+                              stderr=subprocess.PIPE, text=True, env=hg.env(), cwd=hg.home, stdin=subprocess.DEVNULL,
+                              start_new_session=True)
     hg.procs.append(follow)
     assert follow.stdout is not None
     first = [follow.stdout.readline(), follow.stdout.readline()]
