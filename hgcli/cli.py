@@ -23,8 +23,8 @@ if TYPE_CHECKING:
 
 F = TypeVar("F", bound=Callable[..., Any])   # a command function, decorated with options
 
-CLUSTER_HELP = ("Cluster file (TOML). Default: --hostfile, else $SLURM_JOB_NODELIST, else the embedded "
-                "local cluster of this machine.")
+CLUSTER_HELP = ("Cluster file (TOML). Default: --hostfile, else $SLURM_JOB_NODELIST (the nodes of the "
+                "Slurm allocation), else the embedded local cluster of this machine.")
 
 
 def _remember_hostfile(ctx: click.Context, _param: click.Parameter, value: Path | None) -> None:
@@ -32,7 +32,36 @@ def _remember_hostfile(ctx: click.Context, _param: click.Parameter, value: Path 
     ctx.meta["hgtrain.hostfile"] = value
 
 
+TRANSPORT_HELP = ("How nodes are reached: ssh, srun (job steps of the Slurm allocation hgtrain runs in, "
+                  "no SSH) or auto: srun inside an allocation whose nodes the cluster's are, else ssh. "
+                  "See docs/slurm.md.")
+
+
+def _remember_transport(ctx: click.Context, _param: click.Parameter, value: str) -> None:
+    ctx.meta["hgtrain.transport"] = value
+
+
+def transport_choice() -> click.Choice:
+    from .config.slurm import TRANSPORTS
+
+    return click.Choice(TRANSPORTS)
+
+
+def transport_option(f: F) -> F:
+    """``--transport`` for the job commands (status, logs, stop): auto reaches a job launched by srun
+    as steps of its allocation again, any other job as it was declared."""
+    return click.option("--transport", type=transport_choice(), default="auto", show_default=True,
+                        envvar="HGTRAIN_TRANSPORT",
+                        help="How the job's nodes are reached: auto (as the job was launched: a job "
+                             "launched by srun as steps of its Slurm allocation, from any terminal), "
+                             "ssh, or srun. See docs/slurm.md.")(f)
+
+
 def cluster_option(f: F) -> F:
+    f = click.option(
+        "--transport", type=transport_choice(), default="auto", show_default=True, expose_value=False,
+        envvar="HGTRAIN_TRANSPORT", callback=_remember_transport, help=TRANSPORT_HELP,
+    )(f)
     f = click.option(
         "--hostfile", type=click.Path(dir_okay=False, path_type=Path), expose_value=False,
         callback=_remember_hostfile, help="DeepSpeed/MPI hostfile (host slots=N) as the node list.",
@@ -63,15 +92,16 @@ def load_cluster_arg(cluster_file: Path | None, nproc_per_node: int | None = Non
     (``--nproc-per-node`` devices of it)."""
     from .config.cluster import load_node_source
 
-    hostfile = click.get_current_context().meta.get("hgtrain.hostfile")
-    return load_node_source(cluster_file, hostfile=hostfile, nproc_per_node=nproc_per_node)
+    meta = click.get_current_context().meta
+    return load_node_source(cluster_file, hostfile=meta.get("hgtrain.hostfile"), nproc_per_node=nproc_per_node,
+                            transport=meta.get("hgtrain.transport", "auto"))
 
 
 def nproc_option(f: F) -> F:
     return click.option(
         "--nproc-per-node", "nproc_per_node", type=click.IntRange(min=1), default=None, metavar="N",
-        help="Embedded local cluster only: its first N GPUs, or N identical emulated devices on a "
-             "machine without GPUs (as torchrun's --nproc-per-node).")(f)
+        help="The embedded local cluster, or every node of a Slurm allocation: the first N GPUs, or N "
+             "identical emulated devices where this machine has no GPUs (as torchrun's --nproc-per-node).")(f)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -312,7 +342,8 @@ def launch(ctx: click.Context, cluster_file: Path | None, nproc_per_node: int | 
 @cli.command()
 @click.argument("job", required=False)
 @json_option
-def status(job: str | None, as_json: bool) -> None:
+@transport_option
+def status(job: str | None, as_json: bool, transport: str) -> None:
     """What runs where: each rank's state, step, loss and throughput.
 
     Without JOB: every recorded job, newest first; running ones are asked live. With JOB: that job's
@@ -323,7 +354,7 @@ def status(job: str | None, as_json: bool) -> None:
     from .jobs.status import job_status, list_status, status_dict
 
     if job is not None:
-        one = job_status(job)
+        one = job_status(job, transport)
         if as_json:
             click.echo(json.dumps(status_dict(one), indent=2))
         else:
@@ -331,7 +362,7 @@ def status(job: str | None, as_json: bool) -> None:
 
             render_job(one)
         return
-    statuses = list_status()
+    statuses = list_status(transport)
     if as_json:
         click.echo(json.dumps({"jobs": [status_dict(s) for s in statuses]}, indent=2))
     else:
@@ -346,7 +377,8 @@ def status(job: str | None, as_json: bool) -> None:
 @ranks_option("Only these ranks, e.g. 0,2-3.")
 @json_option
 @raw_option
-def logs(job: str, follow: bool, ranks: str | None, as_json: bool, raw: bool) -> None:
+@transport_option
+def logs(job: str, follow: bool, ranks: str | None, as_json: bool, raw: bool, transport: str) -> None:
     """Print or follow a job's logs (also of a detached job), tagged node:rank.
 
     Ctrl-C while following exits 130 and leaves the job running.
@@ -374,7 +406,7 @@ def logs(job: str, follow: bool, ranks: str | None, as_json: bool, raw: bool) ->
         for item in local_lines(record, chosen):
             show(item)
         return
-    with NodeLogs(record, chosen, follow=follow) as node_logs:
+    with NodeLogs(record, chosen, follow=follow, transport=transport) as node_logs:
         for item in node_logs.lines():
             show(item)
     if node_logs.failed:
@@ -468,12 +500,13 @@ def report(job: str, output: Path, ranks: str | None) -> None:
 @cli.command()
 @click.argument("job")
 @json_option
-def stop(job: str, as_json: bool) -> None:
+@transport_option
+def stop(job: str, as_json: bool, transport: str) -> None:
     """Stop a running job on every node (only that job). Exit 4 names nodes that did not confirm."""
     from .schema.stages import to_dict
     from .jobs.stop import stop_job, unconfirmed_error
 
-    result = stop_job(job)
+    result = stop_job(job, transport)
     if as_json:
         import json
 

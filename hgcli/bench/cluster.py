@@ -130,7 +130,7 @@ def _bench_node(cluster: Cluster, node: NodeSpec, info: NodeInfo | None, quick: 
     targets = device_targets(info)
     real = [t for t in targets if not t.emulated]
     emulated = [t for t in targets if t.emulated]
-    with open_transport(node, cluster.ssh) as transport:
+    with open_transport(node, cluster) as transport:
         measured = [_bench_device(transport, node, t, quick, spec, emit) for t in real]
         if emulated:
             # Emulated devices of a node share one CPU: it is measured once per distinct declared

@@ -99,7 +99,7 @@ def _measure(cluster: Cluster, a: NodeSpec, b: NodeSpec, backend: str, quick: bo
     def fail(message: str) -> LinkProfile:
         return LinkProfile(a=a.name, b=b.name, backend=backend, error=message)
 
-    with open_transport(first, cluster.ssh) as t0, open_transport(second, cluster.ssh) as t1, \
+    with open_transport(first, cluster) as t0, open_transport(second, cluster) as t1, \
             NodeProgram(t0, "bench.link", ["--rank", "0", *common]) as rank0:
         frames0 = rank0.frames(deadline)
         port = None

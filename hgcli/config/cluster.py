@@ -24,6 +24,8 @@ from ..errors import ConfigError
 from ..schema.names import RULE as NAME_RULE, valid_name
 from ..schema.stages import Cluster, EmulateSpec, HostKeyPolicy, NodeSpec, Slowdown, SshSettings
 from .nodelists import HostEntry, expand_nodelist, parse_hostfile, valid_host
+from . import slurm
+from .slurm import allocation_nodelist
 from .tomllines import TomlLines
 
 if sys.version_info >= (3, 11):
@@ -62,20 +64,25 @@ def default_cluster(nproc_per_node: int | None = None) -> Cluster:
     ``nproc_per_node`` (``--nproc-per-node N``, as torchrun users type it): the first N GPUs, or on a
     machine without GPUs N identical emulated devices (the fast device of the default set), so a
     2-rank script needs no cluster file."""
-    has_gpus = bool(shutil.which("nvidia-smi"))
-    emulate = None if has_gpus else DEFAULT_EMULATION
-    gpus = None
-    if nproc_per_node is not None:
-        if nproc_per_node < 1:
-            raise ConfigError(f"--nproc-per-node must be at least 1, got {nproc_per_node}")
-        if has_gpus:
-            gpus = tuple(range(nproc_per_node))
-        else:
-            emulate = EmulateSpec(devices=DEFAULT_EMULATION.devices[:1] * nproc_per_node,
-                                  speed=DEFAULT_EMULATION.speed[:1] * nproc_per_node,
-                                  memory_mib=DEFAULT_EMULATION.memory_mib[:1] * nproc_per_node)
+    gpus, emulate = nproc_devices(nproc_per_node)
     node = NodeSpec(name="local", host="localhost", python=sys.executable, gpus=gpus, emulate=emulate)
     return Cluster(nodes=(node,), source=None)
+
+
+def nproc_devices(nproc_per_node: int | None) -> tuple[tuple[int, ...] | None, EmulateSpec | None]:
+    """A node's ``gpus`` and ``emulate`` for ``--nproc-per-node`` (None: all GPUs, or the default
+    emulated set without them). GPUs or emulation is this machine's choice: with nvidia-smi here,
+    the first N GPUs of every node, else N emulated devices."""
+    has_gpus = bool(shutil.which("nvidia-smi"))
+    if nproc_per_node is None:
+        return None, None if has_gpus else DEFAULT_EMULATION
+    if nproc_per_node < 1:
+        raise ConfigError(f"--nproc-per-node must be at least 1, got {nproc_per_node}")
+    if has_gpus:
+        return tuple(range(nproc_per_node)), None
+    return None, EmulateSpec(devices=DEFAULT_EMULATION.devices[:1] * nproc_per_node,
+                             speed=DEFAULT_EMULATION.speed[:1] * nproc_per_node,
+                             memory_mib=DEFAULT_EMULATION.memory_mib[:1] * nproc_per_node)
 
 
 def load_cluster(path: str | Path) -> Cluster:
@@ -93,43 +100,71 @@ def load_hostfile(path: str | Path, *, settings_from: str | Path | None = None) 
     return _finish(decls, settings.ssh, source=str(path))
 
 
-def cluster_from_slurm(nodelist: str, *, settings_from: str | Path | None = None) -> Cluster:
-    """The hosts of a Slurm allocation (``SLURM_JOB_NODELIST``, bracket ranges expanded)."""
+def cluster_from_slurm(nodelist: str, *, settings_from: str | Path | None = None,
+                       nproc_per_node: int | None = None, python: str | None = None) -> Cluster:
+    """The hosts of a Slurm allocation (``SLURM_JOB_NODELIST``, bracket ranges expanded).
+
+    ``nproc_per_node``: every node's devices (``nproc_devices``), unless [defaults] declares them;
+    ``python``: every node's Python unless [defaults] declares one (srun: the controller's own, on
+    the file system the allocation shares)."""
     settings = _settings_only(settings_from, SLURM_SOURCE)
-    decls = [_Decl(fields={**settings.defaults.fields, "host": host}, explicit=settings.defaults.explicit,
+    fields = dict(settings.defaults.fields)
+    if nproc_per_node is not None and not {"gpus", "emulate"} & settings.defaults.explicit:
+        gpus, emulate = nproc_devices(nproc_per_node)
+        fields.update(gpus=gpus, emulate=emulate)
+    if python is not None and "python" not in settings.defaults.explicit:
+        fields["python"] = python
+    decls = [_Decl(fields={**fields, "host": host}, explicit=settings.defaults.explicit,
                    source=f"{SLURM_SOURCE}:{host}")
              for host in expand_nodelist(nodelist, SLURM_SOURCE)]
     return _finish(decls, settings.ssh, source=SLURM_SOURCE)
 
 
 def load_node_source(cluster_file: str | Path | None = None, *, hostfile: str | Path | None = None,
-                     environ: Mapping[str, str] | None = None, nproc_per_node: int | None = None) -> Cluster:
+                     environ: Mapping[str, str] | None = None, nproc_per_node: int | None = None,
+                     transport: str = "ssh") -> Cluster:
     """The cluster a command works on. Nodes come from exactly one source, the first that applies:
 
     1. the cluster file, when it declares nodes (then ``hostfile`` must not be given as well);
     2. ``hostfile``; 3. ``SLURM_JOB_NODELIST`` in ``environ`` (inside a Slurm allocation);
     4. without a cluster file, the embedded local cluster.
     For 2 and 3 a cluster file that declares no nodes supplies [ssh] and [defaults].
-    ``nproc_per_node`` sizes the embedded cluster only: a declared node says its devices itself.
+    ``nproc_per_node`` sizes the embedded cluster and every node of a Slurm allocation: a declared
+    node says its devices itself. ``transport`` (config/slurm.py): how the nodes are reached.
     """
     environ = os.environ if environ is None else environ
-    if nproc_per_node is not None and (cluster_file is not None or hostfile is not None
-                                       or environ.get(SLURM_SOURCE)):
-        source = cluster_file or hostfile or SLURM_SOURCE
-        raise ConfigError("--nproc-per-node sizes the embedded local cluster only; a declared node "
-                          "chooses its devices with gpus = [...] (or emulate) in the cluster file",
-                          source=str(source))
+    srun = slurm.wanted(transport, environ)
+    from_slurm = bool(allocation_nodelist(environ)) and hostfile is None
+    if nproc_per_node is not None and (hostfile is not None or (cluster_file is not None and not from_slurm)):
+        source = cluster_file or hostfile
+        raise ConfigError("--nproc-per-node sizes the embedded local cluster and a Slurm allocation's "
+                          "nodes only; a declared node chooses its devices with gpus = [...] (or emulate) "
+                          "in the cluster file", source=str(source))
+    cluster = _declared_nodes(cluster_file, hostfile, environ, nproc_per_node, srun is not None)
+    if srun is None:
+        return cluster
+    return slurm.reach_by_srun(cluster, srun, environ, required=transport == "srun")
+
+
+def _declared_nodes(cluster_file: str | Path | None, hostfile: str | Path | None, environ: Mapping[str, str],
+                    nproc_per_node: int | None, by_srun: bool) -> Cluster:
     if cluster_file is not None:
         settings = _read_cluster_file(Path(cluster_file))
         if settings.nodes:
             if hostfile is not None:
                 raise settings.file.error(
                     (), "declares nodes, so --hostfile cannot add more: use one or the other")
+            if nproc_per_node is not None:
+                raise settings.file.error(
+                    (), "declares nodes, so --nproc-per-node cannot size them: a declared node chooses "
+                        "its devices with gpus = [...] (or emulate)")
             return _finish(settings.nodes, settings.ssh, source=str(settings.file.path))
     if hostfile is not None:
         return load_hostfile(hostfile, settings_from=cluster_file)
-    if environ.get(SLURM_SOURCE):
-        return cluster_from_slurm(environ[SLURM_SOURCE], settings_from=cluster_file)
+    nodelist = allocation_nodelist(environ)
+    if nodelist:
+        return cluster_from_slurm(nodelist, settings_from=cluster_file, nproc_per_node=nproc_per_node,
+                                  python=sys.executable if by_srun else None)
     if cluster_file is not None:
         raise ConfigError("no nodes declared: add [[nodes]] tables or hostfile = \"...\", or pass "
                           "--hostfile", source=str(cluster_file))

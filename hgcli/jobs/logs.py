@@ -115,11 +115,11 @@ class NodeLogs:
     After ``lines()`` is exhausted, ``failed`` names each node whose tail did not end normally."""
 
     def __init__(self, record: JobRecord, ranks: tuple[int, ...], *, follow: bool,
-                 where: JobNodes | None = None) -> None:
+                 where: JobNodes | None = None, transport: str = "auto") -> None:
         self.record = record
         self.ranks = frozenset(ranks)
         self.follow = follow
-        self.where = where or job_nodes(record)
+        self.where = where or job_nodes(record, transport=transport)
         rank_nodes = _rank_nodes(record)
         wanted = {rank_nodes[r] for r in ranks}
         self.failed: dict[str, str] = {n: "no longer declared in the cluster's node source"

@@ -8,6 +8,8 @@ new connection each. The agents keep their job directories under their default j
 """
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -34,14 +36,33 @@ def record_nodes(record: JobRecord) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
-def cluster_of(record: JobRecord) -> Cluster:
-    """The job's node source, read again: the embedded cluster, Slurm's list, a cluster file or a hostfile."""
-    from ..config.cluster import SLURM_SOURCE, default_cluster, load_hostfile, load_node_source
+def cluster_of(record: JobRecord, transport: str = "auto") -> Cluster:
+    """The job's node source, read again: the embedded cluster, Slurm's list, a cluster file or a
+    hostfile. A job launched by srun is reached as steps of its allocation again (``transport``
+    auto or srun), from inside the allocation or from any other terminal of the cluster."""
+    cluster = _source_of(record)
+    if transport == "ssh" or (transport == "auto" and record.slurm_job is None):
+        return cluster
+    from ..config import slurm
+
+    settings = slurm.wanted("srun", os.environ, record.slurm_job)
+    assert settings is not None   # wanted("srun") returns one or raises
+    return slurm.reach_by_srun(cluster, settings, os.environ, required=True)
+
+
+def _source_of(record: JobRecord) -> Cluster:
+    from ..config.cluster import SLURM_SOURCE, cluster_from_slurm, default_cluster, load_hostfile, load_node_source
+    from ..config.slurm import allocation_nodelist
 
     source = record.cluster_source
     if source is None:
         return default_cluster()
     if source == SLURM_SOURCE:
+        if record.slurm_job is not None:
+            # Launched by srun: the controller's Python on the shared file system, as then. Outside
+            # the allocation there is no SLURM_JOB_NODELIST: the nodes the job ran on, as recorded.
+            nodelist = allocation_nodelist(os.environ) or ",".join(record_nodes(record))
+            return cluster_from_slurm(nodelist, python=sys.executable)
         return load_node_source(None)
     try:
         return load_node_source(source)
@@ -52,8 +73,8 @@ def cluster_of(record: JobRecord) -> Cluster:
             raise ConfigError(f"job {record.id}: cannot read its node source again: {first}") from None
 
 
-def job_nodes(record: JobRecord, cluster: Cluster | None = None) -> JobNodes:
-    cluster = cluster or cluster_of(record)
+def job_nodes(record: JobRecord, cluster: Cluster | None = None, transport: str = "auto") -> JobNodes:
+    cluster = cluster or cluster_of(record, transport)
     declared = {n.name: n for n in cluster.nodes}
     names = record_nodes(record)
     return JobNodes(cluster, tuple(declared[n] for n in names if n in declared),
@@ -64,7 +85,7 @@ def agent_control(cluster: Cluster, node: NodeSpec, job_id: str, action: str, *,
                   timeout: float) -> list[dict[str, Any]]:
     """``agent --<action> JOB --node NODE`` on the node: its frames. RemoteError (host named) when the
     node cannot be reached, times out, or answers with no frame at all (no hgtrain there)."""
-    with open_transport(node, cluster.ssh) as transport:
+    with open_transport(node, cluster) as transport:
         argv, env = node_module_argv(transport, "agent", f"--{action}", job_id, "--node", node.name)
         done = transport.run(argv, env=env, timeout=timeout)
     found = frames.decode_lines(done.stdout)
@@ -87,7 +108,7 @@ class AgentTail:
     def __init__(self, cluster: Cluster, node: NodeSpec, job_id: str, *, follow: bool,
                  offsets: str | None = None) -> None:
         self.node = node
-        self._transport = open_transport(node, cluster.ssh)
+        self._transport = open_transport(node, cluster)
         args = ["--tail", job_id, "--node", node.name] + (["--follow"] if follow else [])
         args += ["--from", offsets] if offsets else []
         argv, env = node_module_argv(self._transport, "agent", *args)

@@ -114,11 +114,11 @@ def _unknown(record: JobRecord, node: str, error: str) -> NodeLive:
     return NodeLive(node=node, state=UNREACHABLE, reachable=False, error=error, ranks=ranks)
 
 
-def live_status(record: JobRecord, where: JobNodes | None = None) -> JobLive:
+def live_status(record: JobRecord, where: JobNodes | None = None, transport: str = "auto") -> JobLive:
     """Ask every node of the job, concurrently; unreachable nodes are ``unknown`` with the reason."""
     if where is None:
         try:
-            where = job_nodes(record)
+            where = job_nodes(record, transport=transport)
         except HgError as exc:   # its cluster file is gone or broken: no node can be found
             return JobLive(record.id, tuple(_unknown(record, n, str(exc)) for n in record_nodes(record)),
                            time.time())
@@ -178,24 +178,24 @@ def _save_if_still_running(fixed: JobRecord) -> JobRecord:
     return fixed
 
 
-def job_status(job_id: str) -> JobStatus:
+def job_status(job_id: str, transport: str = "auto") -> JobStatus:
     """One job: its record, and for a running one what its nodes say (the record fixed if it ended)."""
     record = jobs.load(job_id)
-    return _with_live(record)
+    return _with_live(record, transport)
 
 
-def _with_live(record: JobRecord) -> JobStatus:
+def _with_live(record: JobRecord, transport: str) -> JobStatus:
     if not record.state.is_running():
         return JobStatus(record, None)
-    live = live_status(record)
+    live = live_status(record, transport=transport)
     if live.finished:
         record = _save_if_still_running(reconcile(record, live))
     return JobStatus(record, live)
 
 
-def list_status() -> list[JobStatus]:
+def list_status(transport: str = "auto") -> list[JobStatus]:
     """Every recorded job, newest first; running ones asked live (one job's failure never hides another)."""
-    return [_with_live(record) for record in jobs.list_jobs()]
+    return [_with_live(record, transport) for record in jobs.list_jobs()]
 
 
 def status_dict(status: JobStatus) -> dict[str, Any]:

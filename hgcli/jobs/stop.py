@@ -17,11 +17,12 @@ import time
 from dataclasses import dataclass
 
 from . import records as jobs
-from ..errors import NodesFailedError
+from ..errors import NodesFailedError, RemoteError
 from .nodes import agent_control, error_message, job_nodes
 from ..schema.stages import Cluster, JobRecord, JobState, NodeSpec, RankState
 from ..node.protocol import FrameType, first
 from ..remote.fanout import fanout
+from ..remote.srun import job_nodelists
 
 # The agent waits its grace period (10 s by default) + 15 s for its ranks, then kills leftovers with
 # another grace period: generous, still bounded.
@@ -51,7 +52,15 @@ class StopResult:
 
 
 def _stop_node(job: JobRecord, cluster: Cluster, node: NodeSpec) -> NodeStop:
-    found = agent_control(cluster, node, jobs.agent_job_id(job), "stop", timeout=STOP_TIMEOUT_S)
+    try:
+        found = agent_control(cluster, node, jobs.agent_job_id(job), "stop", timeout=STOP_TIMEOUT_S)
+    except RemoteError:
+        if cluster.srun is not None and not job_nodelists(cluster.srun):
+            # The allocation ended while we stopped (under salloc or sbatch it ends when hgtrain
+            # launch returns, which stopping another node made it do): Slurm has ended every
+            # process of it on every node, this one's stop step included.
+            return NodeStop(node=node.name, ok=True, agent="gone", state="allocation ended")
+        raise
     missing = error_message(found)
     if missing is not None:   # no job directory there: nothing of the job can run on that node
         return NodeStop(node=node.name, ok=True, state="absent", error=missing)
@@ -63,10 +72,10 @@ def _stop_node(job: JobRecord, cluster: Cluster, node: NodeSpec) -> NodeStop:
                            None if frame else "no stopped frame from the agent"))
 
 
-def stop_job(job_id: str) -> StopResult:
+def stop_job(job_id: str, transport: str = "auto") -> StopResult:
     """Stop the job on every node (concurrently, bounded) and record the outcome."""
     record = jobs.load(job_id)
-    where = job_nodes(record)
+    where = job_nodes(record, transport=transport)
     results = fanout(where.nodes, lambda node: _stop_node(record, where.cluster, node))
     # A launch under --restarts may have started its next attempt (new agents, a new agent job id)
     # while we stopped the previous one: stop that one too, a bounded number of times.

@@ -86,6 +86,10 @@ class LaunchRequest:
             if not _ENV_NAME.fullmatch(name):
                 raise UsageError(f"--secret-env: expected a variable name made of letters, digits and "
                                  f"'_', got {name!r}")
+        if self.detach and self.cluster.srun is not None:
+            raise UsageError("--detach cannot be used with --transport srun: a job step ends with its "
+                             "agent, so the job would end when hgtrain returns; run hgtrain launch in an "
+                             "sbatch script instead (docs/slurm.md)")
         if self.restarts and self.detach:
             raise UsageError("--restarts needs hgtrain to stay attached: it cannot be used with --detach")
         if self.nnodes is not None:
@@ -296,6 +300,7 @@ def _run(request: LaunchRequest, plan: Plan, job_id: str, env: dict[str, str], m
          emit: Callable[[Event], None], note: str | None = None) -> LaunchResult:
     record = JobRecord(id=job_id, cluster=request.cluster.fingerprint(), cluster_source=_source(request.cluster),
                        command=request.command, plan=plan, started_at=time.time(), detached=request.detach,
+                       slurm_job=request.cluster.srun.job_id if request.cluster.srun else None,
                        ranks=_fresh_ranks(plan))
     book = JobBook(record)
     started = time.monotonic()
@@ -393,7 +398,7 @@ class _Attempt:
 
     def transport(self, name: str) -> Transport:
         if name not in self.transports:
-            self.transports[name] = open_transport(self.request.cluster.node(name), self.request.cluster.ssh)
+            self.transports[name] = open_transport(self.request.cluster.node(name), self.request.cluster)
         return self.transports[name]
 
     def ended(self, outcome: Outcome) -> None:

@@ -21,7 +21,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from ..errors import StateError
 from ..schema.stages import EmulateSpec, GpuInfo, NodeInfo, PythonRuntime, from_dict, to_dict
@@ -161,6 +161,40 @@ def select_gpus(gpus: tuple[GpuInfo, ...], wanted: tuple[int, ...] | None) -> tu
         raise NvidiaSmiError(f"GPU index {missing[0]} is listed in gpus but not on this node "
                              f"(its GPU indices: {have})")
     return tuple(g for g in gpus if g.index in wanted)
+
+
+# Where a node's scheduler says which GPUs a process may use, in the order they are read: CUDA's own
+# variable (what the ranks will see), else Slurm's list of the step's GPUs (set beside it by Slurm's
+# GPU binding, which a script may have cleared CUDA_VISIBLE_DEVICES of).
+BINDING_VARIABLES = ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS")
+
+
+def bound_gpus(gpus: tuple[GpuInfo, ...], environ: Mapping[str, str]) -> tuple[GpuInfo, ...]:
+    """Only the GPUs this process may use: those the first set variable of BINDING_VARIABLES names,
+    by index or UUID (``GPU-...``, a unique prefix as CUDA accepts). As CUDA does, the list ends at
+    the first entry that names no GPU (``-1``, ``NoDevFiles``), and an empty value means none."""
+    for variable in BINDING_VARIABLES:
+        value = environ.get(variable)
+        if value is None:
+            continue
+        chosen: list[GpuInfo] = []
+        for entry in (e.strip() for e in value.split(",")):
+            gpu = _named_gpu(gpus, entry)
+            if gpu is None:
+                break
+            if gpu not in chosen:
+                chosen.append(gpu)
+        return tuple(sorted(chosen, key=lambda g: g.index))
+    return gpus
+
+
+def _named_gpu(gpus: tuple[GpuInfo, ...], entry: str) -> GpuInfo | None:
+    if entry.isdigit():
+        return next((g for g in gpus if g.index == int(entry)), None)
+    if entry.startswith("GPU-"):
+        matches = [g for g in gpus if g.uuid is not None and g.uuid.startswith(entry)]
+        return matches[0] if len(matches) == 1 else None
+    return None
 
 
 def emulated_gpus(spec: EmulateSpec) -> tuple[GpuInfo, ...]:
@@ -420,7 +454,7 @@ def probe(name: str, host: str, gpus: tuple[int, ...] | None, emulate: EmulateSp
     torch_version = build.version if build else None
     error = None
     try:
-        found = emulated_gpus(emulate) if emulate is not None else query_gpus()
+        found = emulated_gpus(emulate) if emulate is not None else bound_gpus(query_gpus(), os.environ)
         devices = select_gpus(found, gpus)
     except NvidiaSmiError as exc:
         devices, error = (), str(exc)

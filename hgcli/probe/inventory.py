@@ -11,7 +11,7 @@ from typing import Callable
 
 from .. import state
 from ..errors import RemoteError, StateError
-from ..schema.stages import SCHEMA_VERSION, Cluster, Inventory, NodeInfo, NodeSpec, SshSettings, from_dict, to_dict
+from ..schema.stages import SCHEMA_VERSION, Cluster, Inventory, NodeInfo, NodeSpec, from_dict, to_dict
 from ..node import frames
 from ..node.protocol import FrameType, first
 from ..remote.fanout import NodeResult, fanout, open_transport
@@ -44,8 +44,8 @@ def parse_probe_output(node: NodeSpec, exit_code: int, stdout: str, stderr: str)
     raise RemoteError(node.name, f"the node probe gave no answer (exit code {exit_code}): {last}")
 
 
-def probe_node(node: NodeSpec, ssh: SshSettings) -> NodeInfo:
-    with open_transport(node, ssh) as transport:
+def probe_node(node: NodeSpec, cluster: Cluster) -> NodeInfo:
+    with open_transport(node, cluster) as transport:
         argv, env = node_module_argv(transport, "probe", *probe_args(node))
         result = transport.run(argv, env=env, timeout=PROBE_TIMEOUT_S)
     return parse_probe_output(node, result.exit_code, result.stdout, result.stderr)
@@ -69,7 +69,7 @@ def probe_cluster(cluster: Cluster, on_done: Callable[[NodeInfo], None] | None =
         if on_done is not None:
             on_done(_node_info(result))
 
-    results = fanout(cluster.nodes, lambda node: probe_node(node, cluster.ssh), on_done=done)
+    results = fanout(cluster.nodes, lambda node: probe_node(node, cluster), on_done=done)
     inventory = Inventory(cluster=cluster.fingerprint(), nodes=tuple(_node_info(r) for r in results.results),
                           probed_at=time.time())
     save_inventory(inventory)

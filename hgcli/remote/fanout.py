@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Callable, Generic, Sequence, TypeVar
 
 from ..errors import HgError
-from ..schema.stages import NodeSpec, SshSettings
+from ..schema.stages import Cluster, NodeSpec
 from .transport import Transport
 
 T = TypeVar("T")
@@ -72,12 +72,17 @@ def fanout(nodes: Sequence[NodeSpec], fn: Callable[[NodeSpec], T], *,
         return FanoutResult(tuple(pool.map(one, nodes)))
 
 
-def open_transport(node: NodeSpec, ssh_settings: SshSettings) -> Transport:
-    """The transport for a node: local subprocesses for localhost, SSH otherwise (lazy import)."""
+def open_transport(node: NodeSpec, cluster: Cluster) -> Transport:
+    """The transport for a node of ``cluster``: a job step of its Slurm allocation when it is reached
+    by srun (``--transport``), else local subprocesses for localhost and SSH otherwise (lazy imports)."""
+    if cluster.srun is not None:
+        from .srun import SrunTransport
+
+        return SrunTransport(node, cluster.srun)
     if node.is_local:
         from .local import LocalTransport
 
         return LocalTransport(node)
     from .ssh import SshTransport
 
-    return SshTransport(node, ssh_settings)
+    return SshTransport(node, cluster.ssh)

@@ -93,7 +93,8 @@ def job_detail(status: JobStatus) -> list[Any]:
                            f"  {r.plan.strategy.value} · {r.plan.world_size} ranks · started {_when(r.started_at)}"
                            f" · {_duration(r)}" + (f" · exit {r.exit_code}" if r.exit_code is not None else ""))
     out: list[Any] = [header, cell(f"command: {' '.join(r.command)}"),
-                      cell(f"cluster: {r.cluster_source or 'embedded local cluster'}" + (" · detached" if r.detached else ""))]
+                      cell(f"cluster: {r.cluster_source or 'embedded local cluster'}" + (" · detached" if r.detached else "")
+                           + (f" · steps of Slurm job {r.slurm_job}" if r.slurm_job else ""))]
     if r.root_cause:
         out.append(cell(f"root cause: {r.root_cause}", style="red"))
     for number, reason in enumerate(r.restarts, 1):   # launch --restarts / --nnodes: one line per attempt

@@ -55,6 +55,16 @@ class SshSettings:
 
 
 @dataclass(frozen=True)
+class SrunSettings:
+    """The Slurm allocation whose nodes are reached as job steps (``--transport srun``), not over SSH."""
+
+    job_id: str                    # SLURM_JOB_ID: ``srun --jobid`` works from inside and outside the job
+    srun: str = "srun"             # the srun (and beside it squeue, scancel) on the controller's PATH
+    # A heterogeneous job: (host, component) of each node; a step there is ``--het-group=N``.
+    het_groups: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True)
 class Slowdown:
     """An emulated device that slows down while it trains: from ``after_s`` seconds after its rank
     joined the job (``hg.init()``) its declared speed is divided by ``factor`` (1: back to it)."""
@@ -110,6 +120,10 @@ class Cluster:
     nodes: tuple[NodeSpec, ...]
     ssh: SshSettings = field(default_factory=SshSettings)
     source: str | None = None      # path of the cluster file; None for the embedded default
+    # Set: every node is a node of this Slurm allocation, reached by srun (remote/srun.py); None: SSH
+    # (and local subprocesses for localhost). Not in the fingerprint: how nodes are reached changes
+    # no probe or bench result.
+    srun: SrunSettings | None = None
 
     def fingerprint(self) -> str:
         """Identity used to key cached inventory/profiles and to refuse a plan from another cluster."""
@@ -475,4 +489,7 @@ class JobRecord:
     root_cause: str | None = None  # first failing rank, host, code/signal, in words
     detached: bool = False
     restarts: tuple[str, ...] = ()  # reason of each restart, in order
+    # The Slurm job whose steps run the agents (launched with --transport srun): status, logs and
+    # stop reach the nodes as steps of it again, from inside or outside the allocation.
+    slurm_job: str | None = None
     version: int = SCHEMA_VERSION

@@ -137,7 +137,7 @@ def test_two_detached_jobs_on_the_same_hosts_stop_independently(hosts, cluster, 
 
     def stop(job_id: str) -> None:
         for node in cluster.nodes:
-            with open_transport(node, cluster.ssh) as t:
+            with open_transport(node, cluster) as t:
                 argv, env = node_module_argv(t, "agent", "--stop", job_id)
                 assert t.run(argv, env=env, timeout=120).exit_code == 0
 

@@ -83,7 +83,7 @@ def test_follow_resumes_exactly_after_killed_tails_dropped_sessions_and_a_restar
     cluster = load_cluster(path)
     job, release = job_id(), tmp_path / "release"
     started_jobs.append((job, host.home / ".cache" / "hgtrain" / "jobs"))
-    with open_transport(cluster.node(host.name), cluster.ssh) as transport:
+    with open_transport(cluster.node(host.name), cluster) as transport:
         start_detached(job, host.name, {0: ("python3", "-u", "-c", TICKER, str(release))}, transport=transport)
     write_record(job, cluster.fingerprint(), path, [host.name])
 

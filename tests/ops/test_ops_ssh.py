@@ -31,7 +31,7 @@ def test_status_with_one_hosts_sshd_stopped_and_stop_naming_it(tmp_path, make_ho
     job = job_id()
     for h in hosts.hosts:
         started_jobs.append((job, h.home / ".cache" / "hgtrain" / "jobs"))
-        with open_transport(cluster.node(h.name), cluster.ssh) as transport:
+        with open_transport(cluster.node(h.name), cluster) as transport:
             start_detached(job, h.name, {0 if h.name == "host1" else 1: SLEEPER}, transport=transport)
     write_record(job, cluster.fingerprint(), path, ["host1", "host2"])
     wait_until(lambda: len(job_pids(job)) == 2, what="both ranks")

@@ -514,7 +514,7 @@ def test_default_cluster_emulates_without_nvidia_smi(monkeypatch, tmp_path):
     assert default_cluster().nodes[0].emulate is None
 
 
-def test_nproc_per_node_sizes_the_embedded_cluster_only(monkeypatch, tmp_path):
+def test_nproc_per_node_sizes_the_embedded_cluster_and_slurm_nodes_only(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))            # no nvidia-smi: N identical emulated devices
     node, = load_node_source(environ={}, nproc_per_node=2).nodes
     assert node.emulate is not None and node.gpus is None
@@ -528,9 +528,18 @@ def test_nproc_per_node_sizes_the_embedded_cluster_only(monkeypatch, tmp_path):
     assert node.emulate is None and node.gpus == (0, 1, 2)
     full = write(tmp_path / "full.toml", '[[nodes]]\nhost = "f1"\n')
     hosts = write(tmp_path / "hosts", "h1\n")
-    for kwargs in ({"cluster_file": full}, {"hostfile": hosts}, {"environ": {"SLURM_JOB_NODELIST": "s1"}}):
-        with pytest.raises(ConfigError, match="--nproc-per-node sizes the embedded local cluster only"):
+    for kwargs in ({"cluster_file": full}, {"hostfile": hosts}):
+        with pytest.raises(ConfigError, match="--nproc-per-node sizes the embedded local cluster and a Slurm"):
             load_node_source(**{"environ": {}, **kwargs}, nproc_per_node=2)
+    with pytest.raises(ConfigError, match="declares nodes, so --nproc-per-node cannot size them"):
+        load_node_source(full, environ={"SLURM_JOB_NODELIST": "s1"}, nproc_per_node=2)
+    # Every node of a Slurm allocation gets N devices (GPUs here: nvidia-smi is on PATH), unless
+    # [defaults] declares them.
+    slurm = load_node_source(environ={"SLURM_JOB_NODELIST": "s[1-2]"}, nproc_per_node=2)
+    assert [(n.host, n.gpus, n.emulate) for n in slurm.nodes] == [("s1", (0, 1), None), ("s2", (0, 1), None)]
+    declared = write(tmp_path / "defaults.toml", "[defaults]\ngpus = [3]\n")
+    slurm = load_node_source(declared, environ={"SLURM_JOB_NODELIST": "s1"}, nproc_per_node=2)
+    assert slurm.nodes[0].gpus == (3,)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -37,8 +37,9 @@ def node_bin(tmp_path: Path, scenario_file: str | None = None, with_fake: bool =
 
 
 def run_probe(bindir: Path, *args: str, scenario: str | None = None, python: Path | str = sys.executable,
-              home: Path | None = None) -> tuple[NodeInfo, subprocess.CompletedProcess]:
-    env = {"PATH": str(bindir), "PYTHONPATH": str(ROOT), "LANG": "C.UTF-8"}
+              home: Path | None = None, environ: dict[str, str] | None = None
+              ) -> tuple[NodeInfo, subprocess.CompletedProcess]:
+    env = {"PATH": str(bindir), "PYTHONPATH": str(ROOT), "LANG": "C.UTF-8", **(environ or {})}
     if scenario is not None:
         env["FAKE_NVIDIA_SMI_SCENARIO"] = scenario
     if home is not None:
@@ -95,6 +96,19 @@ def test_mixed_models_on_one_node(fake_bin):
         ("NVIDIA A100-SXM4-40GB", "8.0", 40960), ("Tesla V100-SXM2-16GB", "7.0", 16160),
         ("NVIDIA GeForce RTX 3090", "8.6", 24576), ("Tesla T4", "7.5", 15360)]
     assert node.gpus[2].memory_used_mib == 312
+
+
+@pytest.mark.parametrize("environ, indices", [
+    ({"CUDA_VISIBLE_DEVICES": "3,GPU-1b2c3d4e"}, [1, 3]),          # an index and a UUID prefix
+    ({"SLURM_STEP_GPUS": "0,2"}, [0, 2]),                            # Slurm's binding alone
+    ({"CUDA_VISIBLE_DEVICES": "2", "SLURM_STEP_GPUS": "0,2"}, [2]),   # CUDA's own variable first
+    ({"CUDA_VISIBLE_DEVICES": "1,-1,2"}, [1]),                       # the list ends where CUDA's does
+    ({"CUDA_VISIBLE_DEVICES": ""}, []),                              # none
+])
+def test_gpu_binding_is_respected(fake_bin, environ, indices):
+    """Slurm's GPU binding (and a user's CUDA_VISIBLE_DEVICES): the probe reports only those GPUs."""
+    node, _ = run_probe(fake_bin, scenario="mixed", environ=environ)
+    assert node.ok and [g.index for g in node.gpus] == indices
 
 
 def test_old_driver_without_compute_cap_field(fake_bin):

@@ -70,7 +70,7 @@ def test_nproc_per_node_plans_that_many_ranks_of_the_embedded_cluster(capsys, tm
     assert plan.world_size == 2 and plan.cluster == default_cluster(2).fingerprint()
     (tmp_path / "c.toml").write_text('[[nodes]]\nhost = "localhost"\n')
     assert main(["plan", "-c", str(tmp_path / "c.toml"), "--nproc-per-node", "2"]) == 2
-    assert "--nproc-per-node sizes the embedded local cluster only" in capsys.readouterr().err
+    assert "--nproc-per-node sizes the embedded local cluster and a Slurm allocation's nodes only" in capsys.readouterr().err
 
 
 def test_model_size_flag_reaches_the_plan(capsys):
