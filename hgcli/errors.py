@@ -13,6 +13,7 @@ EXIT_NODES_FAILED = 4   # some nodes could not be reached or failed; healthy one
 EXIT_STATE = 5          # the state directory cannot be read or written
 EXIT_JOB = 6            # a job could not start (rendezvous, agent start) or a job id is unknown
 EXIT_INTERRUPTED = 130  # Ctrl-C / SIGINT
+EXIT_TERMINATED = 143   # SIGTERM to hgtrain, or the job stopped by `hgtrain stop` from elsewhere
 
 
 class HgError(Exception):

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
 from ..jobs import records as jobs
-from ..errors import EXIT_JOB, ConfigError, HgError, StateError, UsageError
+from ..errors import EXIT_JOB, EXIT_TERMINATED, ConfigError, HgError, StateError, UsageError
 from .adapt import Regroup, RegroupWatch, snapshot_every, watched, watched_back
 from .events import (Dispatcher, Event, JobEnded, JobRestarted, JobStarted, Notice, Regrouped, Replanned,
                      RootCause, Stage)
@@ -477,7 +477,7 @@ class _Attempt:
                     emit(JobRestarted(job_id=job_id, attempt=number, reason=reason, resume=False))
                 return _not_started(failed, self.interrupt, number)
             if number and jobs.load(job_id).state is JobState.STOPPED:
-                return Outcome(JobState.STOPPED, EXIT_JOB, None)   # 'hgtrain stop' between two attempts
+                return Outcome(JobState.STOPPED, EXIT_TERMINATED, None)   # 'hgtrain stop' between two attempts
             launches = {}
             for name, ready in prepared.items():
                 self.checkpoint_dirs.setdefault(name, ready.launch.checkpoint_dir)

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
 
-from ..errors import EXIT_JOB, EXIT_NODES_FAILED
+from ..errors import EXIT_JOB, EXIT_NODES_FAILED, EXIT_TERMINATED
 from .events import (
     Adapted, Event, LogLines, Metric, NodeLost, Notice, Progress, RankExited, RankStarted, Resumed, RootCause,
     Stopping,
@@ -426,6 +426,9 @@ class JobController:
         ranks = self.book.record.ranks
         if all(r.state is RankState.SUCCEEDED for r in ranks):
             return Outcome(JobState.SUCCEEDED, 0, None, self.notes, resumed=self.resumed)
+        if self.stopped_outside:
+            # 'hgtrain stop' from another terminal: the user's stop, as a SIGTERM to this controller.
+            return Outcome(JobState.STOPPED, EXIT_TERMINATED, None, self.notes)
         # Every agent ended without a failing rank, yet some rank did not succeed: report, not hide.
         odd = ", ".join(f"{r.node}:{r.rank} {r.state.value}" for r in ranks if r.state is not RankState.SUCCEEDED)
         return Outcome(JobState.FAILED, 1, RootCause(node="-", rank=None, exit_code=None, signal=None,

@@ -112,10 +112,12 @@ def test_status_and_stop_reach_the_restarted_attempt(hg, tmp_path):
     assert len(rank_pids(attempt_job_id(job_id, 1))) == 2
     stop = cli(hg, "stop", job_id, "--json")
     assert stop.returncode == 0, stop.stderr
-    run.finish(timeout=WAIT_S)
+    assert run.finish(timeout=WAIT_S) == 143           # the user's stop, as a SIGTERM to the launcher
     assert sum(e["event"] == "job_restarted" for e in run.events()) == 1   # a stop is not restarted
     assert attempt_pids(job_id) == []
-    assert hg.record(job_id)["state"] in ("stopped", "failed")
+    assert hg.record(job_id)["state"] == "stopped"
+    ended = run.events()[-1]
+    assert ended["event"] == "job_ended" and ended["state"] == "stopped" and ended["root_cause"] is None
 
 
 def test_an_agent_sent_sigterm_by_its_node_is_a_lost_node_and_restarts(hg, tmp_path):
