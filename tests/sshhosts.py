@@ -190,6 +190,11 @@ class TestHost:
         current = [self.proc.pid, *_descendants(self.proc.pid)] if self.proc is not None else []
         return [p for p in dict.fromkeys(current + self.stopped_pids) if _alive(p)]
 
+    def freeze(self) -> None:
+        """SIGSTOP the listener: it accepts no connection until stopped (its sessions run on)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGSTOP)
+
     def stop(self) -> None:
         """Stop the listener and every session it forked, and wait until they are gone.
 
@@ -197,6 +202,9 @@ class TestHost:
         can no longer be found as its descendants."""
         if self.proc is None:
             return
+        # Frozen first: a connection accepted between the listing and the listener's death would
+        # fork a session that is in no list and outlives the host (a restart's agent, say).
+        self.freeze()
         pids = self.pids()
         self.stopped_pids.extend(pids)
         for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -207,6 +215,10 @@ class TestHost:
                     except ProcessLookupError:
                         pass
             try:
+                os.kill(self.proc.pid, signal.SIGCONT)   # the frozen listener takes its signal
+            except ProcessLookupError:
+                pass
+            try:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 continue
@@ -216,6 +228,20 @@ class TestHost:
             if not any(_alive(p) for p in pids):
                 break
         self.proc = None
+
+
+def stop_at_once(*hosts: "TestHost") -> None:
+    """Stop several hosts as one failure (a rack losing power): every listener is frozen first and
+    every host's processes are killed concurrently, so nothing sees one host down and the next up."""
+    import threading
+
+    for host in hosts:
+        host.freeze()
+    threads = [threading.Thread(target=host.stop) for host in hosts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 def _keygen(path: Path, comment: str) -> str:
