@@ -45,6 +45,17 @@ time.sleep(120)
 """
 
 
+def timed_launch(tool: str, argv: list[str], env: dict[str, str], out: Path) -> tuple[float, float]:
+    """Run ``argv``; seconds until both ranks wrote their ``up-*`` stamp in ``out``, and until it exited."""
+    t0 = time.time()
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    t_end = time.time()
+    ups = {p.name: float(p.read_text()) for p in out.glob("up-*")}
+    if done.returncode != 0 or len(ups) != 2:
+        raise RuntimeError(f"{tool} failed ({done.returncode}): {done.stdout[-500:]} {done.stderr[-1500:]}")
+    return max(ups.values()) - t0, t_end - t0
+
+
 def two_rank_plan() -> Plan:
     cluster = default_cluster()
     ranks = tuple(RankPlan(rank=r, role=Role.WORKER, node="local", device=f"gpu{r}", group=0, batch_size=32,
@@ -101,13 +112,7 @@ class Tools:
     def start_and_end(self, tool: str) -> tuple[float, float]:
         script, out = self.script(TRIVIAL), self.out_dir()
         argv, env = self.argv(tool, script, uuid.uuid4().hex, out)
-        t0 = time.time()
-        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
-        t_end = time.time()
-        ups = {p.name: float(p.read_text()) for p in out.glob("up-*")}
-        if done.returncode != 0 or len(ups) != 2:
-            raise RuntimeError(f"{tool} failed ({done.returncode}): {done.stdout[-500:]} {done.stderr[-1500:]}")
-        return max(ups.values()) - t0, t_end - t0
+        return timed_launch(tool, argv, env, out)
 
     def teardown(self, tool: str) -> tuple[float, int]:
         script, out = self.script(FAILING), self.out_dir()

@@ -37,7 +37,7 @@ from hgcli.config.cluster import load_node_source  # noqa: E402
 from hgcli.plan.files import write_plan  # noqa: E402
 from hgcli.schema.stages import GroupPlan, Plan, RankPlan, Role, Strategy  # noqa: E402
 # The embedded cluster's two-rank plan of the launch benchmark (this script's directory is on sys.path).
-from launch_latency import two_rank_plan  # noqa: E402
+from launch_latency import timed_launch, two_rank_plan  # noqa: E402
 
 GOAL_RATIO = 1.5
 # Each rank writes its clock to its own file; under srun the rank is SLURM_PROCID.
@@ -86,13 +86,7 @@ class Tools:
         out = self.work / f"out-{uuid.uuid4().hex[:8]}"
         out.mkdir()
         argv, env = self.argv(tool, out)
-        t0 = time.time()
-        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
-        t_end = time.time()
-        ups = {p.name: float(p.read_text()) for p in out.glob("up-*")}
-        if done.returncode != 0 or len(ups) != 2:
-            raise RuntimeError(f"{tool} failed ({done.returncode}): {done.stdout[-500:]} {done.stderr[-1500:]}")
-        return max(ups.values()) - t0, t_end - t0
+        return timed_launch(tool, argv, env, out)
 
 
 def inside(repeats: int) -> dict[str, dict[str, float]]:
