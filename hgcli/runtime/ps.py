@@ -4,7 +4,7 @@ Each PS rank holds one shard of the parameters, a contiguous range of the model'
 vector (shards.py), and the optimizer state for it. Group leaders send it control messages over torch
 RPC and the bulk data (gradients in, parameters out) over a process group of the pair (ps_io.py,
 transfer.py): ``push`` applies a group's gradient at once and answers with fresh parameters when the
-staleness rule allows (see docs/runtime.md):
+staleness rule allows (see docs/runtime-reference.md):
 
 * staleness of a push = shard version now - version the group last received; the pushed gradient
   is scaled by samples / global_batch / max(1, delay) before the optimizer step, where delay =
@@ -41,7 +41,7 @@ parameters themselves (under the bf16 wire narrowed on the way, through two smal
 rebuilt per answer: a step waits until the answers and snapshots reading them are done (``readers``). Shard 0 also
 keeps the model's floating-point buffers (BatchNorm statistics), which its answers return: a push
 moves them by the change the group's own steps made to the buffers it was last answered, weighted
-by the group's share of the global batch per step (docs/runtime.md).
+by the group's share of the global batch per step (docs/runtime-reference.md).
 """
 from __future__ import annotations
 
@@ -118,7 +118,7 @@ class ShardServer:
         if len(group_ids) > 1 and staleness_bound < len(group_ids) - 1:
             raise TrainingError(f"plan staleness_bound {staleness_bound} is below groups - 1 = "
                                 f"{len(group_ids) - 1}: no schedule of the groups could respect it")
-        # Overlap (docs/runtime.md): a group's next gradient is computed while its push is in flight,
+        # Overlap (docs/runtime-reference.md): a group's next gradient is computed while its push is in flight,
         # so its own push always counts once in its staleness; the rule then needs S >= groups.
         self.overlap = overlap
         if overlap and staleness_bound < len(group_ids):
@@ -345,8 +345,8 @@ class ShardServer:
         gradient is one answer older: the versions between that answer and the newest (the group's
         own previous push, and what landed before it was answered) are a fixed one-step pipeline
         delay, present on every push whatever the other groups do (as in delayed SGD), not
-        asynchrony between the groups. Damping them too divided every push by about three in the
-        benchmark of docs/runtime.md, so the same samples made a third of the progress. Only what
+        asynchrony between the groups. Damping them too divided every push by the pipeline's
+        depth as well, so the same samples made far less progress (benchmarks/hybrid_links.py). Only what
         came after the newest answer counts, the same count as without overlap; the bound still
         counts the full staleness from the older base."""
         return self.version - self.released.get(group, self.base[group])
@@ -366,7 +366,7 @@ class ShardServer:
                    for h in self.computing if h != group)
 
     def _may_answer_overlapped(self, group: int) -> bool:
-        """The overlap rule (docs/runtime.md): with ``group`` answered, every pending gradient, and
+        """The overlap rule (docs/runtime-reference.md): with ``group`` answered, every pending gradient, and
         the next gradient of every free group, must be pushed within the bound even if everything
         that may come before it does. A group is *free* once answered (it may push once without
         asking), else *held* (its next push needs an answer); once answered a first time it always
@@ -457,7 +457,7 @@ class ShardServer:
         Not an average of the groups' pushed buffers: those are mostly the shared buffers they were
         answered (a group's steps move running statistics by the momentum only), so an average
         keeps echoing whichever group pushes least often, or finished long ago, with the weight of
-        one of its pushes, and the statistics lag behind the parameters (docs/runtime.md has the
+        one of its pushes, and the statistics lag behind the parameters (benchmarks/RESULTS.md has the
         measurement)."""
         if self.buffers is None:
             self.buffers = buffers          # a seed without buffers: nothing to move from

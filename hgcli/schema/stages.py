@@ -381,7 +381,7 @@ class JobSpec:
     ps_ranks: int | None = None       # number of parameter-server ranks; None = chosen by the cost model
     staleness: int | None = None      # staleness bound; None = the planner's rule (docs/planning.md)
     model: ModelSpec | None = None    # overrides Profiles.model (size of the parameters to exchange)
-    # Hybrid communication (docs/runtime.md, "Overlap" and "Wire format"); None = the planner's default.
+    # Hybrid communication (docs/runtime-reference.md, "Overlap" and "Wire format"); None = the planner's default.
     overlap: bool | None = None       # a leader's PS exchange runs while its group computes the next step
     wire: str = "fp32"                # number format of pushes and pulls on the wire: fp32 or bf16
 
@@ -430,7 +430,7 @@ class Plan:
     # than the strategy's figure in predicted_samples_per_s. Optional and additive: plans that do not carry it (older files, a planner that does not fill
     # it) get a figure derived from the total in the launch summary (hgcli/launch/metrics.py).
     predicted_group_samples_per_s: dict[str, float] = field(default_factory=dict)
-    # Hybrid communication, read by the runtime (docs/runtime.md). Additive: older plans have neither
+    # Hybrid communication, read by the runtime (docs/runtime-reference.md). Additive: older plans have neither
     # and run as before (no overlap, fp32 on the wire).
     overlap: bool = False          # a leader's PS exchange overlaps its group's next step
     wire: str = "fp32"             # "fp32" or "bf16": format of pushes and pulls (the PS keeps fp32)
