@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from ..errors import ConfigError
-from ..schema.names import RULE as NAME_RULE, valid_name
+from ..schema.names import RULE as NAME_RULE, valid_host, valid_name
 from ..schema.stages import Cluster, EmulateSpec, HostKeyPolicy, NodeSpec, Slowdown, SshSettings
-from .nodelists import HostEntry, expand_nodelist, parse_hostfile, valid_host
+from .nodelists import HostEntry, expand_nodelist, parse_hostfile
 from . import slurm
 from .slurm import allocation_nodelist
 from .tomllines import TomlLines
@@ -77,7 +77,7 @@ def nproc_devices(nproc_per_node: int | None) -> tuple[tuple[int, ...] | None, E
     if nproc_per_node is None:
         return None, None if has_gpus else DEFAULT_EMULATION
     if nproc_per_node < 1:
-        raise ConfigError(f"--nproc-per-node must be at least 1, got {nproc_per_node}")
+        raise ConfigError(f"nproc_per_node must be at least 1, got {nproc_per_node}")
     if has_gpus:
         return tuple(range(nproc_per_node)), None
     return None, EmulateSpec(devices=DEFAULT_EMULATION.devices[:1] * nproc_per_node,
