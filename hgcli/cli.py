@@ -111,10 +111,15 @@ def ranks_option(help: str) -> Callable[[F], F]:
 def load_cluster_arg(cluster_file: Path | None, nproc_per_node: int | None = None) -> Cluster:
     """Nodes from -c, else --hostfile, else SLURM_JOB_NODELIST, else the embedded local cluster
     (``--nproc-per-node`` devices of it)."""
-    from .config.cluster import load_node_source
+    from .config.cluster import load_node_source, nproc_applies
 
     meta = click.get_current_context().meta
-    return load_node_source(cluster_file, hostfile=meta.get("hgtrain.hostfile"), nproc_per_node=nproc_per_node,
+    hostfile = meta.get("hgtrain.hostfile")
+    if nproc_per_node is not None and not nproc_applies(cluster_file, hostfile, os.environ):
+        raise click.UsageError("--nproc-per-node sizes the embedded local cluster and a Slurm allocation's "
+                               "nodes only; a declared node chooses its devices with gpus = [...] (or "
+                               "emulate) in the cluster file")
+    return load_node_source(cluster_file, hostfile=hostfile, nproc_per_node=nproc_per_node,
                             transport=meta.get("hgtrain.transport", "auto"))
 
 
