@@ -1,7 +1,6 @@
 """The dispatcher that keeps the console off the controller's hot path: events are shown on their own
-thread, in order, with a bounded backlog (``Dispatcher``). Apart from ``events.py`` so that the event
-types import nothing of the machinery that carries them (``spill.py`` stores events; this module
-stores them there).
+thread, in order, with a bounded backlog (``Dispatcher``). Apart from ``events.py``: the spill file
+(``spill.py``) stores events and the dispatcher writes to it, so the event types sit below both.
 """
 from __future__ import annotations
 
