@@ -498,7 +498,7 @@ def test_node_source_choice(tmp_path):
     assert from_hosts.ssh.connect_timeout == 3.0
     from_slurm = load_node_source(settings, environ=slurm)
     assert [(n.host, n.user) for n in from_slurm.nodes] == [("s1", "u"), ("s2", "u")]
-    with pytest.raises(ConfigError, match="declares nodes, so --hostfile"):
+    with pytest.raises(ConfigError, match="declares nodes, so a hostfile cannot add more"):
         load_node_source(full, hostfile=hosts, environ={})
     with pytest.raises(ConfigError, match="settings.toml: no nodes declared"):
         load_node_source(settings, environ={})
