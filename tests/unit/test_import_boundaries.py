@@ -47,8 +47,8 @@ PENDING = {
 }
 # Known circles of modules (sorted tuples), each to be removed by the change that breaks it.
 KNOWN_CIRCLES = {
-    # the parameter server's main() builds ps_io's ShardIO, which drives ps's ShardServer: the split
-    # of runtime/ps.py (issue 31, "Long pieces") takes main() out of ps.py.
+    # the parameter server's main() (ps) builds ps_io's ShardIO, which drives ps's ShardServer: to be
+    # taken apart with runtime/ps.py's long pieces (issue 31, "Long pieces").
     ("hgcli.runtime.ps", "hgcli.runtime.ps_io"),
 }
 CONTROLLER_ONLY = ("click", "rich", "paramiko")
