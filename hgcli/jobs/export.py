@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
-from . import records as jobs
+from ..state import records as jobs
 from ..errors import JobError, StateError
 from ..schema.stages import JobRecord
 
