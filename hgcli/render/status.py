@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Mapping
 
 from rich import box
 from rich.console import Console
@@ -63,7 +63,7 @@ def jobs_table(statuses: list[JobStatus]) -> Table:
     return table
 
 
-def _metrics(metrics: dict[str, Any] | None) -> str:
+def _metrics(metrics: Mapping[str, Any] | None) -> str:
     if not metrics:
         return ""
     keys = [k for k in METRIC_KEYS if k in metrics] or list(metrics)[:3]
@@ -75,7 +75,7 @@ def _metrics(metrics: dict[str, Any] | None) -> str:
 
 
 def _rank_row(rank: int, node: str, role: str, live: LiveRank | None, fallback: RankState,
-              exit_code: int | None, metrics: dict[str, Any] | None) -> list[Text]:
+              exit_code: int | None, metrics: Mapping[str, Any] | None) -> list[Text]:
     state = live.state if live else fallback
     code = live.exit_code if live else exit_code
     signal = live.signal if live else None
