@@ -14,6 +14,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..schema.stages import JobState, Prediction, RankState, Role, Strategy, prediction
 from .mailbox import Mailbox
 
 
@@ -29,7 +30,7 @@ class Stage:
 @dataclass(frozen=True)
 class JobStarted:
     job_id: str
-    strategy: str
+    strategy: Strategy
     world_size: int
     nodes: tuple[str, ...]
     command: tuple[str, ...]
@@ -45,7 +46,7 @@ class RankStarted:
     job_id: str
     rank: int
     node: str
-    role: str
+    role: Role
     pid: int
 
 
@@ -62,7 +63,7 @@ class LogLines:
     job_id: str
     rank: int
     node: str
-    role: str
+    role: Role
     stream: str                    # "out" | "err"
     data: bytes                    # the lines as the rank wrote them, each ending in b"\n" ...
     partial: bool = False          # ... but the last: a piece of a line over 64 KiB that the next continues
@@ -111,7 +112,7 @@ class Metric:
     job_id: str
     rank: int
     node: str
-    role: str
+    role: Role
     data: dict[str, Any]
 
 
@@ -175,8 +176,8 @@ class RankExited:
     job_id: str
     rank: int
     node: str
-    role: str
-    state: str                     # succeeded | failed | stopped | unknown
+    role: Role
+    state: RankState               # succeeded | failed | stopped | unknown
     exit_code: int | None          # the code, or 128 + signal
     signal: str | None             # "SIGKILL"...
     reason: str
@@ -230,7 +231,7 @@ class Replanned:
     new_nodes: tuple[str, ...]
     old_world: int                 # ranks
     new_world: int
-    strategy: str                  # the new plan's
+    strategy: Strategy             # the new plan's
     reason: str                    # why: the nodes lost, the nodes that came back
 
 
@@ -241,8 +242,8 @@ class Regrouped:
 
     job_id: str
     attempt: int                   # the attempt that runs the new plan
-    old_strategy: str
-    new_strategy: str
+    old_strategy: Strategy
+    new_strategy: Strategy
     groups: tuple[tuple[int, ...], ...]   # the new plan's groups (ranks)
     predicted_before: float        # samples/s of the old plan, fitted to the measured rates
     predicted_after: float
@@ -309,10 +310,10 @@ class Summary:
     ideal_samples_per_s: float | None
     accuracy: float | None
     groups: dict[str, float] = field(default_factory=dict)   # group -> samples/s
-    strategy: str | None = None                              # the plan's strategy
+    strategy: Strategy | None = None                         # the plan's strategy
     # every strategy's prediction in the plan (allreduce, hybrid, ps, ideal): by how much the chosen
     # one was predicted to beat the synchronous all-reduce
-    predictions: dict[str, float] = field(default_factory=dict)
+    predictions: dict[Prediction, float] = field(default_factory=dict)
     group_predicted: dict[str, float] = field(default_factory=dict)   # group -> predicted samples/s
     group_predicted_derived: bool = False   # not from the plan: its total split by samples per step
     # rank -> its samples per second of compute over the run (waits for other members left out),
@@ -324,6 +325,11 @@ class Summary:
     fitted_to: str | None = None
     from_bench: bool = False
     rates_stored: bool = False
+
+    def __post_init__(self) -> None:
+        # Typed once here, whoever built it (the metrics board, a report from a stored record).
+        object.__setattr__(self, "strategy", Strategy(self.strategy) if self.strategy is not None else None)
+        object.__setattr__(self, "predictions", {prediction(k): v for k, v in self.predictions.items()})
 
 
 @dataclass(frozen=True)
@@ -353,7 +359,7 @@ class Progress:
 @dataclass(frozen=True)
 class JobEnded:
     job_id: str
-    state: str                     # succeeded | failed | stopped | running (detached)
+    state: JobState                # succeeded | failed | stopped | running (detached)
     exit_code: int
     root_cause: RootCause | None
     summary: Summary | None

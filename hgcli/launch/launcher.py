@@ -249,9 +249,9 @@ def _prepare_node(node: NodeSpec, link: AgentLink, plan_json: str, job_id: str, 
         link.close(join_s=0.5)   # a retry starts a fresh link; this one must not linger
         raise
     return _Prepared(link, NodeLaunch(name=node.name, python=node.python,
-                                      package_root=link.transport.package_root(), job_dir=ok["job_dir"],
-                                      plan_path=ok["plan"], checkpoint_dir=f"{ok['job_dir']}/ps-checkpoint"),
-                     ok.get("port"), ok.get("checkpoints"), ok.get("snapshots"))
+                                      package_root=link.transport.package_root(), job_dir=ok.job_dir,
+                                      plan_path=ok.plan, checkpoint_dir=f"{ok.job_dir}/ps-checkpoint"),
+                     ok.port, ok.checkpoints, ok.snapshots)
 
 
 @contextlib.contextmanager
@@ -423,7 +423,7 @@ class _Attempt:
         plan = replan(request, self.plan, alive, lambda stage, message: self.emit(Stage(job_id, stage, message)))
         self.emit(Replanned(job_id=job_id, attempt=number, old_nodes=old, new_nodes=plan_nodes(plan),
                             old_world=self.plan.world_size, new_world=plan.world_size,
-                            strategy=plan.strategy.value, reason=change_reason(old, alive) or reason))
+                            strategy=plan.strategy, reason=change_reason(old, alive) or reason))
         if ps_layout(plan) != ps_layout(self.plan) and ps_layout(self.plan):
             # The PS shards' files (flat ranges of the old layout) cannot seed the new one: its PS
             # ranks checkpoint into fresh directories and start from the script's initial model.
@@ -440,8 +440,8 @@ class _Attempt:
         node has, its PS ranks start fresh from those parameters. On the way back (a plan without
         PS ranks) they resume from the snapshot of the re-grouped plan's first group."""
         job_id = self.book.record.id
-        self.emit(Regrouped(job_id=job_id, attempt=number, old_strategy=self.plan.strategy.value,
-                            new_strategy=regroup.plan.strategy.value,
+        self.emit(Regrouped(job_id=job_id, attempt=number, old_strategy=self.plan.strategy,
+                            new_strategy=regroup.plan.strategy,
                             groups=tuple(tuple(g.ranks) for g in regroup.plan.groups),
                             predicted_before=round(regroup.predicted_now, 1),
                             predicted_after=round(regroup.predicted_new, 1), reason=regroup.reason))
@@ -518,7 +518,7 @@ class _Attempt:
                      for n in node_names}
             predicted, ideal = predictions(plan)
             if number == 0:
-                emit(JobStarted(job_id=job_id, strategy=plan.strategy.value, world_size=plan.world_size,
+                emit(JobStarted(job_id=job_id, strategy=plan.strategy, world_size=plan.world_size,
                                 nodes=tuple(node_names), command=request.command, job_dir=str(self.book.dir),
                                 master=f"{self.master_addr}:{port}", detached=request.detach,
                                 predicted_samples_per_s=predicted, ideal_samples_per_s=ideal))
@@ -644,6 +644,6 @@ def _finish(book: JobBook, board: MetricsBoard, emit: Callable[[Event], None], o
     else:
         book.finish(outcome.state, outcome.exit_code, cause.sentence() if cause else None)
         summary = board.summary(time.monotonic() - started, rates_stored=rates_stored)
-    emit(JobEnded(job_id=book.record.id, state=outcome.state.value, exit_code=outcome.exit_code,
+    emit(JobEnded(job_id=book.record.id, state=outcome.state, exit_code=outcome.exit_code,
                   root_cause=cause, summary=summary, job_dir=str(book.dir), detached=detached))
     return LaunchResult(book.record.id, outcome.state, outcome.exit_code, cause)

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from .events import BoardView, GroupView, Summary
-from ..schema.stages import Plan, to_dict
+from ..schema.stages import Plan
 
 WINDOW_S = 10.0   # the live rate is over the last WINDOW_S seconds
 
@@ -213,8 +213,8 @@ class MetricsBoard:
         return Summary(elapsed_s=elapsed_s, samples=self.samples_total(),
                        samples_per_s=sum(groups.values()) if groups else None,
                        predicted_samples_per_s=predicted, ideal_samples_per_s=ideal,
-                       accuracy=self.accuracy, groups=groups, strategy=self.plan.strategy.value,
-                       predictions=to_dict(self.plan.predicted_samples_per_s),
+                       accuracy=self.accuracy, groups=groups, strategy=self.plan.strategy,
+                       predictions=dict(self.plan.predicted_samples_per_s),
                        group_predicted=group_predicted, group_predicted_derived=derived,
                        device_measured={str(r): v for r, v in sorted(self._compute_rate.items())},
                        device_benched={str(r.rank): r.benched_samples_per_s for r in self.plan.workers

@@ -22,6 +22,7 @@ import sys
 from typing import Callable, TextIO
 
 from .safe import visible
+from ..schema.stages import Ideal, JobState, RankState, Role, Strategy
 from ..launch.events import (
     Adapted, Event, JobEnded, JobStarted, JobRestarted, LogLines, Metric, NodeLost, Notice, Progress, RankExited,
     Regrouped, Replanned, Resumed,
@@ -38,8 +39,8 @@ def _shown(event: Event, ranks: frozenset[int] | None) -> bool:
     return ranks is None or not isinstance(event, (LogLines, Metric)) or event.rank in ranks
 
 
-def tag(node: str, rank: int, role: str) -> str:
-    return f"{node}:{rank}" + ("" if role == "worker" else f" {role}")
+def tag(node: str, rank: int, role: Role) -> str:
+    return f"{node}:{rank}" + ("" if role is Role.WORKER else f" {role.value}")
 
 
 def _rate(x: float | None) -> str:
@@ -56,13 +57,13 @@ def ending_lines(event: JobEnded) -> list[str]:
     cause = event.root_cause
     if cause is not None:
         lines += root_cause_lines(cause)
-    if event.detached and event.state == "running":
+    if event.detached and event.state is JobState.RUNNING:
         lines.append(f"job {event.job_id} runs detached: hgtrain status {event.job_id} · "
                      f"hgtrain logs {event.job_id} -f · hgtrain stop {event.job_id}")
         return lines
     if event.summary is not None:
         lines += summary_lines(event.summary)
-    lines.append(f"job {event.job_id} {event.state} (exit code {event.exit_code}); logs and metrics in "
+    lines.append(f"job {event.job_id} {event.state.value} (exit code {event.exit_code}); logs and metrics in "
                  f"{event.job_dir}")
     return lines
 
@@ -145,15 +146,15 @@ def strategy_line(s: Summary) -> str | None:
     """Which strategy the plan chose and by how much it was predicted to beat allreduce."""
     if s.strategy is None:
         return None
-    allreduce = s.predictions.get("allreduce")
-    if s.strategy != "allreduce":
+    allreduce = s.predictions.get(Strategy.ALLREDUCE)
+    if s.strategy is not Strategy.ALLREDUCE:
         mine = s.predictions.get(s.strategy)
         if not allreduce or mine is None:
-            return f"strategy {s.strategy}"
-        return (f"strategy {s.strategy}: predicted {mine / allreduce - 1:+.0%} against allreduce "
+            return f"strategy {s.strategy.value}"
+        return (f"strategy {s.strategy.value}: predicted {mine / allreduce - 1:+.0%} against allreduce "
                 f"({_rate(mine)} vs {_rate(allreduce)} samples/s)")
-    others = [f"{k} {v / allreduce - 1:+.0%}" for k, v in s.predictions.items()
-              if k not in ("allreduce", "ideal") and allreduce]
+    others = [f"{k.value} {v / allreduce - 1:+.0%}" for k, v in s.predictions.items()
+              if k not in (Strategy.ALLREDUCE, Ideal.IDEAL) and allreduce]
     return "strategy allreduce" + (f" (the others predicted against it: {', '.join(others)})" if others else "")
 
 
@@ -176,9 +177,9 @@ def status_line(event: Event) -> str | None:
         return f"[{event.stage}] {event.message}"
     if isinstance(event, JobStarted):
         mode = " (detached)" if event.detached else ""
-        return (f"job {event.job_id}{mode}: {event.strategy}, {event.world_size} ranks on "
+        return (f"job {event.job_id}{mode}: {event.strategy.value}, {event.world_size} ranks on "
                 f"{', '.join(event.nodes)}, master {event.master}")
-    if isinstance(event, RankExited) and event.state != "succeeded":
+    if isinstance(event, RankExited) and event.state is not RankState.SUCCEEDED:
         return f"{tag(event.node, event.rank, event.role)} {event.reason}"
     if isinstance(event, Notice):
         return f"{event.node}: {event.message}" if event.node else event.message
@@ -196,10 +197,10 @@ def status_line(event: Event) -> str | None:
     if isinstance(event, Replanned):
         return (f"[elastic] attempt {event.attempt} re-planned: {event.old_world} ranks on "
                 f"{', '.join(event.old_nodes)} -> {event.new_world} on {', '.join(event.new_nodes)} "
-                f"({event.strategy}; {event.reason})")
+                f"({event.strategy.value}; {event.reason})")
     if isinstance(event, Regrouped):
         groups = " + ".join("/".join(str(r) for r in g) for g in event.groups)
-        return (f"[adapt] attempt {event.attempt} re-grouped: {event.old_strategy} -> {event.new_strategy}, "
+        return (f"[adapt] attempt {event.attempt} re-grouped: {event.old_strategy.value} -> {event.new_strategy.value}, "
                 f"groups {groups} ({event.reason})")
     if isinstance(event, Resumed):
         redone = "" if event.redone is None else f", {event.redone:,} samples redone"

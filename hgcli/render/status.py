@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..schema.stages import JobRecord, RankState
+from ..schema.states import NodeJobState
 from ..jobs.status import JobLive, JobStatus, LiveRank, NodeLive
 from .safe import cell, visible
 
@@ -40,7 +41,8 @@ def _live_summary(live: JobLive) -> str:
     ranks = [r for n in live.nodes for r in n.ranks]
     running = sum(1 for r in ranks if r.state.is_running())
     text = f"{running}/{len(ranks)} ranks running"
-    odd = [f"{n.node} {n.state}" for n in live.nodes if not n.reachable or n.state in ("orphaned", "lost", "absent")]
+    odd = [f"{n.node} {n.state.value}" for n in live.nodes
+           if not n.reachable or n.state in (NodeJobState.ORPHANED, NodeJobState.LOST, NodeJobState.ABSENT)]
     return text + (f"; {', '.join(odd)}" if odd else "")
 
 
@@ -118,11 +120,11 @@ def job_detail(status: JobStatus) -> list[Any]:
 def _node_note(node: NodeLive) -> Text | None:
     if not node.reachable:
         return cell(f"{node.node}: unreachable ({node.error}); its ranks are shown as unknown", style="magenta")
-    if node.state == "orphaned":
+    if node.state is NodeJobState.ORPHANED:
         return cell(f"{node.node}: the agent is gone but ranks still run; 'hgtrain stop' ends them",
                     style="magenta")
-    if node.state in ("lost", "absent"):
-        return cell(f"{node.node}: {node.state}" + (f" ({node.error})" if node.error else ""), style="red")
+    if node.state in (NodeJobState.LOST, NodeJobState.ABSENT):
+        return cell(f"{node.node}: {node.state.value}" + (f" ({node.error})" if node.error else ""), style="red")
     return None
 
 

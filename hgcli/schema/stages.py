@@ -443,6 +443,13 @@ class Ideal(str, enum.Enum):
 # A key of Plan.predicted_samples_per_s: a strategy, or the ideal bound.
 Prediction = Union[Strategy, Ideal]
 
+
+def prediction(key: str) -> Prediction:
+    """The key its JSON name (or the key itself) stands for; ValueError for another name."""
+    if isinstance(key, (Strategy, Ideal)):
+        return key
+    return Ideal.IDEAL if key == Ideal.IDEAL.value else Strategy(key)
+
 # The modules every rank of a kind of plan needs on its node (checked by the node probe, enforced by
 # ``plan`` and ``launch``). With parameter-server ranks every rank starts torch.distributed.rpc, whose
 # TensorPipe set-up converts tensors with numpy (``dist.all_gather_object``).
@@ -529,7 +536,10 @@ class Plan:
     fitted_to: str | None = None
 
     def __post_init__(self) -> None:
-        _settle(self, wire=Wire(self.wire), predicted_samples_per_s=frozen_map(self.predicted_samples_per_s),
+        predicted = self.predicted_samples_per_s
+        if not isinstance(predicted, MappingProxyType):   # made here, not read: keys may be names
+            predicted = MappingProxyType({prediction(k): v for k, v in predicted.items()})
+        _settle(self, wire=Wire(self.wire), predicted_samples_per_s=predicted,
                 predicted_group_samples_per_s=frozen_map(self.predicted_group_samples_per_s))
 
     def predicted(self, strategy: Strategy | None = None) -> float | None:

@@ -53,6 +53,7 @@ class NodeJobState(_States):
     ORPHANED = "orphaned"          # --status: the agent died before finishing; ranks still run
     LOST = "lost"                  # --status: the agent died before finishing; none runs
     UNKNOWN = "unknown"            # no state recorded; on the controller: the node did not answer
+    ABSENT = "absent"              # the controller's: the node has no trace of the job
 
     def is_final(self) -> bool:
         """The agent finished the job (its record will not change again)."""
