@@ -89,7 +89,7 @@ def _node_live(name: str, frame: StatusFrame) -> NodeLive:
                     ended_at=frame.get("ended_at"), first_failure=_rank_of(frame.get("first_failure")))
 
 
-def _rank_of(first: Any) -> int | None:
+def _rank_of(first: object) -> int | None:
     """agent.json keeps the first failing rank's number; the end frame the whole exit frame."""
     if isinstance(first, dict):
         first = first.get("rank")

@@ -12,10 +12,13 @@ import functools
 import json
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..schema.stages import JobState, Prediction, RankState, Role, Strategy, prediction
 from .mailbox import Mailbox
+
+if TYPE_CHECKING:
+    from .spill import SpillFile   # imported when first needed: spill imports these events
 
 
 @dataclass(frozen=True)
@@ -163,11 +166,11 @@ class Adapted:
                    step_after_s=float(data["step_after_s"]))
 
 
-def _is_int(v: Any) -> bool:
+def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _is_number(v: Any) -> bool:
+def _is_number(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
@@ -426,7 +429,7 @@ class Dispatcher:
         # Spilling (not may_skip): the run the producer appends to, under the lock (the console
         # closes it when it has caught up).
         self._lock = threading.Lock()
-        self._spill: Any = None   # spill.SpillFile, created on the first overflow
+        self._spill: SpillFile | None = None   # created on the first overflow
         self._run: _SpillRun | None = None
         self.spilled_bytes = 0    # rank output that went through the spill file (for tests, figures)
         self._thread = threading.Thread(target=self._run_console, name="hgtrain-console", daemon=True)
@@ -504,20 +507,21 @@ class Dispatcher:
     def _catch_up(self, run: _SpillRun) -> None:
         """Show a run's events from the spill file, one at a time, until it is closed and read; a run
         still open when we reach its end is closed here (later events queue in memory again)."""
-        pos = run.start
+        spill, pos = self._spill, run.start
+        assert spill is not None   # a run is queued only once its file exists
         while True:
             with self._lock:
                 if pos >= run.end:
                     if run.open:
                         run.open = False
                         self._run = None
-                    if pos == self._spill.end:
-                        self._spill.reset()   # nothing written is unread: give the disk back
+                    if pos == spill.end:
+                        spill.reset()   # nothing written is unread: give the disk back
                     return
             if self.error is not None:
                 pos = run.end   # nobody reads any more (closed pipe): skip, do not read
                 continue
-            event, pos = self._spill.read(pos)
+            event, pos = spill.read(pos)
             self._show(event)
 
     def _show(self, event: Event) -> None:

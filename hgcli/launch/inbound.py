@@ -21,35 +21,49 @@ class FrameError(ValueError):
     """A frame lacks a field its type needs, or has one of the wrong type."""
 
 
-def _field(frame: Mapping[str, Any], key: str, kind: type | tuple[type, ...], what: str,
-           optional: bool = False) -> Any:
+# A frame as JSON made it: every value is checked before it is used.
+Raw = Mapping[str, object]
+
+
+def _wrong(key: str, what: str, value: object) -> FrameError:
+    return FrameError(f"{key}: expected {what}, got {value!r}"[:200])
+
+
+def _int(frame: Raw, key: str) -> int:
     value = frame.get(key)
-    if value is None and optional:
-        return None
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
-        raise FrameError(f"{key}: expected {what}, got {value!r}"[:200])
-    return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise _wrong(key, "an integer", value)
 
 
-def _int(frame: Mapping[str, Any], key: str) -> int:
-    value: int = _field(frame, key, int, "an integer")
-    return value
+def _opt_int(frame: Raw, key: str) -> int | None:
+    return None if frame.get(key) is None else _int(frame, key)
 
 
-def _opt_int(frame: Mapping[str, Any], key: str) -> int | None:
-    value: int | None = _field(frame, key, int, "an integer or null", optional=True)
-    return value
+def _str(frame: Raw, key: str) -> str:
+    value = frame.get(key)
+    if isinstance(value, str):
+        return value
+    raise _wrong(key, "a string", value)
 
 
-def _opt_str(frame: Mapping[str, Any], key: str) -> str | None:
-    value: str | None = _field(frame, key, str, "a string or null", optional=True)
-    return value
+def _opt_str(frame: Raw, key: str) -> str | None:
+    return None if frame.get(key) is None else _str(frame, key)
 
 
-def _flag(frame: Mapping[str, Any], key: str) -> bool | None:
+def _flag(frame: Raw, key: str) -> bool | None:
     """A true/false field; None when absent (the agent's "not known")."""
-    value: bool | None = _field(frame, key, bool, "true, false or null", optional=True)
-    return value
+    value = frame.get(key)
+    if value is None or isinstance(value, bool):
+        return value
+    raise _wrong(key, "true, false or null", value)
+
+
+def _ints(value: object) -> list[int] | None:
+    """``value`` as a list of integers; None when it is not one."""
+    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return list(value)
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +74,7 @@ class Started:
     pid: int
 
     @classmethod
-    def decode(cls, frame: Mapping[str, Any]) -> Started:
+    def decode(cls, frame: Raw) -> Started:
         return cls(_int(frame, "rank"), _int(frame, "pid"))
 
 
@@ -77,12 +91,13 @@ class Logs:
     partial: bool                  # its last line continues in the next batch
 
     @classmethod
-    def decode(cls, frame: Mapping[str, Any]) -> Logs:
-        stream = frame.get("stream")
+    def decode(cls, frame: Raw) -> Logs:
+        stream, data = frame.get("stream"), frame.get("data")
         if stream not in STREAMS:
-            raise FrameError(f"stream: expected 'out' or 'err', got {stream!r}"[:200])
-        data: bytes = _field(frame, "data", bytes, "the batch's bytes")
-        return cls(_int(frame, "rank"), stream, data, bool(frame.get("partial")))
+            raise _wrong("stream", "'out' or 'err'", stream)
+        if not isinstance(data, bytes):
+            raise _wrong("data", "the batch's bytes", data)
+        return cls(_int(frame, "rank"), str(stream), data, bool(frame.get("partial")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,8 +109,10 @@ class MetricRecord:
     data: dict[str, Any]
 
     @classmethod
-    def decode(cls, frame: Mapping[str, Any]) -> MetricRecord:
-        data: dict[str, Any] = _field(frame, "data", dict, "an object")
+    def decode(cls, frame: Raw) -> MetricRecord:
+        data = frame.get("data")
+        if not isinstance(data, dict):
+            raise _wrong("data", "an object", data)
         return cls(_int(frame, "rank"), data)
 
 
@@ -105,7 +122,7 @@ class AgentWarning:
     rank: int | None               # a rank's bad metrics line; None for the agent's own
 
     @classmethod
-    def decode(cls, frame: Mapping[str, Any]) -> AgentWarning:
+    def decode(cls, frame: Raw) -> AgentWarning:
         return cls(str(frame.get("message", "")), _opt_int(frame, "rank"))
 
 
@@ -118,7 +135,7 @@ class AgentStopping:
     requested: bool                # 'hgtrain stop' asked for it
 
     @classmethod
-    def decode(cls, frame: Mapping[str, Any]) -> AgentStopping:
+    def decode(cls, frame: Raw) -> AgentStopping:
         return cls(_opt_str(frame, "reason") or None, bool(_flag(frame, "failed")), bool(_flag(frame, "requested")))
 
 
@@ -158,7 +175,7 @@ class Exited:
         return 128 + self.signal if self.signal is not None else self.code
 
     @classmethod
-    def decode(cls, frame: Mapping[str, Any]) -> Exited:
+    def decode(cls, frame: Raw) -> Exited:
         return cls(rank=_int(frame, "rank"), code=_opt_int(frame, "code"), signal=_opt_int(frame, "signal"),
                    signal_name=_opt_str(frame, "signal_name"), state=RankState.parse(frame.get("state")),
                    reason=_opt_str(frame, "reason") or None, oom=_flag(frame, "oom"),
@@ -174,7 +191,7 @@ class Ended:
     logs_complete: bool            # False: some lines were only kept in the node-local files
 
     @classmethod
-    def decode(cls, frame: Mapping[str, Any]) -> Ended:
+    def decode(cls, frame: Raw) -> Ended:
         return cls(NodeJobState.parse(frame.get("state")), _opt_str(frame, "reason"),
                    _flag(frame, "logs_complete") is not False)
 
@@ -184,7 +201,7 @@ class Detached:
     """The agent went on in the background (``launch --detach``)."""
 
     @classmethod
-    def decode(cls, frame: Mapping[str, Any]) -> Detached:
+    def decode(cls, frame: Raw) -> Detached:
         return cls()
 
 
@@ -195,7 +212,7 @@ class AgentError:
     message: str
 
     @classmethod
-    def decode(cls, frame: Mapping[str, Any]) -> AgentError:
+    def decode(cls, frame: Raw) -> AgentError:
         return cls(str(frame.get("message")))
 
 
@@ -211,21 +228,18 @@ class Prepared:
     snapshots: list[int] | None    # steps of the all-reduce snapshots
 
     @classmethod
-    def decode(cls, frame: Mapping[str, Any]) -> Prepared:
-        checkpoints = _field(frame, "checkpoints", dict, "an object or null", optional=True)
-        if checkpoints is not None and not all(_ints(v) for v in checkpoints.values()):
-            raise FrameError("checkpoints: expected lists of integers")
-        snapshots = _field(frame, "snapshots", list, "a list or null", optional=True)
-        if snapshots is not None and not _ints(snapshots):
-            raise FrameError("snapshots: expected a list of integers")
-        return cls(_field(frame, "job_dir", str, "a string"), _field(frame, "plan", str, "a string"),
-                   _opt_int(frame, "port"),
-                   {str(k): list(v) for k, v in checkpoints.items()} if checkpoints is not None else None,
-                   list(snapshots) if snapshots is not None else None)
-
-
-def _ints(value: object) -> bool:
-    return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    def decode(cls, frame: Raw) -> Prepared:
+        listed, snapshots = frame.get("checkpoints"), frame.get("snapshots")
+        checkpoints: dict[str, list[int]] | None = None
+        if listed is not None:
+            versions = {str(k): _ints(v) for k, v in listed.items()} if isinstance(listed, dict) else None
+            if versions is None or any(v is None for v in versions.values()):
+                raise _wrong("checkpoints", "an object of lists of integers, or null", listed)
+            checkpoints = {k: v for k, v in versions.items() if v is not None}
+        steps = _ints(snapshots) if snapshots is not None else None
+        if snapshots is not None and steps is None:
+            raise _wrong("snapshots", "a list of integers or null", snapshots)
+        return cls(_str(frame, "job_dir"), _str(frame, "plan"), _opt_int(frame, "port"), checkpoints, steps)
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,7 +254,7 @@ class Malformed:
 Frame = Union[Started, Logs, MetricRecord, AgentWarning, AgentStopping, Exited, Ended, Detached, AgentError,
               Prepared, Malformed]
 
-DECODERS: dict[FrameType, Callable[[Mapping[str, Any]], Frame]] = {
+DECODERS: dict[FrameType, Callable[[Raw], Frame]] = {
     FrameType.STARTED: Started.decode, FrameType.LOGS: Logs.decode, FrameType.METRIC: MetricRecord.decode,
     FrameType.WARNING: AgentWarning.decode, FrameType.STOPPING: AgentStopping.decode,
     FrameType.EXIT: Exited.decode, FrameType.END: Ended.decode, FrameType.DETACHED: Detached.decode,
@@ -248,7 +262,7 @@ DECODERS: dict[FrameType, Callable[[Mapping[str, Any]], Frame]] = {
 }
 
 
-def decode(kind: FrameType | None, frame: Mapping[str, Any]) -> Frame | None:
+def decode(kind: FrameType | None, frame: Raw) -> Frame | None:
     """``frame`` (of type ``kind``) as its value; None for a frame the controller only hears; a
     ``Malformed`` for one whose fields are not what its type needs."""
     decoder = DECODERS.get(kind) if kind is not None else None

@@ -89,7 +89,7 @@ def _device(value: str) -> Device:
     return value if isinstance(value, Device) else Device(value)
 
 
-def digest(value: Any) -> str:
+def digest(value: object) -> str:
     """Stable short hash of a value's JSON form (cluster identity, plan identity)."""
     import hashlib  # here, not at the top: node programs import this module and never hash
 
@@ -145,7 +145,7 @@ class EmulateSpec:
     # Applied by the runtime only: the probe and the bench see the declared speeds.
     slowdown: tuple[Slowdown, ...] = ()
 
-    def identity(self) -> dict[str, Any]:
+    def identity(self) -> dict[str, list[str] | list[float] | list[int]]:
         """What the cluster's fingerprint hashes: the devices, not their slowdowns (a slowdown
         changes no probe or bench result, so it must not make them stale)."""
         return {"devices": list(self.devices), "speed": list(self.speed), "memory_mib": list(self.memory_mib)}
