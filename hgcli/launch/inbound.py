@@ -11,6 +11,7 @@ docs/agent.md).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Callable, Mapping, Union
 
 from ..node.protocol import FrameType
@@ -59,10 +60,10 @@ def _flag(frame: Raw, key: str) -> bool | None:
     raise _wrong(key, "true, false or null", value)
 
 
-def _ints(value: object) -> list[int] | None:
-    """``value`` as a list of integers; None when it is not one."""
+def _ints(value: object) -> tuple[int, ...] | None:
+    """``value``, a list of integers, as a tuple; None when it is not one."""
     if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        return list(value)
+        return tuple(value)
     return None
 
 
@@ -224,18 +225,18 @@ class Prepared:
     job_dir: str
     plan: str                      # the plan file's path on the node
     port: int | None
-    checkpoints: dict[str, list[int]] | None   # PS shard -> checkpoint versions
-    snapshots: list[int] | None    # steps of the all-reduce snapshots
+    checkpoints: Mapping[str, tuple[int, ...]] | None   # PS shard -> checkpoint versions
+    snapshots: tuple[int, ...] | None   # steps of the all-reduce snapshots
 
     @classmethod
     def decode(cls, frame: Raw) -> Prepared:
         listed, snapshots = frame.get("checkpoints"), frame.get("snapshots")
-        checkpoints: dict[str, list[int]] | None = None
+        checkpoints: Mapping[str, tuple[int, ...]] | None = None
         if listed is not None:
             versions = {str(k): _ints(v) for k, v in listed.items()} if isinstance(listed, dict) else None
             if versions is None or any(v is None for v in versions.values()):
                 raise _wrong("checkpoints", "an object of lists of integers, or null", listed)
-            checkpoints = {k: v for k, v in versions.items() if v is not None}
+            checkpoints = MappingProxyType({k: v for k, v in versions.items() if v is not None})
         steps = _ints(snapshots) if snapshots is not None else None
         if snapshots is not None and steps is None:
             raise _wrong("snapshots", "a list of integers or null", snapshots)

@@ -230,8 +230,8 @@ class _Prepared:
     link: AgentLink   # started, its agent waiting for the spec
     launch: NodeLaunch
     port: int | None
-    checkpoints: dict[str, list[int]] | None   # shard -> versions on the node (asked for on restarts)
-    snapshots: list[int] | None = None         # all-reduce snapshot steps on the node (restarts)
+    checkpoints: Mapping[str, tuple[int, ...]] | None   # shard -> versions on the node (restarts)
+    snapshots: tuple[int, ...] | None = None   # all-reduce snapshot steps on the node (restarts)
 
 
 def _prepare_node(node: NodeSpec, link: AgentLink, plan_json: str, job_id: str, jobs_root: str,
