@@ -1,8 +1,9 @@
 """The agent protocol: every frame type and state name that node programs and the controller share.
 
 This module is their single definition (docs/agent.md). On the wire a frame is a JSON object with a
-``"type"`` (``hgcli.node.frames``); in code it stays a plain dict on both sides, so nothing is built
-or converted per frame and a log batch costs what it did. The names live here:
+``"type"`` (``hgcli.node.frames``); on the node it stays a plain dict, so nothing is built per frame
+and a log batch costs what it did. The launcher decodes each frame it acts on once, into a typed
+value (``hgcli.launch.inbound``). The names live here:
 
 - ``FrameType``: the ``"type"`` of every frame, both ways, of the agent and of the other node
   programs (probe, bench, the package shipper). A member is a ``str`` equal to its wire name and
@@ -12,9 +13,10 @@ or converted per frame and a log batch costs what it did. The names live here:
 - ``RankState`` (one rank) and ``NodeJobState`` (a job on one node) with their predicates, defined in
   ``hgcli.schema.states`` and re-exported here. The agent keeps these members in its record and
   frames; the controller's job record uses the same ``RankState``.
-- TypedDicts naming each agent frame's fields, in wire order, for readers and the type checker.
-  They are annotations only: a decoded frame is the ``dict`` JSON made, with plain strings where a
-  state is, so readers turn states into members with ``RankState.parse`` / ``NodeJobState.parse``.
+- TypedDicts naming each agent frame's fields, in wire order, for writers and the type checker.
+  They are annotations only: a frame read from JSON is the ``dict`` JSON made, with plain strings
+  where a state is; a reader checks its fields (``hgcli.launch.inbound``) or turns states into
+  members with ``RankState.parse`` / ``NodeJobState.parse``.
 
 Standard library only, and light: the agent imports it on start-up, which every launch waits for.
 Never format a member directly (``f"{state}"`` gives ``RankState.FAILED`` on Python 3.11): use

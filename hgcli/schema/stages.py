@@ -450,6 +450,7 @@ def prediction(key: str) -> Prediction:
         return key
     return Ideal.IDEAL if key == Ideal.IDEAL.value else Strategy(key)
 
+
 # The modules every rank of a kind of plan needs on its node (checked by the node probe, enforced by
 # ``plan`` and ``launch``). With parameter-server ranks every rank starts torch.distributed.rpc, whose
 # TensorPipe set-up converts tensors with numpy (``dist.all_gather_object``).
