@@ -8,17 +8,26 @@ draining the agents, so a slow terminal can never back-pressure a node.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import json
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..node.protocol import Stream
 from ..schema.stages import JobState, Prediction, RankState, Role, Strategy, prediction
 from .mailbox import Mailbox
 
 if TYPE_CHECKING:
     from .spill import SpillFile   # imported when first needed: spill imports these events
+
+
+class SavedState(str, enum.Enum):
+    """What a restarted attempt's training continues from."""
+
+    SNAPSHOT = "snapshot"          # all-reduce: the first worker's training-state snapshot
+    CHECKPOINT = "checkpoint"      # PS ranks: the shards' last complete checkpoint
 
 
 @dataclass(frozen=True)
@@ -67,7 +76,7 @@ class LogLines:
     rank: int
     node: str
     role: Role
-    stream: str                    # "out" | "err"
+    stream: Stream
     data: bytes                    # the lines as the rank wrote them, each ending in b"\n" ...
     partial: bool = False          # ... but the last: a piece of a line over 64 KiB that the next continues
 
@@ -210,7 +219,7 @@ class JobRestarted:
     attempt: int
     reason: str                    # the failed attempt's root cause, one line
     resume: bool                   # training resumes from a saved state (else from scratch)
-    resume_from: str | None = None  # "checkpoint" (PS ranks) | "snapshot" (all-reduce) | None
+    resume_from: SavedState | None = None   # None: from scratch
 
 
 @dataclass(frozen=True)
@@ -262,7 +271,7 @@ class Resumed:
 
     job_id: str
     attempt: int
-    source: str
+    source: SavedState
     step: int
     samples: int | None
     redone: int | None
@@ -274,7 +283,8 @@ class Resumed:
         0 (a checkpoint version; untrusted: only numbers pass); ``reached``: the samples the job had
         trained when the last attempt ended."""
         source = data.get("source")
-        if data.get("event") != "resumed" or (source, rank) not in (("snapshot", first_worker), ("checkpoint", first_ps)):
+        if data.get("event") != "resumed" or (source, rank) not in ((SavedState.SNAPSHOT, first_worker),
+                                                                     (SavedState.CHECKPOINT, first_ps)):
             return None
         step, samples = data.get("step"), data.get("samples")
         if not (isinstance(step, int) and _is_int(step) and step >= 0):
@@ -282,7 +292,8 @@ class Resumed:
         if samples is not None and not (isinstance(samples, int) and _is_int(samples) and samples >= 0):
             return None
         redone = max(0, reached - samples) if reached is not None and samples is not None else None
-        return cls(job_id=job_id, attempt=attempt, source=str(source), step=step, samples=samples, redone=redone)
+        return cls(job_id=job_id, attempt=attempt, source=SavedState(source), step=step, samples=samples,
+                   redone=redone)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Union
 
-from ..node.protocol import FrameType
+from ..node.protocol import FrameType, Stream
 from ..schema.states import NodeJobState, RankState
 
 
@@ -79,26 +79,23 @@ class Started:
         return cls(_int(frame, "rank"), _int(frame, "pid"))
 
 
-STREAMS = ("out", "err")
-
-
 @dataclass(frozen=True, slots=True)
 class Logs:
     """A batch of one stream's lines, as raw bytes (the link reads the frame's payload undecoded)."""
 
     rank: int
-    stream: str                    # "out" | "err"
+    stream: Stream
     data: bytes
     partial: bool                  # its last line continues in the next batch
 
     @classmethod
     def decode(cls, frame: Raw) -> Logs:
         stream, data = frame.get("stream"), frame.get("data")
-        if stream not in STREAMS:
+        if stream != "out" and stream != "err":
             raise _wrong("stream", "'out' or 'err'", stream)
         if not isinstance(data, bytes):
             raise _wrong("data", "the batch's bytes", data)
-        return cls(_int(frame, "rank"), str(stream), data, bool(frame.get("partial")))
+        return cls(_int(frame, "rank"), "out" if stream == "out" else "err", data, bool(frame.get("partial")))
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ from ..jobs import records as jobs
 from ..errors import EXIT_JOB, EXIT_TERMINATED, ConfigError, HgError, StateError, UsageError
 from .adapt import Regroup, RegroupWatch, snapshot_every, watched, watched_back
 from .events import (Dispatcher, Event, JobEnded, JobRestarted, JobStarted, Notice, Regrouped, Replanned,
-                     RootCause, Stage)
+                     RootCause, SavedState, Stage)
 from .loop import Interrupt, JobController, Outcome
 from .metrics import MetricsBoard, predictions
 from .record import JobBook
@@ -503,7 +503,8 @@ class _Attempt:
                                       resume=resume_ps, resume_version=_resume_version(plan, prepared),
                                       snapshots=snapshots, resume_step=resume_step)
             if number:
-                resume_from = ("checkpoint" if resume_ps else "snapshot" if resume_step is not None else None)
+                resume_from = (SavedState.CHECKPOINT if resume_ps else SavedState.SNAPSHOT if resume_step is not None
+                               else None)
                 emit(JobRestarted(job_id=job_id, attempt=number, reason=reason, resume=resume_from is not None,
                                   resume_from=resume_from))
             specs = {n: agent_spec(plan=plan, job_id=agent_id, node=launches[n], command=request.command,

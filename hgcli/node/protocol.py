@@ -244,6 +244,8 @@ class StatusFrame(TypedDict):
     ranks: list[StatusRank]
 
 
+Stream = Literal["out", "err"]   # a rank's stdout or stderr, as log frames and log files name it
+
 AgentOutcome = Literal["stopped", "gone", "not responding"]   # --stop: what became of the job's agent
 
 

@@ -26,7 +26,7 @@ from ..schema.stages import Ideal, JobState, RankState, Role, Strategy
 from ..launch.events import (
     Adapted, Event, JobEnded, JobStarted, JobRestarted, LogLines, Metric, NodeLost, Notice, Progress, RankExited,
     Regrouped, Replanned, Resumed,
-    RankStarted, RootCause, Stage, Stopping, Summary, event_dict,
+    RankStarted, RootCause, SavedState, Stage, Stopping, Summary, event_dict,
 )
 
 # Encodings in which ASCII text is its own bytes: ASCII log lines go to them as they came.
@@ -188,9 +188,9 @@ def status_line(event: Event) -> str | None:
     if isinstance(event, Adapted):
         return adapt_line(event)
     if isinstance(event, JobRestarted):
-        start = {"checkpoint": "PS ranks resume from their last complete checkpoint",
-                 "snapshot": "training resumes from the newest snapshot"}.get(
-            event.resume_from or "", "training starts from scratch")
+        start = ("training starts from scratch" if event.resume_from is None else
+                 {SavedState.CHECKPOINT: "PS ranks resume from their last complete checkpoint",
+                  SavedState.SNAPSHOT: "training resumes from the newest snapshot"}[event.resume_from])
         return f"restart {event.attempt} of job {event.job_id} after: {event.reason} ({start})"
     if isinstance(event, NodeLost):
         return f"[elastic] node {event.node} lost: {event.reason}"
@@ -204,8 +204,8 @@ def status_line(event: Event) -> str | None:
                 f"groups {groups} ({event.reason})")
     if isinstance(event, Resumed):
         redone = "" if event.redone is None else f", {event.redone:,} samples redone"
-        what = "version" if event.source == "checkpoint" else "step"
-        return f"[elastic] attempt {event.attempt} resumed from the {event.source} of {what} {event.step}{redone}"
+        what = "version" if event.source is SavedState.CHECKPOINT else "step"
+        return f"[elastic] attempt {event.attempt} resumed from the {event.source.value} of {what} {event.step}{redone}"
     return None
 
 
