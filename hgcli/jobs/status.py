@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Mapping, cast
 
 from . import records as jobs
 from ..errors import HgError
@@ -42,7 +42,7 @@ class LiveRank:
     exit_code: int | None = None
     signal: int | None = None
     reason: str | None = None
-    metrics: dict[str, Any] | None = None
+    metrics: Mapping[str, Any] | None = None   # the rank's last metrics line, as it wrote it
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..schema.stages import JobRecord, RankState
+from ..schema.stages import JobRecord, RankState, Role
 from ..schema.states import NodeJobState
 from ..jobs.status import JobLive, JobStatus, LiveRank, NodeLive
 from .safe import cell, visible
@@ -76,14 +76,14 @@ def _metrics(metrics: Mapping[str, Any] | None) -> str:
     return " · ".join(parts)
 
 
-def _rank_row(rank: int, node: str, role: str, live: LiveRank | None, fallback: RankState,
+def _rank_row(rank: int, node: str, role: Role, live: LiveRank | None, fallback: RankState,
               exit_code: int | None, metrics: Mapping[str, Any] | None) -> list[Text]:
     state = live.state if live else fallback
     code = live.exit_code if live else exit_code
     signal = live.signal if live else None
     ended = "" if code is None and signal is None else (f"signal {signal}" if signal else str(code))
     # Metrics are whatever a rank logged ("[/oops]" included): Text cells, never markup.
-    return [cell(rank), cell(node), cell(role), _styled(state.value), cell(live.pid if live and live.pid else ""),
+    return [cell(rank), cell(node), cell(role.value), _styled(state.value), cell(live.pid if live and live.pid else ""),
             cell(ended), cell(_metrics((live.metrics if live else None) or metrics))]
 
 
@@ -104,11 +104,10 @@ def job_detail(status: JobStatus) -> list[Any]:
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for column in ("rank", "node", "role", "state", "pid", "exit", "last metrics"):
         table.add_column(column)
-    roles = {p.rank: p.role.value for p in r.plan.ranks}
     records = {x.rank: x for x in r.ranks}
     for p in r.plan.ranks:
         rec = records.get(p.rank)
-        table.add_row(*_rank_row(p.rank, p.node, roles[p.rank], live.get(p.rank),
+        table.add_row(*_rank_row(p.rank, p.node, p.role, live.get(p.rank),
                                  rec.state if rec else RankState.PENDING, rec.exit_code if rec else None,
                                  rec.last_metrics if rec else None))
     out.append(table)
