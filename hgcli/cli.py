@@ -16,7 +16,7 @@ import click
 
 from . import __version__
 from .errors import EXIT_ERROR, EXIT_INTERRUPTED, HgError, NodesFailedError, UsageError
-from .schema.stages import Strategy
+from .schema.stages import Strategy, Wire
 
 if TYPE_CHECKING:
     from .launch.events import Event
@@ -243,7 +243,7 @@ def plan(cluster_file: Path | None, nproc_per_node: int | None, strategy: str, g
     cluster = load_cluster_arg(cluster_file, nproc_per_node)
     model = ModelSpec(name=f"{params:,} parameters", parameters=params) if params else None
     job = JobSpec(strategy=Strategy(strategy), global_batch=global_batch, ps_ranks=ps_ranks,
-                  staleness=staleness, model=model, overlap=overlap, wire=wire)
+                  staleness=staleness, model=model, overlap=overlap, wire=Wire(wire))
     on_stage = None
     if not as_json:
         from .render.stages import stage_printer

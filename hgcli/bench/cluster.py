@@ -14,7 +14,7 @@ from typing import Callable
 
 from .links import bench_links
 from ..errors import RemoteError, UsageError
-from ..schema.stages import (Cluster, DeviceProfile, Inventory, ModelSpec, NodeInfo, NodeSpec, Profiles,
+from ..schema.stages import (CPU, Cluster, Device, DeviceProfile, Inventory, ModelSpec, NodeInfo, NodeSpec, Profiles,
                     from_dict)
 from ..node.bench import modelspec
 from ..node.bench.timing import scaled
@@ -31,7 +31,7 @@ MODEL_ENV = "HGTRAIN_BENCH_MODEL"
 DEVICE_TIMEOUT_S = {True: 300.0, False: 1800.0}
 # A node with no profile of its own (unreachable, or failed in the inventory) is listed under this
 # device name with its error, so the failure is in the profiles and not silently missing.
-NODE_DEVICE = "node"
+NODE_DEVICE = Device("node")
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ OnEvent = Callable[[BenchEvent], None]
 class DeviceTarget:
     """One device to bench, as the inventory describes it."""
 
-    device: str                     # "gpu0"... or "cpu"
+    device: Device                  # "gpu0"... or "cpu"
     name: str | None
     emulated: bool
     speed: float | None
@@ -70,9 +70,9 @@ class DeviceTarget:
 def device_targets(node: NodeInfo) -> tuple[DeviceTarget, ...]:
     """Its GPUs (real or emulated); a node without GPUs benches its CPU as device "cpu"."""
     if node.gpus:
-        return tuple(DeviceTarget(f"gpu{g.index}", g.name, g.emulated, g.speed, g.memory_total_mib)
+        return tuple(DeviceTarget(Device.gpu(g.index), g.name, g.emulated, g.speed, g.memory_total_mib)
                      for g in node.gpus)
-    return (DeviceTarget("cpu", node.cpu_model, False, None, node.memory_total_mib),)
+    return (DeviceTarget(CPU, node.cpu_model, False, None, node.memory_total_mib),)
 
 
 def bench_cluster(cluster: Cluster, inventory: Inventory, *, quick: bool,

@@ -13,7 +13,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..schema.stages import DeviceProfile, Measurement, ModelSpec, Profiles, StepSample
+from ..schema.stages import Device, DeviceProfile, Measurement, ModelSpec, Profiles, StepSample
 
 _FILE = re.compile(r"^DeviceType\.([A-Za-z0-9]+)_tp([0-9]+)_bs([0-9]+)\.json$")
 # Vendor and product-line words carry no identity ("Tesla T4" and "T4" are one card).
@@ -114,7 +114,7 @@ def from_metis(files: Mapping[str, Mapping[str, Any]]) -> MetisImport:
         steps.setdefault(dtype, []).append(
             StepSample(batch_size=bs, seconds=Measurement(seconds, seconds, seconds, 1), memory_mib=memory))
     devices = tuple(
-        DeviceProfile(node=METIS_NODE, device=dtype, name=dtype, emulated=False, speed=1.0, memory_total_mib=None,
+        DeviceProfile(node=METIS_NODE, device=Device(dtype), name=dtype, emulated=False, speed=1.0, memory_total_mib=None,
                       steps=tuple(sorted(samples, key=lambda s: s.batch_size)))
         for dtype, samples in sorted(steps.items()))
     return MetisImport(devices=devices, model=model, skipped=tuple(skipped))

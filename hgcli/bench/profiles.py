@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import StateError
-from ..schema.stages import SCHEMA_VERSION, Inventory, Profiles, from_dict, to_dict
+from ..schema.stages import CPU, SCHEMA_VERSION, Device, Inventory, Profiles, from_dict, to_dict
 from ..state import cluster_dir, read_json, write_json
 
 
@@ -57,7 +57,8 @@ def profile_is_stale(profiles: Profiles, inventory: Inventory) -> str | None:
     measured = {(d.node, d.device): d for d in profiles.devices}
     for node in inventory.succeeded:
         gpus = node.gpus or ()
-        devices: list[tuple[str, str | None, str | None]] = [(f"gpu{g.index}", g.name, g.driver_version) for g in gpus] or [("cpu", None, None)]
+        devices: list[tuple[Device, str | None, str | None]] = ([(Device.gpu(g.index), g.name, g.driver_version)
+                                                                 for g in gpus] or [(CPU, None, None)])
         for device, name, driver in devices:
             profile = measured.get((node.name, device))
             where = f"{node.name}/{device}"

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Mapping, cast
 
 from ..state import records as jobs
 from ..errors import HgError
@@ -30,7 +30,7 @@ STATUS_TIMEOUT_S = 30.0          # one --status on a node: reads agent.json and 
 # A node's state of the job: the agent's (NodeJobState, with orphaned and lost: the agent died
 # mid-job with ranks still running / with none), or the controller's own: no job directory on the
 # node (absent); the node did not answer (unknown).
-ABSENT, UNREACHABLE = "absent", NodeJobState.UNKNOWN.value
+ABSENT, UNREACHABLE = NodeJobState.ABSENT, NodeJobState.UNKNOWN
 NODE_FINAL = (NodeJobState.SUCCEEDED, NodeJobState.FAILED, NodeJobState.STOPPED, NodeJobState.LOST, ABSENT)
 
 
@@ -42,13 +42,13 @@ class LiveRank:
     exit_code: int | None = None
     signal: int | None = None
     reason: str | None = None
-    metrics: dict[str, Any] | None = None
+    metrics: Mapping[str, Any] | None = None   # the rank's last metrics line, as it wrote it
 
 
 @dataclass(frozen=True)
 class NodeLive:
     node: str
-    state: str                     # the agent's job state on that node, or orphaned/lost/absent/unknown
+    state: NodeJobState            # the agent's job state on that node, or orphaned/lost/absent/unknown
     reachable: bool
     agent_alive: bool = False
     error: str | None = None       # why it is unknown, or what the node said
@@ -84,12 +84,12 @@ def _node_live(name: str, frame: StatusFrame) -> NodeLive:
                            exit_code=r.get("code"), signal=r.get("signal"), reason=r.get("reason"),
                            metrics=r.get("metrics"))
                   for r in frame.get("ranks", []) if isinstance(r.get("rank"), int))
-    return NodeLive(node=name, state=str(frame.get("state", NodeJobState.UNKNOWN.value)), reachable=True,
+    return NodeLive(node=name, state=NodeJobState.parse(frame.get("state")), reachable=True,
                     agent_alive=bool(frame.get("agent_alive")), error=frame.get("reason"), ranks=ranks,
                     ended_at=frame.get("ended_at"), first_failure=_rank_of(frame.get("first_failure")))
 
 
-def _rank_of(first: Any) -> int | None:
+def _rank_of(first: object) -> int | None:
     """agent.json keeps the first failing rank's number; the end frame the whole exit frame."""
     if isinstance(first, dict):
         first = first.get("rank")
@@ -134,7 +134,7 @@ def live_status(record: JobRecord, where: JobNodes | None = None, transport: str
 def _final_state(live: JobLive) -> tuple[JobState, int | None, str | None]:
     """The job's end as the nodes tell it: failed first (with its root cause), then stopped."""
     for node in live.nodes:
-        if node.state == NodeJobState.FAILED:
+        if node.state is NodeJobState.FAILED:
             rank = next((r for r in node.ranks if r.rank == node.first_failure), None) or next(
                 (r for r in node.ranks if r.state is RankState.FAILED), None)
             if rank is None:
@@ -143,8 +143,8 @@ def _final_state(live: JobLive) -> tuple[JobState, int | None, str | None]:
             return JobState.FAILED, code, f"{node.node}: rank {rank.rank} {rank.reason or 'failed'}"
     for node in live.nodes:
         if node.state in (NodeJobState.LOST, ABSENT):
-            return JobState.FAILED, None, f"{node.node}: the agent was gone before the job finished ({node.state})"
-    if any(node.state == NodeJobState.STOPPED for node in live.nodes):
+            return JobState.FAILED, None, f"{node.node}: the agent was gone before the job finished ({node.state.value})"
+    if any(node.state is NodeJobState.STOPPED for node in live.nodes):
         return JobState.STOPPED, None, None
     return JobState.SUCCEEDED, 0, None
 

@@ -83,7 +83,7 @@ def snapshot_every(plan: Plan, seconds: float = SNAPSHOT_S) -> int:
     worker is the one that snapshots."""
     first = plan.groups[0] if plan.ps_shards and plan.groups else None
     if first is None:
-        predicted = plan.predicted_samples_per_s.get(plan.strategy.value) or 0.0
+        predicted = plan.predicted() or 0.0
         per_step = sum(r.batch_size or 0 for r in plan.workers) or 1
     else:
         predicted = group_predictions(plan)[0].get(str(first.id)) or 0.0
@@ -138,8 +138,8 @@ class RegroupWatch:
         noise = max((r.noise or 0.0) for r in rates.rates)
         if self.back:
             return self._back(plan, noise)
-        now_rate = plan.predicted_samples_per_s.get(Strategy.ALLREDUCE.value) or 0.0
-        new_rate = plan.predicted_samples_per_s.get(plan.strategy.value) or 0.0
+        now_rate = plan.predicted(Strategy.ALLREDUCE) or 0.0
+        new_rate = plan.predicted() or 0.0
         self.last = (f"{plan.strategy.value} {new_rate:,.0f} samples/s against allreduce {now_rate:,.0f} "
                      f"(measured noise up to {noise:.2f})")
         if not plan.ps_shards or now_rate <= 0 or new_rate < now_rate * (1 + GAIN):
@@ -156,8 +156,8 @@ class RegroupWatch:
         of the workers' last steps."""
         from ..plan.placement import AUTO_MARGIN
 
-        now_rate = plan.predicted_samples_per_s.get(self.plan.strategy.value) or 0.0
-        new_rate = plan.predicted_samples_per_s.get(Strategy.ALLREDUCE.value) or 0.0
+        now_rate = plan.predicted(self.plan.strategy) or 0.0
+        new_rate = plan.predicted(Strategy.ALLREDUCE) or 0.0
         self.last = (f"allreduce {new_rate:,.0f} samples/s against {self.plan.strategy.value} {now_rate:,.0f} "
                      f"(recent noise up to {noise:.2f})")
         if plan.ps_shards or new_rate <= 0 or now_rate > new_rate * (1 + AUTO_MARGIN):
@@ -182,4 +182,4 @@ class RegroupWatch:
         plan = with_slowdowns(replan_on(self.request.cluster, job, list(plan_nodes(self.plan))),
                               self.request.cluster)
         return Regroup(plan=plan, reason=f"{FORCE_BACK_ENV if self.back else FORCE_ENV} (a test)", predicted_now=0.0,
-                       predicted_new=plan.predicted_samples_per_s.get(plan.strategy.value) or 0.0)
+                       predicted_new=plan.predicted() or 0.0)

@@ -1,6 +1,6 @@
 """One node's agent as the controller sees it: a connection, a reader thread per stream, heartbeats.
 
-Readers hand each frame straight to the controller's inbox. The inbox is bounded by the bytes of
+Readers decode each frame once (``inbound``) and hand the value straight to the controller's inbox. The inbox is bounded by the bytes of
 rank output it holds (``INBOX_BYTES``): past that a reader stops reading until the controller has
 caught up, and the agent keeps the rest (it paces its sends to the connection; its node-local files
 hold everything). The controller never waits for the console (``dispatch.Dispatcher``), so the inbox
@@ -12,13 +12,14 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Any, Mapping, NamedTuple, cast
+from typing import Any, Mapping, NamedTuple
 
 from ..errors import HgError
 from ..node import frames
 from ..node.agent.spec import AgentSpec
-from ..node.protocol import FrameType, PreparedFrame, first, frame_type
+from ..node.protocol import FrameType, first, frame_type
 from ..schema.stages import to_dict
+from .inbound import AgentError, Frame, Logs, Malformed, Prepared, decode
 from .mailbox import Mailbox
 from ..remote.transport import RemoteProcess, Transport, node_module_argv
 
@@ -35,19 +36,18 @@ ANSWERS = (FrameType.PREPARED, FrameType.ERROR)   # to prepare(): not frames of 
 INBOX_BYTES = 8 << 20   # rank output waiting for the controller, over every node's reader
 
 
-def frame_bytes(frame: Mapping[str, Any]) -> int:
+def frame_bytes(frame: Frame) -> int:
     """What a frame weighs in the inbox: a log batch's bytes (released by the controller once it
     has handled them); other frames are small and count 0."""
-    data = frame.get("data")
-    return len(data) if isinstance(data, bytes) else 0
+    return len(frame.data) if isinstance(frame, Logs) else 0
 
 
 class Inbound(NamedTuple):
-    """A frame from ``node``'s agent; ``frame is None`` means its connection ended (EOF).
+    """A decoded frame from ``node``'s agent; ``frame is None`` means its connection ended (EOF).
     A tuple, not a dataclass: one is made per frame, and a chatty agent sends many."""
 
     node: str
-    frame: dict[str, Any] | None
+    frame: Frame | None
 
 
 class AgentLink:
@@ -67,7 +67,7 @@ class AgentLink:
         self.last_heard = time.monotonic()
         self._threads: list[threading.Thread] = []
         self._answered = threading.Event()   # the answer to prepare() (or the end of the stream) came
-        self._answer: dict[str, Any] | None = None
+        self._answer: Frame | None = None
         # The end of the stream reaches the inbox only once the link carries a job (``send_spec``): a
         # link whose prepare failed is dropped and retried with a fresh one on a restart, and its end
         # must not read as the retried node's end.
@@ -85,7 +85,7 @@ class AgentLink:
             t.start()
             self._threads.append(t)
 
-    def prepare(self, request: dict[str, Any]) -> PreparedFrame:
+    def prepare(self, request: Mapping[str, Any]) -> Prepared:
         """The agent's first exchange: the plan file on the node, and a free port there (node/prelaunch.py).
         HgError with the node's reason when it cannot."""
         self.send({"type": FrameType.PREPARE, **request})   # a dead agent shows as the end of its stream
@@ -93,10 +93,12 @@ class AgentLink:
             raise HgError(f"cannot prepare the job there: its agent did not answer within "
                           f"{self.PREPARE_TIMEOUT_S:g} s")
         answer = self._answer
-        if answer is not None and frame_type(answer) is FrameType.PREPARED:
-            return cast(PreparedFrame, answer)
-        if answer is not None:
-            why = str(answer.get("message"))
+        if isinstance(answer, Prepared):
+            return answer
+        if isinstance(answer, AgentError):
+            why = answer.message
+        elif isinstance(answer, Malformed):
+            why = f"its agent's answer is malformed ({answer.why})"
         else:
             self._threads[-1].join(2.0)   # the agent ended: its stderr says why ("python3: not found")
             why = self.stderr_tail[-1] if self.stderr_tail else "its agent ended without a word"
@@ -115,15 +117,18 @@ class AgentLink:
         assert self._proc is not None
         monotonic, put, node = time.monotonic, self._inbox.put, self.node
         try:
-            for frame in frames.read_stream(self._proc.stdout, raw=True):
+            for raw in frames.read_stream(self._proc.stdout, raw=True):
                 if self._stop.is_set():
                     break
                 self.last_heard = monotonic()
-                if not self._answered.is_set() and frame_type(frame) in ANSWERS:
+                kind = frame_type(raw)
+                frame = decode(kind, raw)
+                if not self._answered.is_set() and kind in ANSWERS:
                     self._answer = frame   # prepare()'s answer, not the job's
                     self._answered.set()
                     continue
-                put(Inbound(node, frame), frame_bytes(frame))
+                if frame is not None:   # None: a frame only heard (heartbeat, agent, ...)
+                    put(Inbound(node, frame), frame_bytes(frame))
         except (OSError, ValueError, EOFError):
             pass   # the connection was dropped under us: that is the EOF below
         self._answered.set()

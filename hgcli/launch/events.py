@@ -8,10 +8,21 @@ controller loop never calls the console itself: it puts events on the dispatcher
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any
+
+from ..node.protocol import Stream
+from ..schema.stages import JobState, Prediction, RankState, Role, Strategy, prediction
+
+
+class SavedState(str, enum.Enum):
+    """What a restarted attempt's training continues from."""
+
+    SNAPSHOT = "snapshot"          # all-reduce: the first worker's training-state snapshot
+    CHECKPOINT = "checkpoint"      # PS ranks: the shards' last complete checkpoint
 
 
 @dataclass(frozen=True)
@@ -26,7 +37,7 @@ class Stage:
 @dataclass(frozen=True)
 class JobStarted:
     job_id: str
-    strategy: str
+    strategy: Strategy
     world_size: int
     nodes: tuple[str, ...]
     command: tuple[str, ...]
@@ -42,7 +53,7 @@ class RankStarted:
     job_id: str
     rank: int
     node: str
-    role: str
+    role: Role
     pid: int
 
 
@@ -59,8 +70,8 @@ class LogLines:
     job_id: str
     rank: int
     node: str
-    role: str
-    stream: str                    # "out" | "err"
+    role: Role
+    stream: Stream
     data: bytes                    # the lines as the rank wrote them, each ending in b"\n" ...
     partial: bool = False          # ... but the last: a piece of a line over 64 KiB that the next continues
 
@@ -108,7 +119,7 @@ class Metric:
     job_id: str
     rank: int
     node: str
-    role: str
+    role: Role
     data: dict[str, Any]
 
 
@@ -159,11 +170,11 @@ class Adapted:
                    step_after_s=float(data["step_after_s"]))
 
 
-def _is_int(v: Any) -> bool:
+def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _is_number(v: Any) -> bool:
+def _is_number(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
@@ -172,8 +183,8 @@ class RankExited:
     job_id: str
     rank: int
     node: str
-    role: str
-    state: str                     # succeeded | failed | stopped | unknown
+    role: Role
+    state: RankState               # succeeded | failed | stopped | unknown
     exit_code: int | None          # the code, or 128 + signal
     signal: str | None             # "SIGKILL"...
     reason: str
@@ -203,7 +214,7 @@ class JobRestarted:
     attempt: int
     reason: str                    # the failed attempt's root cause, one line
     resume: bool                   # training resumes from a saved state (else from scratch)
-    resume_from: str | None = None  # "checkpoint" (PS ranks) | "snapshot" (all-reduce) | None
+    resume_from: SavedState | None = None   # None: from scratch
 
 
 @dataclass(frozen=True)
@@ -227,7 +238,7 @@ class Replanned:
     new_nodes: tuple[str, ...]
     old_world: int                 # ranks
     new_world: int
-    strategy: str                  # the new plan's
+    strategy: Strategy             # the new plan's
     reason: str                    # why: the nodes lost, the nodes that came back
 
 
@@ -238,8 +249,8 @@ class Regrouped:
 
     job_id: str
     attempt: int                   # the attempt that runs the new plan
-    old_strategy: str
-    new_strategy: str
+    old_strategy: Strategy
+    new_strategy: Strategy
     groups: tuple[tuple[int, ...], ...]   # the new plan's groups (ranks)
     predicted_before: float        # samples/s of the old plan, fitted to the measured rates
     predicted_after: float
@@ -255,7 +266,7 @@ class Resumed:
 
     job_id: str
     attempt: int
-    source: str
+    source: SavedState
     step: int
     samples: int | None
     redone: int | None
@@ -267,7 +278,8 @@ class Resumed:
         0 (a checkpoint version; untrusted: only numbers pass); ``reached``: the samples the job had
         trained when the last attempt ended."""
         source = data.get("source")
-        if data.get("event") != "resumed" or (source, rank) not in (("snapshot", first_worker), ("checkpoint", first_ps)):
+        if data.get("event") != "resumed" or (source, rank) not in ((SavedState.SNAPSHOT, first_worker),
+                                                                     (SavedState.CHECKPOINT, first_ps)):
             return None
         step, samples = data.get("step"), data.get("samples")
         if not (isinstance(step, int) and _is_int(step) and step >= 0):
@@ -275,7 +287,8 @@ class Resumed:
         if samples is not None and not (isinstance(samples, int) and _is_int(samples) and samples >= 0):
             return None
         redone = max(0, reached - samples) if reached is not None and samples is not None else None
-        return cls(job_id=job_id, attempt=attempt, source=str(source), step=step, samples=samples, redone=redone)
+        return cls(job_id=job_id, attempt=attempt, source=SavedState(source), step=step, samples=samples,
+                   redone=redone)
 
 
 @dataclass(frozen=True)
@@ -306,10 +319,10 @@ class Summary:
     ideal_samples_per_s: float | None
     accuracy: float | None
     groups: dict[str, float] = field(default_factory=dict)   # group -> samples/s
-    strategy: str | None = None                              # the plan's strategy
+    strategy: Strategy | None = None                         # the plan's strategy
     # every strategy's prediction in the plan (allreduce, hybrid, ps, ideal): by how much the chosen
     # one was predicted to beat the synchronous all-reduce
-    predictions: dict[str, float] = field(default_factory=dict)
+    predictions: dict[Prediction, float] = field(default_factory=dict)
     group_predicted: dict[str, float] = field(default_factory=dict)   # group -> predicted samples/s
     group_predicted_derived: bool = False   # not from the plan: its total split by samples per step
     # rank -> its samples per second of compute over the run (waits for other members left out),
@@ -321,6 +334,11 @@ class Summary:
     fitted_to: str | None = None
     from_bench: bool = False
     rates_stored: bool = False
+
+    def __post_init__(self) -> None:
+        # Typed once here, whoever built it (the metrics board, a report from a stored record).
+        object.__setattr__(self, "strategy", Strategy(self.strategy) if self.strategy is not None else None)
+        object.__setattr__(self, "predictions", {prediction(k): v for k, v in self.predictions.items()})
 
 
 @dataclass(frozen=True)
@@ -350,7 +368,7 @@ class Progress:
 @dataclass(frozen=True)
 class JobEnded:
     job_id: str
-    state: str                     # succeeded | failed | stopped | running (detached)
+    state: JobState                # succeeded | failed | stopped | running (detached)
     exit_code: int
     root_cause: RootCause | None
     summary: Summary | None

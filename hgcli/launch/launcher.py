@@ -27,7 +27,7 @@ from ..errors import EXIT_JOB, EXIT_TERMINATED, ConfigError, HgError, StateError
 from .adapt import Regroup, RegroupWatch, snapshot_every, watched, watched_back
 from .dispatch import Dispatcher
 from .events import (Event, JobEnded, JobRestarted, JobStarted, Notice, Regrouped, Replanned,
-                     RootCause, Stage)
+                     RootCause, SavedState, Stage)
 from .loop import Interrupt, JobController, Outcome
 from .metrics import MetricsBoard, predictions
 from .record import JobBook
@@ -226,8 +226,8 @@ class _Prepared:
     link: AgentLink   # started, its agent waiting for the spec
     launch: NodeLaunch
     port: int | None
-    checkpoints: dict[str, list[int]] | None   # shard -> versions on the node (asked for on restarts)
-    snapshots: list[int] | None = None         # all-reduce snapshot steps on the node (restarts)
+    checkpoints: Mapping[str, tuple[int, ...]] | None   # shard -> versions on the node (restarts)
+    snapshots: tuple[int, ...] | None = None   # all-reduce snapshot steps on the node (restarts)
 
 
 def _prepare_node(node: NodeSpec, link: AgentLink, plan_json: str, job_id: str, jobs_root: str,
@@ -245,9 +245,9 @@ def _prepare_node(node: NodeSpec, link: AgentLink, plan_json: str, job_id: str, 
         link.close(join_s=0.5)   # a retry starts a fresh link; this one must not linger
         raise
     return _Prepared(link, NodeLaunch(name=node.name, python=node.python,
-                                      package_root=link.transport.package_root(), job_dir=ok["job_dir"],
-                                      plan_path=ok["plan"], checkpoint_dir=f"{ok['job_dir']}/ps-checkpoint"),
-                     ok.get("port"), ok.get("checkpoints"), ok.get("snapshots"))
+                                      package_root=link.transport.package_root(), job_dir=ok.job_dir,
+                                      plan_path=ok.plan, checkpoint_dir=f"{ok.job_dir}/ps-checkpoint"),
+                     ok.port, ok.checkpoints, ok.snapshots)
 
 
 @contextlib.contextmanager
@@ -419,7 +419,7 @@ class _Attempt:
         plan = replan(request, self.plan, alive, lambda stage, message: self.emit(Stage(job_id, stage, message)))
         self.emit(Replanned(job_id=job_id, attempt=number, old_nodes=old, new_nodes=plan_nodes(plan),
                             old_world=self.plan.world_size, new_world=plan.world_size,
-                            strategy=plan.strategy.value, reason=change_reason(old, alive) or reason))
+                            strategy=plan.strategy, reason=change_reason(old, alive) or reason))
         if ps_layout(plan) != ps_layout(self.plan) and ps_layout(self.plan):
             # The PS shards' files (flat ranges of the old layout) cannot seed the new one: its PS
             # ranks checkpoint into fresh directories and start from the script's initial model.
@@ -436,8 +436,8 @@ class _Attempt:
         node has, its PS ranks start fresh from those parameters. On the way back (a plan without
         PS ranks) they resume from the snapshot of the re-grouped plan's first group."""
         job_id = self.book.record.id
-        self.emit(Regrouped(job_id=job_id, attempt=number, old_strategy=self.plan.strategy.value,
-                            new_strategy=regroup.plan.strategy.value,
+        self.emit(Regrouped(job_id=job_id, attempt=number, old_strategy=self.plan.strategy,
+                            new_strategy=regroup.plan.strategy,
                             groups=tuple(tuple(g.ranks) for g in regroup.plan.groups),
                             predicted_before=round(regroup.predicted_now, 1),
                             predicted_after=round(regroup.predicted_new, 1), reason=regroup.reason))
@@ -499,7 +499,8 @@ class _Attempt:
                                       resume=resume_ps, resume_version=_resume_version(plan, prepared),
                                       snapshots=snapshots, resume_step=resume_step)
             if number:
-                resume_from = ("checkpoint" if resume_ps else "snapshot" if resume_step is not None else None)
+                resume_from = (SavedState.CHECKPOINT if resume_ps else SavedState.SNAPSHOT if resume_step is not None
+                               else None)
                 emit(JobRestarted(job_id=job_id, attempt=number, reason=reason, resume=resume_from is not None,
                                   resume_from=resume_from))
             specs = {n: agent_spec(plan=plan, job_id=agent_id, node=launches[n], command=request.command,
@@ -514,7 +515,7 @@ class _Attempt:
                      for n in node_names}
             predicted, ideal = predictions(plan)
             if number == 0:
-                emit(JobStarted(job_id=job_id, strategy=plan.strategy.value, world_size=plan.world_size,
+                emit(JobStarted(job_id=job_id, strategy=plan.strategy, world_size=plan.world_size,
                                 nodes=tuple(node_names), command=request.command, job_dir=str(self.book.dir),
                                 master=f"{self.master_addr}:{port}", detached=request.detach,
                                 predicted_samples_per_s=predicted, ideal_samples_per_s=ideal))
@@ -640,6 +641,6 @@ def _finish(book: JobBook, board: MetricsBoard, emit: Callable[[Event], None], o
     else:
         book.finish(outcome.state, outcome.exit_code, cause.sentence() if cause else None)
         summary = board.summary(time.monotonic() - started, rates_stored=rates_stored)
-    emit(JobEnded(job_id=book.record.id, state=outcome.state.value, exit_code=outcome.exit_code,
+    emit(JobEnded(job_id=book.record.id, state=outcome.state, exit_code=outcome.exit_code,
                   root_cause=cause, summary=summary, job_dir=str(book.dir), detached=detached))
     return LaunchResult(book.record.id, outcome.state, outcome.exit_code, cause)

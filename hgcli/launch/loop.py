@@ -19,7 +19,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from ..errors import EXIT_JOB, EXIT_NODES_FAILED, EXIT_TERMINATED
 from .events import (
@@ -29,12 +29,13 @@ from .events import (
 from .metrics import MetricsBoard, clean_record
 from .record import JobBook
 from .mailbox import Mailbox
-from ..schema.stages import JobState, Plan
-from ..node.protocol import (
-    DetachedFrame, EndFrame, ErrorFrame, ExitFrame, FrameType, LogsFrame, MetricFrame, RankState, StartedFrame, StoppingFrame,
-    WarningFrame, frame_type,
-)
+from ..schema.stages import JobState, Plan, RankState, Role
+from ..node.protocol import FrameType
 from .agentlink import AgentLink, Inbound, frame_bytes
+from .inbound import (
+    AgentError, AgentStopping, AgentWarning, Detached, Ended, Exited, Logs, Malformed, MetricRecord, RecordedError,
+    Started,
+)
 
 if TYPE_CHECKING:
     from .adapt import Regroup
@@ -61,27 +62,19 @@ def last_lines(data: bytes, n: int) -> list[str]:
     return data[start + 1:cut].decode("utf-8", "backslashreplace").split("\n")
 
 
-def recorded_error(data: Any) -> tuple[str | None, tuple[str, ...]]:
+def recorded_error(error: RecordedError | None) -> tuple[str | None, tuple[str, ...]]:
     """A failed rank's ``@record`` exception from its exit frame: the message as one line (at most
     ``ERROR_CHARS``) and the call stack's last ``TAIL_LINES`` lines, as the rank wrote them. What
     reaches a terminal shows their control characters visibly there (``render/safe.py``), as every
     other line of a rank; the job's record and ``--json`` keep them exact."""
-    if not isinstance(data, dict) or not isinstance(data.get("message"), str):
+    if error is None:
         return None, ()
-    message = " ".join(data["message"].split())
+    message = " ".join(error.message.split())
     if len(message) > ERROR_CHARS:
         message = message[:ERROR_CHARS - 3] + "..."
-    stack = data.get("traceback")
-    lines = stack.rstrip("\n").split("\n")[-TAIL_LINES:] if isinstance(stack, str) and stack.strip() else []
+    stack = error.traceback
+    lines = stack.rstrip("\n").split("\n")[-TAIL_LINES:] if stack.strip() else []
     return message or None, tuple(lines)
-
-
-def rank_exit_code(frame: Mapping[str, Any]) -> int | None:
-    """The code a shell would show: the exit code, or 128 + the signal number."""
-    if frame.get("signal") is not None:
-        return 128 + int(frame["signal"])
-    code = frame.get("code")
-    return int(code) if code is not None else None
 
 
 @dataclass
@@ -105,7 +98,7 @@ class _Node:
     link: AgentLink
     ended: bool = False            # `end` received, or given up on
     detached: bool = False
-    end: EndFrame | None = None
+    end: Ended | None = None
 
 
 @dataclass
@@ -148,7 +141,8 @@ class JobController:
         self.jobs_root = jobs_root
         self.reapers: list[threading.Thread] = []
         self.reap_notes: list[tuple[str, str]] = []
-        self.role = {r.rank: r.role.value for r in plan.ranks}
+        self.role = {r.rank: r.role for r in plan.ranks}
+        self.malformed: set[tuple[str, str]] = set()   # (node, frame type) told about
         self.unclean_metrics: set[int] = set()     # ranks told their records had bad numbers
         self.tails: dict[int, collections.deque[str]] = collections.defaultdict(
             lambda: collections.deque(maxlen=TAIL_LINES))
@@ -211,56 +205,72 @@ class JobController:
         if frame is None:
             self._connection_ended(self.nodes[item.node])
             return
-        handler = self.HANDLERS.get(frame_type(frame))   # other types (heartbeat, stopping...): only heard
+        handler = self.HANDLERS.get(type(frame))   # the others (a late prepare answer): only heard
         if handler is not None:
             handler(self, item.node, frame)
 
-    def _end(self, node: str, frame: EndFrame) -> None:
+    def _malformed(self, node: str, frame: Malformed) -> None:
+        """Told once per node and frame type: an agent of another version may send many alike."""
+        if (node, frame.type.value) not in self.malformed:
+            self.malformed.add((node, frame.type.value))
+            self._note(node, f"dropped a malformed '{frame.type.value}' frame from its agent ({frame.why})")
+
+    def _role(self, node: str, kind: FrameType, rank: int) -> Role | None:
+        """The role of a rank the plan has; None (the frame is reported and dropped) for another."""
+        role = self.role.get(rank)
+        if role is None:
+            self._malformed(node, Malformed(kind, f"rank {rank} is not in the plan"))
+        return role
+
+    def _end(self, node: str, frame: Ended) -> None:
         entry = self.nodes[node]
         entry.ended, entry.end = True, frame
-        if frame.get("logs_complete") is False:
+        if not frame.logs_complete:
             self._note(node, "the connection was too slow to forward every log line; the "
                              "node-local files are complete ('hgtrain logs' reads them)")
 
-    def _stopping(self, node: str, frame: StoppingFrame) -> None:
+    def _stopping(self, node: str, frame: AgentStopping) -> None:
         """An agent stops its ranks on its own: only a failure of its own part (the job's store) is
         the job's root cause; for the rest (a stop asked for, a lost link) the ranks' exits say it.
         Only 'hgtrain stop' is the user's stop: a SIGTERM from elsewhere (a node shutting down)
         leaves the job restartable, as a lost node."""
-        if frame.get("requested"):
+        if frame.requested:
             self.stopped_outside = True
-        self.agent_stops[node] = str(frame.get("reason") or "stopped")
-        if frame.get("failed"):
-            self._fail_node(node, str(frame.get("reason") or "failed"), EXIT_JOB)
+        self.agent_stops[node] = frame.reason or "stopped"
+        if frame.failed:
+            self._fail_node(node, frame.reason or "failed", EXIT_JOB)
 
-    def _detached(self, node: str, frame: DetachedFrame) -> None:
+    def _detached(self, node: str, frame: Detached) -> None:
         self.nodes[node].detached = True
 
-    def _warning(self, node: str, frame: WarningFrame) -> None:
-        who = f"rank {frame['rank']}: " if frame.get("rank") is not None else ""
-        self._note(node, who + str(frame.get("message", "")))
+    def _warning(self, node: str, frame: AgentWarning) -> None:
+        who = f"rank {frame.rank}: " if frame.rank is not None else ""
+        self._note(node, who + frame.message)
 
-    def _error(self, node: str, frame: ErrorFrame) -> None:
+    def _error(self, node: str, frame: AgentError) -> None:
         self.nodes[node].ended = True   # the agent exits after this frame, having started nothing
-        self._fail_node(node, f"its agent refused the job: {frame.get('message')}", EXIT_JOB)
+        self._fail_node(node, f"its agent refused the job: {frame.message}", EXIT_JOB)
 
-    def _logs(self, node: str, frame: LogsFrame) -> None:
+    def _logs(self, node: str, frame: Logs) -> None:
         """A batch of lines: one file write, one event, no per-line step whatever their number."""
         self.inbox.release(frame_bytes(frame))   # as its reader weighed it: room for the next
-        rank, data, partial = int(frame["rank"]), frame["data"], bool(frame.get("partial"))
-        if not partial and not data.endswith(b"\n"):
+        rank, data = frame.rank, frame.data
+        role = self._role(node, FrameType.LOGS, rank)
+        if role is None:
+            return
+        if not frame.partial and not data.endswith(b"\n"):
             data += b"\n"   # the stream's last line, unterminated: it ends here all the same
-        lines = LogLines(self.job_id, rank, node, self.role.get(rank, "?"), str(frame.get("stream")), data,
-                         partial)
+        lines = LogLines(self.job_id, rank, node, role, frame.stream, data, frame.partial)
         self.book.write_log(lines)
         self.tails[rank].extend(last_lines(data, TAIL_LINES))
         self.emit(lines)
 
-    def _metric(self, node: str, frame: MetricFrame) -> None:
-        rank, data = int(frame["rank"]), frame.get("data")
-        if not isinstance(data, dict):
+    def _metric(self, node: str, frame: MetricRecord) -> None:
+        rank = frame.rank
+        role = self._role(node, FrameType.METRIC, rank)
+        if role is None:
             return
-        data, bad = clean_record(data)
+        data, bad = clean_record(frame.data)
         if bad and rank not in self.unclean_metrics:
             self.unclean_metrics.add(rank)       # once per rank: a rank may write them every step
             self._note(node, f"rank {rank}: metric values that are not finite numbers, or beyond "
@@ -268,7 +278,7 @@ class JobController:
         self.book.write_metric(rank, node, data)
         self.board.add(rank, data)
         self.metrics_seen = True
-        self.emit(Metric(self.job_id, rank, node, self.role.get(rank, "?"), data))
+        self.emit(Metric(self.job_id, rank, node, role, data))
         adapted = Adapted.parse(self.job_id, rank, data, self.group_ranks)
         if adapted is not None:
             self.emit(adapted)
@@ -278,37 +288,42 @@ class JobController:
             self.resumed = resumed
             self.emit(resumed)
 
-    def _started(self, node: str, frame: StartedFrame) -> None:
-        rank = int(frame["rank"])
+    def _started(self, node: str, frame: Started) -> None:
+        rank = frame.rank
+        role = self._role(node, FrameType.STARTED, rank)
+        if role is None:
+            return
         self.started.add(rank)
         self.book.update_rank(rank, state=RankState.RUNNING)
-        self.emit(RankStarted(self.job_id, rank, node, self.role.get(rank, "?"), int(frame["pid"])))
+        self.emit(RankStarted(self.job_id, rank, node, role, frame.pid))
         if len(self.started) == self.plan.world_size:
             self.book.update(state=JobState.RUNNING)
 
-    def _exit(self, node: str, frame: ExitFrame) -> None:
-        rank, state = int(frame["rank"]), str(frame.get("state"))
-        code = rank_exit_code(frame)
-        rank_state = RankState.parse(state)
-        self.book.update_rank(rank, state=rank_state, exit_code=frame.get("code"), signal=frame.get("signal"))
-        reason = str(frame.get("reason") or f"ended ({state})")
-        self.emit(RankExited(self.job_id, rank, node, self.role.get(rank, "?"), state, code,
-                             frame.get("signal_name"), reason, frame.get("oom")))
-        if rank_state is RankState.FAILED and self.root_cause is None and self.stop_reason is None:
-            error, stack = recorded_error(frame.get("error"))
-            self.root_cause = RootCause(node=node, rank=rank, exit_code=code, signal=frame.get("signal_name"),
-                                        reason=reason, oom=frame.get("oom"), error=error, traceback=stack)
+    def _exit(self, node: str, frame: Exited) -> None:
+        rank, state, code = frame.rank, frame.state, frame.exit_code
+        role = self._role(node, FrameType.EXIT, rank)
+        if role is None:
+            return
+        self.book.update_rank(rank, state=state, exit_code=frame.code, signal=frame.signal)
+        reason = frame.reason or f"ended ({state.value})"
+        self.emit(RankExited(self.job_id, rank, node, role, state, code, frame.signal_name, reason, frame.oom))
+        if state is RankState.FAILED and self.root_cause is None and self.stop_reason is None:
+            error, stack = recorded_error(frame.error)
+            self.root_cause = RootCause(node=node, rank=rank, exit_code=code, signal=frame.signal_name,
+                                        reason=reason, oom=frame.oom, error=error, traceback=stack)
             self.root_code = code if code else 1
             self._begin_stop(f"{node}:{rank} {reason}")
-        elif rank_state is RankState.STOPPED and self.stop_reason is None and not self.stopped_outside:
+        elif state is RankState.STOPPED and self.stop_reason is None and not self.stopped_outside:
             # Its agent stopped it unasked (a SIGTERM from the node: a shutdown, a kill): the node
             # is going away, as lost; the other nodes stop now rather than wait in a collective.
             why = self.agent_stops.get(node, reason)
             self._fail_node(node, f"its agent stopped its ranks: {why}", EXIT_NODES_FAILED)
 
-    HANDLERS: ClassVar[dict[FrameType | None, Callable[[JobController, str, Any], None]]] = {
-        FrameType.LOGS: _logs, FrameType.METRIC: _metric, FrameType.STARTED: _started, FrameType.EXIT: _exit,
-        FrameType.END: _end, FrameType.STOPPING: _stopping, FrameType.DETACHED: _detached, FrameType.WARNING: _warning, FrameType.ERROR: _error,
+    # Dispatch on the decoded frame's type (launch/inbound.py).
+    HANDLERS: ClassVar[dict[type, Callable[[JobController, str, Any], None]]] = {
+        Logs: _logs, MetricRecord: _metric, Started: _started, Exited: _exit, Ended: _end,
+        AgentStopping: _stopping, Detached: _detached, AgentWarning: _warning, AgentError: _error,
+        Malformed: _malformed,
     }
 
     def _connection_ended(self, node: _Node) -> None:

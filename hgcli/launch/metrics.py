@@ -59,8 +59,7 @@ def clean_record(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
 
 def predictions(plan: Plan) -> tuple[float | None, float | None]:
     """The plan's predicted samples/s for its own strategy, and the ideal (sum of the devices)."""
-    p = plan.predicted_samples_per_s
-    return p.get(plan.strategy.value), p.get("ideal")
+    return plan.predicted(), plan.ideal_samples_per_s
 
 
 def group_predictions(plan: Plan) -> tuple[dict[str, float], bool]:
@@ -214,7 +213,7 @@ class MetricsBoard:
         return Summary(elapsed_s=elapsed_s, samples=self.samples_total(),
                        samples_per_s=sum(groups.values()) if groups else None,
                        predicted_samples_per_s=predicted, ideal_samples_per_s=ideal,
-                       accuracy=self.accuracy, groups=groups, strategy=self.plan.strategy.value,
+                       accuracy=self.accuracy, groups=groups, strategy=self.plan.strategy,
                        predictions=dict(self.plan.predicted_samples_per_s),
                        group_predicted=group_predicted, group_predicted_derived=derived,
                        device_measured={str(r): v for r, v in sorted(self._compute_rate.items())},

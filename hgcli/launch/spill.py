@@ -20,6 +20,7 @@ import os
 import struct
 import tempfile
 
+from ..schema.stages import Role
 from .events import LogLines, Metric
 
 LENGTHS = struct.Struct("<II")
@@ -61,9 +62,9 @@ class SpillFile:
         header = json.loads(self._read(pos, head_len))
         pos += head_len
         if header["k"] == "metric":
-            return Metric(header["job_id"], header["rank"], header["node"], header["role"], header["data"]), pos
+            return Metric(header["job_id"], header["rank"], header["node"], Role(header["role"]), header["data"]), pos
         payload = self._read(pos, payload_len)
-        return (LogLines(header["job_id"], header["rank"], header["node"], header["role"], header["stream"],
+        return (LogLines(header["job_id"], header["rank"], header["node"], Role(header["role"]), header["stream"],
                          payload, header["partial"]), pos + payload_len)
 
     def _read(self, pos: int, size: int) -> bytes:

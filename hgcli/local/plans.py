@@ -14,7 +14,7 @@ def emulated_plan(groups: Sequence[Sequence[float]], batches: Sequence[Sequence[
                   n_ps: int = 0, accumulate: Sequence[int] | None = None,
                   staleness_bound: int = 0, strategy: m.Strategy | None = None,
                   nodes: Sequence[Sequence[str]] | None = None, ps_node: str = "local",
-                  overlap: bool = False, wire: str = "fp32") -> m.Plan:
+                  overlap: bool = False, wire: m.Wire = m.Wire.FP32) -> m.Plan:
     """``groups``: speeds of each group's devices; ``batches`` (and ``nodes``, default all "local"):
     the per-rank batch sizes (and node names) alike."""
     if len(groups) != len(batches) or any(len(a) != len(b) for a, b in zip(groups, batches)):
@@ -28,7 +28,7 @@ def emulated_plan(groups: Sequence[Sequence[float]], batches: Sequence[Sequence[
         for i, (speed, size) in enumerate(zip(speeds, sizes)):
             r = len(ranks)
             node = nodes[gid][i] if nodes else "local"
-            ranks.append(m.RankPlan(rank=r, role=m.Role.WORKER, node=node, device=f"emu{r}",
+            ranks.append(m.RankPlan(rank=r, role=m.Role.WORKER, node=node, device=m.Device(f"emu{r}"),
                                     group=gid, batch_size=size, local_rank=_local(ranks, node),
                                     emulated=True, speed=speed))
             members.append(r)
@@ -37,7 +37,7 @@ def emulated_plan(groups: Sequence[Sequence[float]], batches: Sequence[Sequence[
     ps = []
     for _ in range(n_ps):
         r = len(ranks)
-        ranks.append(m.RankPlan(rank=r, role=m.Role.PS, node=ps_node, device="cpu",
+        ranks.append(m.RankPlan(rank=r, role=m.Role.PS, node=ps_node, device=m.CPU,
                                 local_rank=_local(ranks, ps_node)))
         ps.append(r)
     if strategy is None:

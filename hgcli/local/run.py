@@ -32,7 +32,7 @@ from .plans import emulated_plan
 @dataclass
 class RankResult:
     rank: int
-    role: str
+    role: m.Role
     exit_code: int | None          # None: still running when it was killed
     log: Path
 
@@ -92,7 +92,7 @@ def run_plan(plan: m.Plan, worker_argv: Sequence[str], *, workdir: Path,
                                         stdin=subprocess.DEVNULL, pass_fds=(write_fd,),
                                         start_new_session=True)
             os.close(write_fd)
-            procs.append((proc, RankResult(rp.rank, rp.role.value, None, log)))
+            procs.append((proc, RankResult(rp.rank, rp.role, None, log)))
             t = threading.Thread(target=_read_metrics, args=(read_fd, metrics, lock), daemon=True)
             t.start()
             readers.append(t)
@@ -202,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="hgtrain-localrun-"))
     result = run_plan(plan, command, workdir=workdir, timeout_s=args.timeout)
     for r in result.ranks:
-        print(f"rank {r.rank} ({r.role}): exit {r.exit_code}, log {r.log}")
+        print(f"rank {r.rank} ({r.role.value}): exit {r.exit_code}, log {r.log}")
     print(result.ranks[0].output(), end="")
     if result.first_failure:
         print(f"rank {result.first_failure.rank} failed first; its log:\n"

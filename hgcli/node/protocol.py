@@ -1,20 +1,22 @@
 """The agent protocol: every frame type and state name that node programs and the controller share.
 
 This module is their single definition (docs/agent.md). On the wire a frame is a JSON object with a
-``"type"`` (``hgcli.node.frames``); in code it stays a plain dict on both sides, so nothing is built
-or converted per frame and a log batch costs what it did. The names live here:
+``"type"`` (``hgcli.node.frames``); on the node it stays a plain dict, so nothing is built per frame
+and a log batch costs what it did. The launcher decodes each frame it acts on once, into a typed
+value (``hgcli.launch.inbound``). The names live here:
 
 - ``FrameType``: the ``"type"`` of every frame, both ways, of the agent and of the other node
   programs (probe, bench, the package shipper). A member is a ``str`` equal to its wire name and
   hashes like it, so a decoded frame's plain string compares and looks up against members directly.
   ``frame_type(frame)`` gives the member of a decoded frame (None for noise or a type this version
   does not know); dispatch on that, through a table of handlers.
-- ``RankState`` (one rank) and ``NodeJobState`` (a job on one node) with their predicates. The agent
-  keeps these members in its record and frames; the controller's job record uses the same
-  ``RankState`` (``hgcli.schema.stages`` re-exports it).
-- TypedDicts naming each agent frame's fields, in wire order, for readers and the type checker.
-  They are annotations only: a decoded frame is the ``dict`` JSON made, with plain strings where a
-  state is, so readers turn states into members with ``RankState.parse`` / ``NodeJobState.parse``.
+- ``RankState`` (one rank) and ``NodeJobState`` (a job on one node) with their predicates, defined in
+  ``hgcli.schema.states`` and re-exported here. The agent keeps these members in its record and
+  frames; the controller's job record uses the same ``RankState``.
+- TypedDicts naming each agent frame's fields, in wire order, for writers and the type checker.
+  They are annotations only: a frame read from JSON is the ``dict`` JSON made, with plain strings
+  where a state is; a reader checks its fields (``hgcli.launch.inbound``) or turns states into
+  members with ``RankState.parse`` / ``NodeJobState.parse``.
 
 Standard library only, and light: the agent imports it on start-up, which every launch waits for.
 Never format a member directly (``f"{state}"`` gives ``RankState.FAILED`` on Python 3.11): use
@@ -23,7 +25,10 @@ Never format a member directly (``f"{state}"`` gives ``RankState.FAILED`` on Pyt
 from __future__ import annotations
 
 import enum
-from typing import Any, Iterable, Literal, Mapping, TypedDict, TypeVar
+from typing import Any, Iterable, Literal, Mapping, TypedDict
+
+# The states are the job record's as well as the agent's: defined beside the other stage values.
+from ..schema.states import NodeJobState as NodeJobState, RankState as RankState
 
 
 class FrameType(str, enum.Enum):
@@ -75,56 +80,6 @@ def frame_type(frame: Mapping[str, Any] | None) -> FrameType | None:
 def first(frames: Iterable[dict[str, Any] | None], kind: FrameType) -> dict[str, Any] | None:
     """The first frame of type ``kind`` among decoded ones (None entries, noise lines, skipped)."""
     return next((f for f in frames if f is not None and frame_type(f) is kind), None)
-
-
-_S = TypeVar("_S", bound="_States")
-
-
-class _States(str, enum.Enum):
-    """The state enums' base: ``parse`` reads the plain string of a decoded frame or a record."""
-
-    @classmethod
-    def parse(cls: type[_S], value: object) -> _S:
-        """The member ``value`` names; ``unknown`` for anything else."""
-        try:
-            return cls(value)
-        except ValueError:
-            return cls("unknown")
-
-
-class RankState(_States):
-    """One rank's state: in the agent's record and frames, and in the controller's job record."""
-
-    PENDING = "pending"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"        # exited with code 0
-    FAILED = "failed"              # non-zero or a signal, before any stop: a root cause
-    STOPPED = "stopped"            # ended after hgtrain's stop began
-    UNKNOWN = "unknown"            # still there after SIGKILL, or its node cannot be reached
-
-    def is_running(self) -> bool:
-        return self in (RankState.PENDING, RankState.RUNNING)
-
-    def is_final(self) -> bool:
-        return self in (RankState.SUCCEEDED, RankState.FAILED, RankState.STOPPED)
-
-
-class NodeJobState(_States):
-    """A job's state on one node: the agent's record (agent.json) and its ``end`` and ``status`` frames."""
-
-    STARTING = "starting"
-    RUNNING = "running"
-    STOPPING = "stopping"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"              # a rank failed (the end frame's first_failure), or the job's store
-    STOPPED = "stopped"
-    ORPHANED = "orphaned"          # --status: the agent died before finishing; ranks still run
-    LOST = "lost"                  # --status: the agent died before finishing; none runs
-    UNKNOWN = "unknown"            # no state recorded; on the controller: the node did not answer
-
-    def is_final(self) -> bool:
-        """The agent finished the job (its record will not change again)."""
-        return self in (NodeJobState.SUCCEEDED, NodeJobState.FAILED, NodeJobState.STOPPED)
 
 
 # ---- the agent's frames, field by field (docs/agent.md) -------------------------------------------
@@ -288,6 +243,8 @@ class StatusFrame(TypedDict):
     ended_at: float | None
     ranks: list[StatusRank]
 
+
+Stream = Literal["out", "err"]   # a rank's stdout or stderr, as log frames and log files name it
 
 AgentOutcome = Literal["stopped", "gone", "not responding"]   # --stop: what became of the job's agent
 

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ..schema.stages import ExchangeProfile, GroupSyncProfile, Inventory, JobSpec, LinkProfile, Strategy
+from ..schema.stages import Device as DeviceName, ExchangeProfile, GroupSyncProfile, Inventory, JobSpec, LinkProfile, Strategy
 
 # Links nobody measured: inside a node (PCIe/NVLink-class ring) and between nodes (10 GbE).
 INTRA_NODE_GBS = 16.0
@@ -56,7 +56,7 @@ class Device:
     contention and the group's synchronous step in it already."""
 
     node: int          # index in inventory node order
-    device: str
+    device: DeviceName
     emulated: bool
     speed: float
     a: float

@@ -28,7 +28,7 @@ from typing import Callable, TypeVar
 
 from ..errors import NodePythonError, NodesFailedError, StateError
 from ..node.remedy import OR_ANOTHER_PYTHON, module_problem
-from ..schema.stages import PLAN_NEEDS, Cluster, Inventory, JobSpec, Plan, Profiles, ScriptRates
+from ..schema.stages import PLAN_NEEDS, Cluster, Inventory, JobSpec, Plan, Profiles, ScriptRates, Strategy
 
 # Inventories older than this are probed again (seconds).
 INVENTORY_MAX_AGE_S = 3600.0
@@ -66,7 +66,7 @@ def inventory_unusable(inventory: Inventory | None, cluster: Cluster, *, skip_fa
         return f"stored inventory is {age / 3600:.1f} h old (limit {INVENTORY_MAX_AGE_S / 3600:g} h)"
     if inventory.failed and not skip_failed:
         return "stored inventory has failed nodes: " + ", ".join(n.name for n in inventory.failed)
-    lacking = [n.name for n in inventory.succeeded if n.runtime and n.runtime.lacking(PLAN_NEEDS["hybrid/ps"])]
+    lacking = [n.name for n in inventory.succeeded if n.runtime and n.runtime.lacking(PLAN_NEEDS[Strategy.HYBRID])]
     if lacking:
         return "the Python of " + ", ".join(lacking) + " lacked modules (installed since?)"
     return None
@@ -89,7 +89,7 @@ def runtime_problems(inventory: Inventory, nodes: list[str], needs: tuple[str, .
 
 def refuse_unrunnable(plan: Plan, inventory: Inventory) -> None:
     """Raise NodePythonError when a rank's node lacks what the plan's ranks import."""
-    needs = PLAN_NEEDS["hybrid/ps" if plan.ps_shards else "allreduce"]
+    needs = PLAN_NEEDS[Strategy.HYBRID if plan.ps_shards else Strategy.ALLREDUCE]
     problems = runtime_problems(inventory, [r.node for r in plan.ranks], needs)
     if problems:
         raise NodePythonError(f"the {plan.strategy.value} plan's ranks cannot run: {'; '.join(problems)}"
@@ -185,7 +185,7 @@ def _failed_devices(profiles: Profiles, inventory: Inventory) -> list[str]:
 
 def refuse_unbenchable(inventory: Inventory) -> None:
     """Raise NodePythonError when a probed node's Python lacks torch (its bench could measure nothing)."""
-    problems = runtime_problems(inventory, [n.name for n in inventory.succeeded], PLAN_NEEDS["allreduce"])
+    problems = runtime_problems(inventory, [n.name for n in inventory.succeeded], PLAN_NEEDS[Strategy.ALLREDUCE])
     if problems:
         raise NodePythonError(f"cannot bench: {'; '.join(problems)}{OR_ANOTHER_PYTHON}")
 

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 
 from ..errors import StateError, UsageError
 from ..schema.stages import (
-    SCHEMA_VERSION, WIRE_BYTES, DeviceProfile, ExchangeProfile, GroupPlan, GroupSyncProfile, Inventory, JobSpec, Measurement,
-    ModelSpec, Plan, Profiles, RankPlan, Role, ScriptRates, StepSample, Strategy,
+    CPU, SCHEMA_VERSION, DeviceProfile, ExchangeProfile, GroupPlan, GroupSyncProfile, Ideal, Inventory, JobSpec,
+    Measurement, ModelSpec, Plan, Prediction, Profiles, RankPlan, Role, ScriptRates, StepSample, Strategy, Wire,
 )
 from .cost import KNEE_TOLERANCE, CostModel, Device, Network, Option, plan_overlap
 
@@ -66,11 +66,9 @@ def make_plan(inventory: Inventory, profiles: Profiles, job: JobSpec, rates: Scr
     global_batch = job.global_batch if job.global_batch is not None else DEFAULT_BATCH_PER_DEVICE * len(devices)
     real, batches = _assign_batches(devices, global_batch, node_names)
     net = Network(node_names, profiles.links)
-    if job.wire not in WIRE_BYTES:
-        raise UsageError(f"wire format must be one of {', '.join(WIRE_BYTES)}, got {job.wire!r}")
     cost = CostModel(devices, batches, net, model_bytes, global_batch, inventory, job,
                      _exchanges(inventory, profiles), _group_syncs(inventory, profiles),
-                     wire_bytes=float(model.parameters * WIRE_BYTES[job.wire]))
+                     wire_bytes=float(model.parameters * job.wire.bytes))
 
     allreduce = cost.allreduce()
     classes = _speed_classes(devices, real)
@@ -91,10 +89,10 @@ def make_plan(inventory: Inventory, profiles: Profiles, job: JobSpec, rates: Scr
     reason += _below_knee_note(batches, [knee(d) for d in devices], global_batch)
     if skipped:
         reason += "; not used: " + _summarise(skipped)
-    predicted = {s.value: o.samples_per_s for s, o in options.items()}
+    predicted: dict[Prediction, float] = {s: o.samples_per_s for s, o in options.items()}
     # The ideal stays each device's own speed, the bench's (alone): a fitted cost has the node's
     # contention in it, and an ideal that shrank with it would flatter every run against it.
-    predicted["ideal"] = sum(b / d.time(b) for d, b in zip(alone, batches))
+    predicted[Ideal.IDEAL] = sum(b / d.time(b) for d, b in zip(alone, batches))
     if fitted_to is not None:
         reason += f"; device costs fitted to this script's compute measured in job {fitted_to}"
     return _build_plan(chosen, devices, batches, node_names, predicted, global_batch, inventory.cluster,
@@ -601,14 +599,14 @@ def _hybrid_layouts(devices: list[Device], classes: list[list[int]]) -> list[tup
     return layouts
 
 
-def predicted_best(predicted: Mapping[str, float]) -> Strategy:
+def predicted_best(predicted: Mapping[Prediction, float]) -> Strategy:
     """The strategy ``auto`` takes from the cost model's predictions (``predicted``: samples/s by
     strategy name): hybrid when it beats allreduce by more than AUTO_MARGIN, else allreduce. ps is
     never auto's pick: it splits every speed class into one asynchronous group per device, and each
     group more adds staleness and, under Adam and kin, a full optimizer step per push, which cost
     accuracy that samples/s does not show (docs/planning.md, rule 2). ``auto`` follows this except on
     a homogeneous cluster (rule 1)."""
-    ar, hy = predicted[Strategy.ALLREDUCE.value], predicted[Strategy.HYBRID.value]
+    ar, hy = predicted[Strategy.ALLREDUCE], predicted[Strategy.HYBRID]
     return Strategy.HYBRID if hy > ar * (1 + AUTO_MARGIN) else Strategy.ALLREDUCE
 
 
@@ -640,7 +638,7 @@ def _choose(requested: Strategy, options: dict[Strategy, Option], classes: int,
             f"--strategy {best.strategy.value} asks for it)")
         return ar, (f"homogeneous: all {devices} devices within {LIKE_SPEED_RATIO}x of each other's speed, "
                     f"so one synchronous all-reduce group (plain DDP) with no parameter servers{aside}")
-    best = options[predicted_best({s.value: o.samples_per_s for s, o in options.items()})]
+    best = options[predicted_best({s: o.samples_per_s for s, o in options.items()})]
     if best is ar:
         return ar, (f"allreduce predicted {ar.samples_per_s:.4g} samples/s, hybrid {hy.samples_per_s:.4g}: "
                     f"not more than {AUTO_MARGIN:.0%} faster, so the synchronous all-reduce is kept "
@@ -656,8 +654,8 @@ def _choose(requested: Strategy, options: dict[Strategy, Option], classes: int,
 # ---------------------------------------------------------------------------------------------
 
 def _build_plan(option: Option, devices: list[Device], batches: list[int], node_names: list[str],
-                predicted: dict[str, float], global_batch: int, cluster: str, reason: str,
-                model: ModelSpec, overlap: bool = False, wire: str = "fp32",
+                predicted: Mapping[Prediction, float], global_batch: int, cluster: str, reason: str,
+                model: ModelSpec, overlap: bool = False, wire: Wire = Wire.FP32,
                 fitted_to: str | None = None) -> Plan:
     """Workers first (groups in node order), then PS ranks in node order; local ranks per node."""
     order = sorted(range(len(option.groups)), key=lambda g: option.groups[g][0])
@@ -681,7 +679,7 @@ def _build_plan(option: Option, devices: list[Device], batches: list[int], node_
         groups.append(GroupPlan(id=gid, ranks=tuple(members), accumulate=option.accumulate[g]))
     shards = []
     for node in sorted(option.ps_nodes):
-        ranks.append(RankPlan(rank=len(ranks), role=Role.PS, node=node_names[node], device="cpu",
+        ranks.append(RankPlan(rank=len(ranks), role=Role.PS, node=node_names[node], device=CPU,
                               local_rank=next_local(node)))
         shards.append(ranks[-1].rank)
     group_rates = {str(gid): option.group_rates[g] for gid, g in enumerate(order)} if option.group_rates else {}
@@ -689,4 +687,4 @@ def _build_plan(option: Option, devices: list[Device], batches: list[int], node_
                 predicted_samples_per_s=predicted, predicted_group_samples_per_s=group_rates,
                 global_batch=global_batch, cluster=cluster, reason=reason,
                 staleness_bound=option.staleness if shards else 0, ps_shards=tuple(shards), model=model,
-                overlap=overlap and bool(shards), wire=wire if shards else "fp32", fitted_to=fitted_to)
+                overlap=overlap and bool(shards), wire=wire if shards else Wire.FP32, fitted_to=fitted_to)

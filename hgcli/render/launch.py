@@ -23,10 +23,11 @@ import sys
 from typing import Callable, TextIO
 
 from .safe import visible
+from ..schema.stages import Ideal, JobState, RankState, Role, Strategy
 from ..launch.events import (
     Adapted, Event, JobEnded, JobStarted, JobRestarted, LogLines, Metric, NodeLost, Notice, Progress, RankExited,
     Regrouped, Replanned, Resumed,
-    RankStarted, RootCause, Stage, Stopping, Summary, event_dict,
+    RankStarted, RootCause, SavedState, Stage, Stopping, Summary, event_dict,
 )
 
 # Encodings in which ASCII text is its own bytes: ASCII log lines go to them as they came.
@@ -39,8 +40,8 @@ def is_shown(event: Event, ranks: frozenset[int] | None) -> bool:
     return ranks is None or not isinstance(event, (LogLines, Metric)) or event.rank in ranks
 
 
-def tag(node: str, rank: int, role: str) -> str:
-    return f"{node}:{rank}" + ("" if role == "worker" else f" {role}")
+def tag(node: str, rank: int, role: Role) -> str:
+    return f"{node}:{rank}" + ("" if role is Role.WORKER else f" {role.value}")
 
 
 def rate_text(x: float | None) -> str:
@@ -57,13 +58,13 @@ def ending_lines(event: JobEnded) -> list[str]:
     cause = event.root_cause
     if cause is not None:
         lines += root_cause_lines(cause)
-    if event.detached and event.state == "running":
+    if event.detached and event.state is JobState.RUNNING:
         lines.append(f"job {event.job_id} runs detached: hgtrain status {event.job_id} · "
                      f"hgtrain logs {event.job_id} -f · hgtrain stop {event.job_id}")
         return lines
     if event.summary is not None:
         lines += summary_lines(event.summary)
-    lines.append(f"job {event.job_id} {event.state} (exit code {event.exit_code}); logs and metrics in "
+    lines.append(f"job {event.job_id} {event.state.value} (exit code {event.exit_code}); logs and metrics in "
                  f"{event.job_dir}")
     return lines
 
@@ -146,15 +147,15 @@ def strategy_line(s: Summary) -> str | None:
     """Which strategy the plan chose and by how much it was predicted to beat allreduce."""
     if s.strategy is None:
         return None
-    allreduce = s.predictions.get("allreduce")
-    if s.strategy != "allreduce":
+    allreduce = s.predictions.get(Strategy.ALLREDUCE)
+    if s.strategy is not Strategy.ALLREDUCE:
         mine = s.predictions.get(s.strategy)
         if not allreduce or mine is None:
-            return f"strategy {s.strategy}"
-        return (f"strategy {s.strategy}: predicted {mine / allreduce - 1:+.0%} against allreduce "
+            return f"strategy {s.strategy.value}"
+        return (f"strategy {s.strategy.value}: predicted {mine / allreduce - 1:+.0%} against allreduce "
                 f"({rate_text(mine)} vs {rate_text(allreduce)} samples/s)")
-    others = [f"{k} {v / allreduce - 1:+.0%}" for k, v in s.predictions.items()
-              if k not in ("allreduce", "ideal") and allreduce]
+    others = [f"{k.value} {v / allreduce - 1:+.0%}" for k, v in s.predictions.items()
+              if k not in (Strategy.ALLREDUCE, Ideal.IDEAL) and allreduce]
     return "strategy allreduce" + (f" (the others predicted against it: {', '.join(others)})" if others else "")
 
 
@@ -177,9 +178,9 @@ def status_line(event: Event) -> str | None:
         return f"[{event.stage}] {event.message}"
     if isinstance(event, JobStarted):
         mode = " (detached)" if event.detached else ""
-        return (f"job {event.job_id}{mode}: {event.strategy}, {event.world_size} ranks on "
+        return (f"job {event.job_id}{mode}: {event.strategy.value}, {event.world_size} ranks on "
                 f"{', '.join(event.nodes)}, master {event.master}")
-    if isinstance(event, RankExited) and event.state != "succeeded":
+    if isinstance(event, RankExited) and event.state is not RankState.SUCCEEDED:
         return f"{tag(event.node, event.rank, event.role)} {event.reason}"
     if isinstance(event, Notice):
         return f"{event.node}: {event.message}" if event.node else event.message
@@ -188,24 +189,24 @@ def status_line(event: Event) -> str | None:
     if isinstance(event, Adapted):
         return adapt_line(event)
     if isinstance(event, JobRestarted):
-        start = {"checkpoint": "PS ranks resume from their last complete checkpoint",
-                 "snapshot": "training resumes from the newest snapshot"}.get(
-            event.resume_from or "", "training starts from scratch")
+        start = ("training starts from scratch" if event.resume_from is None else
+                 {SavedState.CHECKPOINT: "PS ranks resume from their last complete checkpoint",
+                  SavedState.SNAPSHOT: "training resumes from the newest snapshot"}[event.resume_from])
         return f"restart {event.attempt} of job {event.job_id} after: {event.reason} ({start})"
     if isinstance(event, NodeLost):
         return f"[elastic] node {event.node} lost: {event.reason}"
     if isinstance(event, Replanned):
         return (f"[elastic] attempt {event.attempt} re-planned: {event.old_world} ranks on "
                 f"{', '.join(event.old_nodes)} -> {event.new_world} on {', '.join(event.new_nodes)} "
-                f"({event.strategy}; {event.reason})")
+                f"({event.strategy.value}; {event.reason})")
     if isinstance(event, Regrouped):
         groups = " + ".join("/".join(str(r) for r in g) for g in event.groups)
-        return (f"[adapt] attempt {event.attempt} re-grouped: {event.old_strategy} -> {event.new_strategy}, "
+        return (f"[adapt] attempt {event.attempt} re-grouped: {event.old_strategy.value} -> {event.new_strategy.value}, "
                 f"groups {groups} ({event.reason})")
     if isinstance(event, Resumed):
         redone = "" if event.redone is None else f", {event.redone:,} samples redone"
-        what = "version" if event.source == "checkpoint" else "step"
-        return f"[elastic] attempt {event.attempt} resumed from the {event.source} of {what} {event.step}{redone}"
+        what = "version" if event.source is SavedState.CHECKPOINT else "step"
+        return f"[elastic] attempt {event.attempt} resumed from the {event.source.value} of {what} {event.step}{redone}"
     return None
 
 

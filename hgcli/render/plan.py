@@ -6,13 +6,13 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from ..schema.stages import Plan, RankPlan, Role, Strategy
+from ..schema.stages import Ideal, Plan, Prediction, RankPlan, Role, Strategy
 from .safe import cell, visible
 
 # A plan may be a hand-edited file and names nodes and devices from the cluster file and the probe:
 # its strings reach rich only as Text (never markup), control characters shown (render/safe.py).
 
-STRATEGIES = tuple(s.value for s in Strategy if s is not Strategy.AUTO)
+STRATEGIES = tuple(s for s in Strategy if s is not Strategy.AUTO)
 
 
 def render_plan(plan: Plan, console: Console | None = None) -> None:
@@ -57,13 +57,14 @@ def prediction_table(plan: Plan) -> Table:
     table.add_column("strategy")
     table.add_column("samples/s", justify="right")
     table.add_column("of ideal", justify="right")
-    ideal = plan.predicted_samples_per_s.get("ideal", 0.0)
-    for name in (*STRATEGIES, "ideal"):
-        value = plan.predicted_samples_per_s.get(name)
+    ideal = plan.ideal_samples_per_s or 0.0
+    keys: tuple[Prediction, ...] = (*STRATEGIES, Ideal.IDEAL)
+    for key in keys:
+        value = plan.predicted_samples_per_s.get(key)
         if value is None:
             continue
         ratio = f"{value / ideal:.2f}" if ideal > 0 else "-"
-        chosen = name == plan.strategy.value
+        chosen = key is plan.strategy
         style = "bold green" if chosen else None
-        table.add_row(cell(name + (" (chosen)" if chosen else "")), f"{value:,.1f}", ratio, style=style)
+        table.add_row(cell(key.value + (" (chosen)" if chosen else "")), f"{value:,.1f}", ratio, style=style)
     return table

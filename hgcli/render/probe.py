@@ -95,7 +95,11 @@ def _plans_line(runtime: PythonRuntime | None) -> str:
     if runtime is None:
         return "plans: not checked"
     parts = []
-    for plans, needs in PLAN_NEEDS.items():
+    kinds: dict[tuple[str, ...], list[str]] = {}   # strategies that need the same: "hybrid/ps"
+    for strategy, modules in PLAN_NEEDS.items():
+        kinds.setdefault(modules, []).append(strategy.value)
+    for needs, strategies in kinds.items():
+        plans = "/".join(strategies)
         lacking = runtime.lacking(needs)
         unknown = [n for n in needs if getattr(runtime, n) is None]
         if lacking:

@@ -2,14 +2,15 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Mapping
 
 from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..schema.stages import JobRecord, RankState
+from ..schema.stages import JobRecord, RankState, Role
+from ..schema.states import NodeJobState
 from ..jobs.status import JobLive, JobStatus, LiveRank, NodeLive
 from .safe import cell, visible
 
@@ -40,7 +41,8 @@ def _live_summary(live: JobLive) -> str:
     ranks = [r for n in live.nodes for r in n.ranks]
     running = sum(1 for r in ranks if r.state.is_running())
     text = f"{running}/{len(ranks)} ranks running"
-    odd = [f"{n.node} {n.state}" for n in live.nodes if not n.reachable or n.state in ("orphaned", "lost", "absent")]
+    odd = [f"{n.node} {n.state.value}" for n in live.nodes
+           if not n.reachable or n.state in (NodeJobState.ORPHANED, NodeJobState.LOST, NodeJobState.ABSENT)]
     return text + (f"; {', '.join(odd)}" if odd else "")
 
 
@@ -63,7 +65,7 @@ def jobs_table(statuses: list[JobStatus]) -> Table:
     return table
 
 
-def _metrics(metrics: dict[str, Any] | None) -> str:
+def _metrics(metrics: Mapping[str, Any] | None) -> str:
     if not metrics:
         return ""
     keys = [k for k in METRIC_KEYS if k in metrics] or list(metrics)[:3]
@@ -74,14 +76,14 @@ def _metrics(metrics: dict[str, Any] | None) -> str:
     return " · ".join(parts)
 
 
-def _rank_row(rank: int, node: str, role: str, live: LiveRank | None, fallback: RankState,
-              exit_code: int | None, metrics: dict[str, Any] | None) -> list[Text]:
+def _rank_row(rank: int, node: str, role: Role, live: LiveRank | None, fallback: RankState,
+              exit_code: int | None, metrics: Mapping[str, Any] | None) -> list[Text]:
     state = live.state if live else fallback
     code = live.exit_code if live else exit_code
     signal = live.signal if live else None
     ended = "" if code is None and signal is None else (f"signal {signal}" if signal else str(code))
     # Metrics are whatever a rank logged ("[/oops]" included): Text cells, never markup.
-    return [cell(rank), cell(node), cell(role), _styled(state.value), cell(live.pid if live and live.pid else ""),
+    return [cell(rank), cell(node), cell(role.value), _styled(state.value), cell(live.pid if live and live.pid else ""),
             cell(ended), cell(_metrics((live.metrics if live else None) or metrics))]
 
 
@@ -102,11 +104,10 @@ def job_detail(status: JobStatus) -> list[Any]:
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for column in ("rank", "node", "role", "state", "pid", "exit", "last metrics"):
         table.add_column(column)
-    roles = {p.rank: p.role.value for p in r.plan.ranks}
     records = {x.rank: x for x in r.ranks}
     for p in r.plan.ranks:
         rec = records.get(p.rank)
-        table.add_row(*_rank_row(p.rank, p.node, roles[p.rank], live.get(p.rank),
+        table.add_row(*_rank_row(p.rank, p.node, p.role, live.get(p.rank),
                                  rec.state if rec else RankState.PENDING, rec.exit_code if rec else None,
                                  rec.last_metrics if rec else None))
     out.append(table)
@@ -118,11 +119,11 @@ def job_detail(status: JobStatus) -> list[Any]:
 def _node_note(node: NodeLive) -> Text | None:
     if not node.reachable:
         return cell(f"{node.node}: unreachable ({node.error}); its ranks are shown as unknown", style="magenta")
-    if node.state == "orphaned":
+    if node.state is NodeJobState.ORPHANED:
         return cell(f"{node.node}: the agent is gone but ranks still run; 'hgtrain stop' ends them",
                     style="magenta")
-    if node.state in ("lost", "absent"):
-        return cell(f"{node.node}: {node.state}" + (f" ({node.error})" if node.error else ""), style="red")
+    if node.state in (NodeJobState.LOST, NodeJobState.ABSENT):
+        return cell(f"{node.node}: {node.state.value}" + (f" ({node.error})" if node.error else ""), style="red")
     return None
 
 

@@ -34,7 +34,7 @@ def _implicit_plan(env: RankEnv) -> m.Plan:
     """torchrun environment: one synchronous group of every rank, as DDP would do, each rank on its
     LOCAL_RANK GPU where CUDA is present (the group then all-reduces with NCCL), else on the CPU."""
     batch = env.batch_size
-    device = f"gpu{env.local_rank}" if torch.cuda.is_available() else "cpu"
+    device = m.Device.gpu(env.local_rank) if torch.cuda.is_available() else m.CPU
     ranks = tuple(m.RankPlan(rank=r, role=m.Role.WORKER, node="local", device=device, group=0,
                              batch_size=batch) for r in range(env.world_size))
     return m.Plan(strategy=m.Strategy.ALLREDUCE, world_size=env.world_size,

@@ -35,6 +35,7 @@ from .errors import TrainingError
 from .metrics import MetricsSink
 from .shards import ELEMENTWISE, ShardLayout, plan_layout
 from .staging import Staging
+from ..schema.stages import Wire
 
 FINISH_POLL_S = 5.0     # how long a leader's "finished?" call waits on the PS before asking again
 
@@ -79,7 +80,7 @@ class PSExchange:
 
     def __init__(self, *, group: GroupState, optimizer: torch.optim.Optimizer, ps_ranks: tuple[int, ...],
                  first_worker: int, metrics: MetricsSink, timeout_s: float, overlap: bool = False,
-                 wire: str = "fp32", data_position: Callable[[], dict[str, int] | None] | None = None,
+                 wire: Wire = Wire.FP32, data_position: Callable[[], dict[str, int] | None] | None = None,
                  frozen: Sequence[torch.Tensor] = ()) -> None:
         self.group = group
         self.opt = optimizer
@@ -88,9 +89,7 @@ class PSExchange:
         self.metrics = metrics
         self.timeout_s = timeout_s
         self.overlap = overlap
-        if wire not in ("fp32", "bf16"):
-            raise TrainingError(f"rank {group.rank}: plan wire {wire!r} is not fp32 or bf16")
-        self.wire_dtype = torch.bfloat16 if wire == "bf16" else torch.float32
+        self.wire_dtype = torch.bfloat16 if Wire(wire) is Wire.BF16 else torch.float32   # Wire() checks it
         self.data_position = data_position
         self.version = 0
         self.sync_s = 0.0

@@ -63,7 +63,7 @@ from torch.futures import Future
 from . import checkpoint, optim
 from .env import RankEnv
 from .shards import Segment, segment_views
-from ..schema.stages import WIRE_BYTES
+from ..schema.stages import Wire
 from .errors import TrainingError
 from .groups import init_distributed, rpc_name, shutdown
 from .metrics import MetricsSink
@@ -85,7 +85,7 @@ class ShardServer:
                  checkpoint_dir: Path | None = None, checkpoint_every: int = 0,
                  checkpoint_seconds: float = 0.0, trace: Path | None = None,
                  accumulate: Mapping[int, int] | None = None, overlap: bool = False,
-                 wire: str = "fp32") -> None:
+                 wire: Wire = Wire.FP32) -> None:
         self.shard = shard
         self.ps_ranks = list(ps_ranks)
         self.bound = staleness_bound
@@ -125,9 +125,7 @@ class ShardServer:
             raise TrainingError(f"plan staleness_bound {staleness_bound} is below groups = {len(group_ids)}: "
                                 f"with overlap a group's own push in flight counts once in the staleness "
                                 f"of its next gradient, so no schedule could respect it")
-        if wire not in WIRE_BYTES:
-            raise TrainingError(f"plan wire {wire!r} is not one of {', '.join(WIRE_BYTES)}")
-        self.wire_dtype = torch.bfloat16 if wire == "bf16" else torch.float32
+        self.wire_dtype = torch.bfloat16 if Wire(wire) is Wire.BF16 else torch.float32   # Wire() checks it
         # Overlap admission (coordinator): per group, the version its last answer carried and the
         # version its next push's gradient was computed on (one answer older than the last).
         self.released: dict[int, int] = {}

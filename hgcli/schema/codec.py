@@ -7,15 +7,15 @@ launch waits on the agent's import. Standard library only: it is shipped to node
 """
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import enum
 import json
 import types
 import typing
-from typing import Any, TypeVar
+from typing import Any, Mapping, TypeVar
 
 T = TypeVar("T")
-
 
 
 def to_dict(value: Any) -> Any:
@@ -26,9 +26,14 @@ def to_dict(value: Any) -> Any:
         return value.value
     if isinstance(value, (list, tuple)):
         return [to_dict(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): to_dict(v) for k, v in value.items()}
+    if isinstance(value, Mapping):   # a dict, or a frozen dataclass's read-only one
+        return {_key(k): to_dict(v) for k, v in value.items()}
     return value
+
+
+def _key(key: Any) -> str:
+    """A mapping's key as JSON has it: an Enum's value (``str()`` of a member names its class)."""
+    return key.value if isinstance(key, enum.Enum) else str(key)
 
 
 def to_json(value: Any, *, indent: int | None = 2) -> str:
@@ -73,11 +78,14 @@ def _convert(tp: Any, data: Any, where: str) -> Any:
         if not isinstance(data, list):
             raise ValueError(f"{where}: expected a list, got {type(data).__name__}")
         return [_convert(arg, v, f"{where}[{i}]") for i, v in enumerate(data)]
-    if origin is dict:
-        _, val_tp = typing.get_args(tp)
+    if origin in (dict, collections.abc.Mapping):
+        key_tp, val_tp = typing.get_args(tp)
         if not isinstance(data, dict):
             raise ValueError(f"{where}: expected an object, got {type(data).__name__}")
-        return {str(k): _convert(val_tp, v, f"{where}.{k}") for k, v in data.items()}
+        out = {(str(k) if key_tp in (str, Any) else _convert(key_tp, k, f"{where} key {k!r}")):
+               _convert(val_tp, v, f"{where}.{k}") for k, v in data.items()}
+        # A Mapping field is a frozen dataclass's: read-only, as the dataclass is.
+        return out if origin is dict else types.MappingProxyType(out)
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(data, dict):
             raise ValueError(f"{where}: expected an object, got {type(data).__name__}")
@@ -109,4 +117,11 @@ def _convert(tp: Any, data: Any, where: str) -> Any:
         if not isinstance(data, tp):
             raise ValueError(f"{where}: expected {tp.__name__}, got {data!r}")
         return data
+    if isinstance(tp, type) and issubclass(tp, str):   # a checked name (stages.Device): parsed here
+        if not isinstance(data, str):
+            raise ValueError(f"{where}: expected a string, got {data!r}")
+        try:
+            return tp(data)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
     raise TypeError(f"{where}: unsupported type {tp!r}")

@@ -10,25 +10,86 @@ from __future__ import annotations
 import enum
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Mapping, TypeVar, Union
 
 # The generic JSON conversion, re-exported: stages import it from here with the classes. Its own
 # module so node programs that parse only their own dataclasses need not create these.
 from . import codec
-# A rank's state is the agent protocol's, the same members on the node and in the job record.
-from ..node.protocol import RankState as RankState
+# The states, re-exported: a rank's state is the same member on the node and in the job record.
+from .states import JobState as JobState, RankState as RankState
 
 to_dict, to_json, from_dict = codec.to_dict, codec.to_json, codec.from_dict
 
 # Bumped when a stored JSON shape changes incompatibly; readers refuse other versions.
 SCHEMA_VERSION = 1
 
-# Bytes per parameter of a hybrid plan's pushes and pulls, by wire format (Plan.wire): the cost model
-# prices the PS traffic with it and the runtime sends tensors of that dtype.
-WIRE_BYTES = {"fp32": 4, "bf16": 2}
+
+class Wire(str, enum.Enum):
+    """Number format of a hybrid plan's pushes and pulls (Plan.wire): the cost model prices the PS
+    traffic with its ``bytes`` per parameter and the runtime sends tensors of that dtype."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+
+    @property
+    def bytes(self) -> int:
+        return 2 if self is Wire.BF16 else 4
+
+    @classmethod
+    def _missing_(cls, value: object) -> Wire:
+        raise ValueError(f"wire format must be one of {', '.join(w.value for w in cls)}, got {value!r}")
 
 
-def digest(value: Any) -> str:
+class Device(str):
+    """A device of a node, as profiles, plans and measured rates name it: ``gpuN`` is the node's CUDA
+    device N, ``cpu`` its processor; other names are devices hgtrain does not run ranks on by index
+    (an emulated local rank's ``emuN``, an imported profile's). A ``str``, so its JSON form and its
+    comparisons are the name's; checked once, where it is made (a ``gpu`` name needs its index)."""
+
+    def __new__(cls, name: str) -> Device:
+        if not isinstance(name, str) or not name or (name.startswith("gpu") and not name[3:].isdigit()):
+            raise ValueError(f"device must be gpuN, cpu or another non-empty name, got {name!r}")
+        return super().__new__(cls, name)
+
+    @classmethod
+    def gpu(cls, index: int) -> Device:
+        return cls(f"gpu{index}")
+
+    @property
+    def gpu_index(self) -> int | None:
+        """N of ``gpuN``; None for every other device."""
+        return int(self[3:]) if self.startswith("gpu") else None
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.startswith("gpu")
+
+
+CPU = Device("cpu")
+
+
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+def frozen_map(value: Mapping[_K, _V]) -> Mapping[_K, _V]:
+    """A read-only copy of ``value`` for a frozen dataclass's field (one already read-only is kept)."""
+    return value if isinstance(value, MappingProxyType) else MappingProxyType(dict(value))
+
+
+def _settle(obj: object, **values: object) -> None:
+    """Set fields of a frozen dataclass in its ``__post_init__``: the typed form of what it was given."""
+    for name, value in values.items():
+        object.__setattr__(obj, name, value)
+
+
+def _device(value: str) -> Device:
+    """``value`` as a Device, parsed only if it is not one already (a dataclass built from plain text)."""
+    return value if isinstance(value, Device) else Device(value)
+
+
+def digest(value: object) -> str:
     """Stable short hash of a value's JSON form (cluster identity, plan identity)."""
     import hashlib  # here, not at the top: node programs import this module and never hash
 
@@ -84,7 +145,7 @@ class EmulateSpec:
     # Applied by the runtime only: the probe and the bench see the declared speeds.
     slowdown: tuple[Slowdown, ...] = ()
 
-    def identity(self) -> dict[str, Any]:
+    def identity(self) -> dict[str, list[str] | list[float] | list[int]]:
         """What the cluster's fingerprint hashes: the devices, not their slowdowns (a slowdown
         changes no probe or bench result, so it must not make them stale)."""
         return {"devices": list(self.devices), "speed": list(self.speed), "memory_mib": list(self.memory_mib)}
@@ -154,10 +215,6 @@ class GpuInfo:
     speed: float | None = None     # declared relative speed of an emulated device
 
 
-# The modules every rank of a kind of plan needs on its node (checked by the node probe, enforced by
-# ``plan`` and ``launch``). With parameter-server ranks every rank starts torch.distributed.rpc, whose
-# TensorPipe set-up converts tensors with numpy (``dist.all_gather_object``).
-PLAN_NEEDS = {"allreduce": ("torch", "gloo"), "hybrid/ps": ("torch", "gloo", "rpc", "numpy")}
 
 
 @dataclass(frozen=True)
@@ -171,7 +228,10 @@ class PythonRuntime:
     rpc: bool | None = None        # torch.distributed.rpc (TensorPipe): plans with PS ranks
     numpy: bool | None = None      # numpy imports and torch converts tensors with it: plans with PS ranks
     numpy_version: str | None = None
-    why: dict[str, str] = field(default_factory=dict)   # check -> why it is False or unknown
+    why: Mapping[str, str] = field(default_factory=dict)   # check -> why it is False or unknown
+
+    def __post_init__(self) -> None:
+        _settle(self, why=frozen_map(self.why))
 
     def lacking(self, needs: tuple[str, ...]) -> tuple[str, ...]:
         """Those of ``needs`` this Python is known not to have; only torch when torch is missing (the
@@ -265,12 +325,12 @@ class GroupSyncProfile:
 @dataclass(frozen=True)
 class DeviceProfile:
     node: str
-    device: str                    # "gpu0", "gpu1", ... or "cpu"
+    device: Device                 # "gpu0", "gpu1", ... or "cpu"
     name: str                      # model name, e.g. "NVIDIA A100-SXM4-40GB"
     emulated: bool
     speed: float                   # emulated relative speed (1.0 for real devices)
     memory_total_mib: int | None
-    matmul_tflops: dict[str, Measurement] = field(default_factory=dict)   # dtype -> TFLOP/s
+    matmul_tflops: Mapping[str, Measurement] = field(default_factory=dict)   # dtype -> TFLOP/s
     mem_bandwidth_gbs: Measurement | None = None
     h2d_bandwidth_gbs: Measurement | None = None
     steps: tuple[StepSample, ...] = ()
@@ -279,6 +339,9 @@ class DeviceProfile:
     driver_version: str | None = None
     exchange: ExchangeProfile | None = None   # PS push cost on this device's node (with --model)
     group_sync: GroupSyncProfile | None = None   # emulated nodes: their devices' synchronous step
+
+    def __post_init__(self) -> None:
+        _settle(self, device=_device(self.device), matmul_tflops=frozen_map(self.matmul_tflops))
 
 
 @dataclass(frozen=True)
@@ -316,12 +379,15 @@ class MeasuredRate:
     compute (waits for other members left out) at its mean batch over the run."""
 
     node: str
-    device: str                    # "gpu0"... or "cpu", as in the profiles
+    device: Device                 # "gpu0"... or "cpu", as in the profiles
     batch_size: float              # the device's samples per step, on average (rebalancing moves it)
     samples_per_s: float
     # How uneven its steps were: mean per-sample compute over its 10th percentile, less one (the
     # planner's Device.noise, which prices a synchronous group's wait for its slowest member).
     noise: float | None = None
+
+    def __post_init__(self) -> None:
+        _settle(self, device=_device(self.device))
 
 
 @dataclass(frozen=True)
@@ -350,6 +416,32 @@ class Strategy(str, enum.Enum):
     PS = "ps"
 
 
+class Ideal(str, enum.Enum):
+    """The key of a plan's bound beside its strategies' predictions: every worker device alone at its
+    batch, nothing exchanged and nobody waited for (``Plan.ideal_samples_per_s``)."""
+
+    IDEAL = "ideal"
+
+
+# A key of Plan.predicted_samples_per_s: a strategy, or the ideal bound.
+Prediction = Union[Strategy, Ideal]
+
+
+def prediction(key: str) -> Prediction:
+    """The key its JSON name (or the key itself) stands for; ValueError for another name."""
+    if isinstance(key, (Strategy, Ideal)):
+        return key
+    return Ideal.IDEAL if key == Ideal.IDEAL.value else Strategy(key)
+
+
+# The modules every rank of a kind of plan needs on its node (checked by the node probe, enforced by
+# ``plan`` and ``launch``). With parameter-server ranks every rank starts torch.distributed.rpc, whose
+# TensorPipe set-up converts tensors with numpy (``dist.all_gather_object``).
+_PS_NEEDS = ("torch", "gloo", "rpc", "numpy")
+PLAN_NEEDS: Mapping[Strategy, tuple[str, ...]] = MappingProxyType(
+    {Strategy.ALLREDUCE: ("torch", "gloo"), Strategy.HYBRID: _PS_NEEDS, Strategy.PS: _PS_NEEDS})
+
+
 class Role(str, enum.Enum):
     WORKER = "worker"
     PS = "ps"
@@ -366,7 +458,10 @@ class JobSpec:
     model: ModelSpec | None = None    # overrides Profiles.model (size of the parameters to exchange)
     # Hybrid communication (docs/runtime-reference.md, "Overlap" and "Wire format"); None = the planner's default.
     overlap: bool | None = None       # a leader's PS exchange runs while its group computes the next step
-    wire: str = "fp32"                # number format of pushes and pulls on the wire: fp32 or bf16
+    wire: Wire = Wire.FP32            # number format of pushes and pulls on the wire
+
+    def __post_init__(self) -> None:
+        _settle(self, wire=Wire(self.wire))
 
 
 @dataclass(frozen=True)
@@ -381,7 +476,7 @@ class RankPlan:
     rank: int
     role: Role
     node: str
-    device: str                    # "gpu0"... for workers; "cpu" for PS ranks
+    device: Device                 # "gpu0"... for workers; "cpu" for PS ranks
     group: int | None = None
     batch_size: int | None = None
     local_rank: int = 0            # among the ranks of its node
@@ -393,6 +488,9 @@ class RankPlan:
     # None: not from a bench (hand-made plans, older files).
     benched_samples_per_s: float | None = None
 
+    def __post_init__(self) -> None:
+        _settle(self, device=_device(self.device))
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -400,7 +498,7 @@ class Plan:
     world_size: int
     groups: tuple[GroupPlan, ...]
     ranks: tuple[RankPlan, ...]
-    predicted_samples_per_s: dict[str, float]   # per strategy, plus "ideal"
+    predicted_samples_per_s: Mapping[Prediction, float]   # per strategy, plus the ideal bound
     global_batch: int
     cluster: str                   # Cluster.fingerprint(): a plan from another cluster is refused
     reason: str = ""               # why this strategy was chosen
@@ -412,14 +510,29 @@ class Plan:
     # id ("0", "1", ...); groups whose steps are shorter wait at the end, so these can sum to more
     # than the strategy's figure in predicted_samples_per_s. Optional and additive: plans that do not carry it (older files, a planner that does not fill
     # it) get a figure derived from the total in the launch summary (hgcli/launch/metrics.py).
-    predicted_group_samples_per_s: dict[str, float] = field(default_factory=dict)
+    predicted_group_samples_per_s: Mapping[str, float] = field(default_factory=dict)
     # Hybrid communication, read by the runtime (docs/runtime-reference.md). Additive: older plans have neither
     # and run as before (no overlap, fp32 on the wire).
     overlap: bool = False          # a leader's PS exchange overlaps its group's next step
-    wire: str = "fp32"             # "fp32" or "bf16": format of pushes and pulls (the PS keeps fp32)
+    wire: Wire = Wire.FP32         # format of pushes and pulls (the PS keeps fp32)
     # The job whose measured compute rates fitted the devices' costs (ScriptRates.job_id); None: the
     # costs are the bench's alone, of the model it timed (``model``).
     fitted_to: str | None = None
+
+    def __post_init__(self) -> None:
+        predicted = self.predicted_samples_per_s
+        if not isinstance(predicted, MappingProxyType):   # made here, not read: keys may be names
+            predicted = MappingProxyType({prediction(k): v for k, v in predicted.items()})
+        _settle(self, wire=Wire(self.wire), predicted_samples_per_s=predicted,
+                predicted_group_samples_per_s=frozen_map(self.predicted_group_samples_per_s))
+
+    def predicted(self, strategy: Strategy | None = None) -> float | None:
+        """The samples/s predicted for ``strategy`` (default: the plan's own); None when not predicted."""
+        return self.predicted_samples_per_s.get(strategy or self.strategy)
+
+    @property
+    def ideal_samples_per_s(self) -> float | None:
+        return self.predicted_samples_per_s.get(Ideal.IDEAL)
 
     @property
     def workers(self) -> tuple[RankPlan, ...]:
@@ -433,17 +546,6 @@ class Plan:
 # Jobs (launch / status)
 # ---------------------------------------------------------------------------------------------
 
-class JobState(str, enum.Enum):
-    STARTING = "starting"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    STOPPED = "stopped"
-
-    def is_running(self) -> bool:
-        return self in (JobState.STARTING, JobState.RUNNING)
-
-
 @dataclass(frozen=True)
 class RankRecord:
     rank: int
@@ -452,7 +554,10 @@ class RankRecord:
     state: RankState = RankState.PENDING
     exit_code: int | None = None
     signal: int | None = None
-    last_metrics: dict[str, Any] = field(default_factory=dict)
+    last_metrics: Mapping[str, Any] = field(default_factory=dict)   # the rank's last record: JSON
+
+    def __post_init__(self) -> None:
+        _settle(self, last_metrics=frozen_map(self.last_metrics))
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from hgcli.launch.events import (
 )
 from hgcli.render.launch import JsonSink, PlainSink
 from hgcli.render.launch_live import RichSink
+from hgcli.schema.stages import JobState, RankState, Role, Strategy
 
 CAUSE = RootCause(node="gpu-b", rank=3, exit_code=137, signal="SIGKILL",
                   reason="killed by SIGKILL: out of memory (the OOM killer)", oom=True,
@@ -19,14 +20,14 @@ SUMMARY = Summary(elapsed_s=12.5, samples=6400, samples_per_s=512.0, predicted_s
                   ideal_samples_per_s=800.0, accuracy=0.93, groups={"0": 400.0, "1": 112.0})
 
 
-def ended(cause=CAUSE, summary=SUMMARY, state="failed", code=137) -> JobEnded:
+def ended(cause=CAUSE, summary=SUMMARY, state=JobState.FAILED, code=137) -> JobEnded:
     return JobEnded(job_id="j", state=state, exit_code=code, root_cause=cause, summary=summary, job_dir="/s/j")
 
 
 def test_plain_ending_puts_the_root_cause_first_with_its_last_lines_and_memory():
     out, err = io.StringIO(), io.StringIO()
     sink = PlainSink(None, out, err)
-    sink(RankExited("j", 1, "gpu-a", "worker", "stopped", 143, "SIGTERM", "killed by SIGTERM", None))
+    sink(RankExited("j", 1, "gpu-a", Role.WORKER, RankState.STOPPED, 143, "SIGTERM", "killed by SIGTERM", None))
     sink(ended())
     lines = err.getvalue().splitlines()
     start = lines.index("hgtrain: root cause: gpu-b:3 killed by SIGKILL: out of memory (the OOM killer)")
@@ -41,7 +42,7 @@ def test_plain_ending_puts_the_root_cause_first_with_its_last_lines_and_memory()
 def test_plain_lines_are_tagged_and_filtered():
     out, err = io.StringIO(), io.StringIO()
     sink = PlainSink(frozenset({0, 3}), out, err)
-    for rank, role in ((0, "worker"), (1, "worker"), (3, "ps")):
+    for rank, role in ((0, Role.WORKER), (1, Role.WORKER), (3, Role.PS)):
         sink(LogLines("j", rank, "n1", role, "out", f"hello {rank}\nagain {rank}\n".encode()))
     assert out.getvalue().splitlines() == ["n1:0 | hello 0", "n1:0 | again 0", "n1:3 ps | hello 3", "n1:3 ps | again 3"]
 
@@ -49,11 +50,11 @@ def test_plain_lines_are_tagged_and_filtered():
 def test_json_sink_prints_one_object_per_event_and_skips_progress():
     out = io.StringIO()
     sink = JsonSink(frozenset({1}), out)
-    sink(JobStarted("j", "hybrid", 2, ("a",), ("python",), "/s/j", "127.0.0.1:1", False, 10.0, 12.0))
-    sink(Metric("j", 0, "a", "worker", {"step": 1}))          # filtered
-    sink(Metric("j", 1, "a", "worker", {"step": 1}))
-    sink(LogLines("j", 0, "a", "worker", "out", b"filtered\n"))
-    sink(LogLines("j", 1, "a", "worker", "err", b"one\ntwo\npiece", partial=True))
+    sink(JobStarted("j", Strategy.HYBRID, 2, ("a",), ("python",), "/s/j", "127.0.0.1:1", False, 10.0, 12.0))
+    sink(Metric("j", 0, "a", Role.WORKER, {"step": 1}))          # filtered
+    sink(Metric("j", 1, "a", Role.WORKER, {"step": 1}))
+    sink(LogLines("j", 0, "a", Role.WORKER, "out", b"filtered\n"))
+    sink(LogLines("j", 1, "a", Role.WORKER, "err", b"one\ntwo\npiece", partial=True))
     sink(Progress("j", BoardView((), None, None, None, None)))
     sink(ended())
     events = [json.loads(line) for line in out.getvalue().splitlines()]
@@ -70,11 +71,11 @@ def test_rich_sink_shows_coloured_lines_the_live_table_and_the_ending():
     buf = io.StringIO()
     console = Console(file=buf, force_terminal=True, width=120, color_system="standard")
     sink = RichSink(None, console)
-    sink(LogLines("j", 2, "n1", "worker", "out", b"[bold]not markup[/bold]\nsecond line\n"))
+    sink(LogLines("j", 2, "n1", Role.WORKER, "out", b"[bold]not markup[/bold]\nsecond line\n"))
     view = BoardView((GroupView("0", (0, 1), 41, 0.25, 300.0), GroupView("1", (2,), 9, 0.5, None)),
                      300.0, 600.0, 750.0, 0.91)
     sink(Progress("j", view))
-    sink(ended(cause=None, state="succeeded", code=0))
+    sink(ended(cause=None, state=JobState.SUCCEEDED, code=0))
     text = buf.getvalue()
     assert "n1:2" in text and "[bold]not markup[/bold]" in text      # literal, not interpreted
     assert text.count("n1:2") == 2 and "second line" in text
@@ -101,7 +102,7 @@ def _gated(may_skip: bool):
 
 def _four_lines(i: int) -> LogLines:
     """Lines i..i+3 in one batch: the bounds count lines and bytes, not events."""
-    return LogLines("j", 0, "n", "worker", "out", "".join(f"line {j}\n" for j in range(i, i + 4)).encode())
+    return LogLines("j", 0, "n", Role.WORKER, "out", "".join(f"line {j}\n" for j in range(i, i + 4)).encode())
 
 
 def _shown_lines(seen) -> list[str]:
@@ -113,7 +114,7 @@ def test_a_console_that_cannot_keep_up_skips_lines_never_other_events():
     d.MAX_BACKLOG = 10
     for i in range(0, 100, 4):
         d.put(_four_lines(i))
-    d.put(ended(cause=None, state="succeeded", code=0))
+    d.put(ended(cause=None, state=JobState.SUCCEEDED, code=0))
     gate.set()
     d.close(30)
     lines = _shown_lines(seen)
@@ -139,10 +140,10 @@ def test_a_slow_pipe_reader_gets_lines_and_metrics_in_order_through_the_spill_fi
     d.MAX_BACKLOG_BYTES = 64   # past 64 bytes in memory: the spill file (launch/spill.py)
     for i in range(0, 100, 4):
         d.put(_four_lines(i))
-        d.put(Metric("j", 0, "n", "worker", {"step": i}))
+        d.put(Metric("j", 0, "n", Role.WORKER, {"step": i}))
         if i == 48:
-            d.put(RankExited("j", 1, "n", "worker", "failed", 1, None, "exit 1", None))
-    d.put(ended(cause=None, state="succeeded", code=0))
+            d.put(RankExited("j", 1, "n", Role.WORKER, RankState.FAILED, 1, None, "exit 1", None))
+    d.put(ended(cause=None, state=JobState.SUCCEEDED, code=0))
     gate.set()
     d.close(30)
     assert d.spilled_bytes > 0
@@ -159,8 +160,8 @@ def test_plain_lines_on_a_byte_stream_are_tagged_in_the_streams_encoding_after_w
     out = io.TextIOWrapper(raw, encoding="latin-1", errors="replace")
     sink = PlainSink(None, out=out, err=io.StringIO())
     out.write("held by the text layer\n")
-    sink(LogLines("j", 2, "h", "ps", "out", b"bad \xff byte\n" + "caf\u00e9 \u2603\n".encode()))
-    sink(LogLines("j", 0, "h", "worker", "out", b"a piece", partial=True))
+    sink(LogLines("j", 2, "h", Role.PS, "out", b"bad \xff byte\n" + "caf\u00e9 \u2603\n".encode()))
+    sink(LogLines("j", 0, "h", Role.WORKER, "out", b"a piece", partial=True))
     out.flush()
     assert raw.getvalue() == (b"held by the text layer\n" b"h:2 ps | bad \\xff byte\n"
                               b"h:2 ps | caf\xe9 ?\n" b"h:0 | a piece\n")
@@ -170,9 +171,9 @@ def test_ascii_lines_go_to_a_utf8_byte_stream_as_they_came_each_tagged():
     raw = io.BytesIO()
     out = io.TextIOWrapper(raw, encoding="utf-8")
     sink = PlainSink(None, out=out, err=io.StringIO())
-    sink(LogLines("j", 3, "n", "worker", "out", b"one\n\ntwo\n"))
-    sink(LogLines("j", 3, "n", "worker", "out", b"three, unterminated"))
-    sink(LogLines("j", 1, "n", "worker", "out", "\u00e9t\u00e9\n".encode()))
+    sink(LogLines("j", 3, "n", Role.WORKER, "out", b"one\n\ntwo\n"))
+    sink(LogLines("j", 3, "n", Role.WORKER, "out", b"three, unterminated"))
+    sink(LogLines("j", 1, "n", Role.WORKER, "out", "\u00e9t\u00e9\n".encode()))
     out.flush()
     assert raw.getvalue() == (b"n:3 | one\nn:3 | \nn:3 | two\nn:3 | three, unterminated\n"
                               + "n:1 | \u00e9t\u00e9\n".encode())

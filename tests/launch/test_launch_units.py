@@ -5,7 +5,7 @@ import pytest
 
 from hgcli.errors import ConfigError, UsageError
 from hgcli.launch.launcher import LaunchRequest, bind_address, master_address, user_env
-from hgcli.launch.loop import rank_exit_code
+from hgcli.launch.inbound import Exited
 from hgcli.launch.metrics import MetricsBoard
 from hgcli.launch.spec import CheckpointPolicy, NodeLaunch, agent_spec, forwarded_env, read_env_file
 from hgcli.runtime.env import cuda_visible_devices
@@ -155,8 +155,8 @@ def test_master_address_refuses_a_local_rank0_with_remote_nodes():
 
 
 def test_exit_code_of_a_signal_is_128_plus_it():
-    assert rank_exit_code({"code": None, "signal": 9}) == 137
-    assert rank_exit_code({"code": 3, "signal": None}) == 3
+    assert Exited.decode({"rank": 0, "code": None, "signal": 9, "state": "failed"}).exit_code == 137
+    assert Exited.decode({"rank": 0, "code": 3, "signal": None, "state": "failed"}).exit_code == 3
 
 
 def test_metrics_board_rates_come_from_the_ranks_own_clock():

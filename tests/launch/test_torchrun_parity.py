@@ -18,12 +18,13 @@ import pytest
 from hgcli.config.cluster import default_cluster
 from hgcli.launch.events import JobEnded, LogLines, RootCause
 from hgcli.launch.launcher import LaunchRequest, forwarding_note, user_env
+from hgcli.launch.inbound import RecordedError
 from hgcli.launch.loop import recorded_error
 from hgcli.node.agent.ranks import Rank, error_file
 from hgcli.node.agent.spec import AgentSpec, RankSpec
 from hgcli.render.launch import PlainSink, root_cause_lines
 from hgcli.runtime.env import rank_env, torchrun_defaults
-from hgcli.schema.stages import Cluster, NodeSpec
+from hgcli.schema.stages import Cluster, NodeSpec, Role
 
 from tests.agent.harness import wait_until
 
@@ -77,18 +78,18 @@ def test_bare_env_name_forwards_this_machines_value_and_the_note_names_what_ssh_
 def test_rank_stderr_goes_to_stderr_with_its_tag_and_stdout_to_stdout():
     out, err = io.StringIO(), io.StringIO()
     sink = PlainSink(None, out, err)
-    sink(LogLines("j", 0, "n1", "worker", "out", b"an out line\n"))
-    sink(LogLines("j", 1, "n1", "ps", "err", b"Traceback\nValueError: x\n"))
+    sink(LogLines("j", 0, "n1", Role.WORKER, "out", b"an out line\n"))
+    sink(LogLines("j", 1, "n1", Role.PS, "err", b"Traceback\nValueError: x\n"))
     assert out.getvalue() == "n1:0 | an out line\n"
     assert err.getvalue() == "n1:1 ps | Traceback\nn1:1 ps | ValueError: x\n"
 
 
 def test_recorded_error_is_one_line_shown_visibly_and_its_stack_shows_when_stderr_lacks_it():
-    message, stack = recorded_error({"message": "ValueError: bad\x1b[31m\nbatch", "traceback":
-                                     "Traceback (most recent call last):\n  File \"t.py\"\nValueError: bad\x07\n"})
+    message, stack = recorded_error(RecordedError.decode({"message": "ValueError: bad\x1b[31m\nbatch", "traceback":
+                                    "Traceback (most recent call last):\n  File \"t.py\"\nValueError: bad\x07\n"}))
     assert message == "ValueError: bad\x1b[31m batch"     # one line, as the rank wrote it
     assert stack == ("Traceback (most recent call last):", '  File "t.py"', "ValueError: bad\x07")
-    assert recorded_error(None) == (None, ()) and recorded_error({"message": 3}) == (None, ())
+    assert recorded_error(None) == (None, ()) and RecordedError.decode({"message": 3}) is None
     cause = RootCause(node="n", rank=1, exit_code=1, signal=None, reason="exited with code 1", oom=None,
                       last_lines=("step 3",), error=message, traceback=stack)
     lines = root_cause_lines(cause)

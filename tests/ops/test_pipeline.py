@@ -14,7 +14,7 @@ import pytest
 from hgcli import state
 from hgcli.cli import main
 from hgcli.config.cluster import default_cluster
-from hgcli.schema.stages import PLAN_NEEDS, Inventory, JobSpec, NodeInfo, Plan, Profiles, PythonRuntime, from_dict, to_dict
+from hgcli.schema.stages import PLAN_NEEDS, Inventory, JobSpec, NodeInfo, Plan, Profiles, PythonRuntime, Strategy, from_dict, to_dict
 from hgcli.errors import NodePythonError
 from hgcli.plan.pipeline import (INVENTORY_MAX_AGE_S, inventory_unusable, prepare_plan, profiles_unusable,
                                  refuse_unrunnable, runtime_problems)
@@ -164,7 +164,7 @@ def test_a_plan_is_refused_when_a_ranks_node_lacks_what_the_plan_imports():
     no_torch = PythonRuntime("/usr/bin/python3", torch=False, gloo=False, rpc=False, numpy=False)
     with pytest.raises(NodePythonError, match="node b: its Python /usr/bin/python3 lacks torch"):
         refuse_unrunnable(_plan_on("a", "b", ps=False), _nodes(a=EVERYTHING, b=no_torch))
-    assert runtime_problems(_nodes(a=EVERYTHING, b=no_torch), ["a"], PLAN_NEEDS["hybrid/ps"]) == []
+    assert runtime_problems(_nodes(a=EVERYTHING, b=no_torch), ["a"], PLAN_NEEDS[Strategy.HYBRID]) == []
 
 
 def test_profiles_with_a_failed_device_are_benched_again_unless_skipped(tmp_path):

@@ -19,7 +19,7 @@ from hgcli.launch.events import JobEnded, LogLines, RootCause
 from hgcli.launch.record import JobBook
 from hgcli.render.launch import PlainSink
 from hgcli.render.launch_live import RichSink
-from hgcli.schema.stages import JobRecord, RankRecord
+from hgcli.schema.stages import JobRecord, JobState, RankRecord, Role
 from tests.launch.plans import local_cluster, make_plan
 from tests.peakrss import peak_rss_kib
 
@@ -103,7 +103,7 @@ def test_logs_memory_does_not_grow_with_the_log(tmp_path, monkeypatch):
 
 
 def _lines(data: bytes) -> LogLines:
-    return LogLines(JOB, 0, "a", "worker", "out", data)
+    return LogLines(JOB, 0, "a", Role.WORKER, "out", data)
 
 
 def test_launch_terminal_view_shows_control_characters():
@@ -112,7 +112,7 @@ def test_launch_terminal_view_shows_control_characters():
     sink(_lines(OSC52))
     cause = RootCause(node="a", rank=0, exit_code=1, signal=None, reason="failed \x1b]0;t\x07", oom=None,
                       last_lines=("\x1b]52;c;aGk=\x07",))
-    sink(JobEnded(JOB, "failed", 1, cause, None, "/x"))
+    sink(JobEnded(JOB, JobState.FAILED, 1, cause, None, "/x"))
     text = out.getvalue()
     assert "\x1b]52" not in text and "\x1b]0;" not in text and "\x1b[2J" not in text
     assert "copy ^[]52;c;aGk=^G title ^[]0;pwned^G clear ^[[2J" in text and "tab\\x9b^M" in text
@@ -130,7 +130,7 @@ def test_launch_plain_sink_keeps_exact_bytes_on_a_pipe_and_escapes_its_terminal_
     sink(dataclasses.replace(_lines(b"err \x1b]0;title\x07\n"), stream="err"))
     cause = RootCause(node="a", rank=0, exit_code=1, signal=None, reason="x", oom=None,
                       last_lines=("\x1b]52;c;aGk=\x07",))
-    sink(JobEnded(JOB, "failed", 1, cause, None, "/x"))
+    sink(JobEnded(JOB, JobState.FAILED, 1, cause, None, "/x"))
     err.close()
     shown = _read_all(master)
     assert (b"a:0 | err \x1b]0;title\x07" in shown) is raw and (b"a:0 | err ^[]0;title^G" in shown) is not raw

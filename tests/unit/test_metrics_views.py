@@ -12,7 +12,7 @@ import pytest
 
 from hgcli.cli import main
 from hgcli.launch.record import JobBook
-from hgcli.schema.stages import JobRecord, RankRecord
+from hgcli.schema.stages import JobRecord, RankRecord, Role
 from tests.launch.plans import local_cluster, make_plan
 
 JOB = "hg-views-1"
@@ -185,7 +185,7 @@ def test_live_files_that_cannot_be_written_are_a_notice_and_the_events_go_on(job
     on_event = live.wrap(seen.append)
     live.begin(job.plan)
     for step in range(3):
-        on_event(Metric(JOB, 0, "a", "worker", {"time": 100.0 + step, "step": step, "loss": 1.0, "samples": 8}))
+        on_event(Metric(JOB, 0, "a", Role.WORKER, {"time": 100.0 + step, "step": step, "loss": 1.0, "samples": 8}))
     assert [type(e) for e in seen] == [Notice, Metric, Metric, Metric]   # said once; every metric shown
     assert "TensorBoard files no longer written" in seen[0].message and str(tmp_path / "file") in seen[0].message
     live.close()

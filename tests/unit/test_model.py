@@ -4,8 +4,8 @@ import json
 import pytest
 
 from hgcli.schema.stages import (
-    Cluster, EmulateSpec, GpuInfo, GroupPlan, HostKeyPolicy, Inventory, NodeInfo, NodeSpec, Plan,
-    RankPlan, Role, SshSettings, Strategy, from_dict, to_dict,
+    Cluster, Device, EmulateSpec, GpuInfo, GroupPlan, HostKeyPolicy, Ideal, Inventory, NodeInfo, NodeSpec, Plan,
+    RankPlan, Role, SshSettings, Strategy, Wire, from_dict, to_dict,
 )
 from hgcli.node import frames
 
@@ -51,6 +51,9 @@ def test_cluster_fingerprint_changes_with_nodes():
     ({"world_size": "3"}, "expected an integer"),
     ({"ranks": None}, "expected a list"),
     ({"reason": None}, "expected str"),
+    ({"wire": "fp8"}, "is not one of 'fp32', 'bf16'"),
+    ({"predicted_samples_per_s": {"fastest": 1.0}}, "predicted_samples_per_s key 'fastest'"),
+    ({"ranks": [{"rank": 0, "role": "worker", "node": "a", "device": "gpuX"}]}, "device must be gpuN"),
 ])
 def test_bad_plan_shapes_are_named(bad, message):
     data = {**to_dict(sample_plan()), **bad}
@@ -90,3 +93,34 @@ def test_local_transport_runs_node_module():
     argv, env = node_module_argv(t, "frames")
     done = t.run(argv, env=env, timeout=30)
     assert done.exit_code == 0
+
+
+def test_a_plan_file_of_an_older_version_reads_into_typed_values_and_writes_back_the_same_json():
+    """Plan files keep their JSON: strategy names and "ideal" as keys, devices and the wire format as
+    strings; read, they are members and values, and the stage value is frozen all the way down."""
+    stored = {**to_dict(sample_plan()), "wire": "bf16", "predicted_group_samples_per_s": {"0": 2.0}}
+    del stored["overlap"], stored["fitted_to"]            # written before these existed
+    text = json.dumps(stored)
+    plan = from_dict(Plan, json.loads(text))
+    assert plan.wire is Wire.BF16 and plan.wire.bytes == 2
+    assert plan.predicted(Strategy.HYBRID) == 2.0 and plan.predicted() == 2.0 and plan.ideal_samples_per_s == 2.5
+    assert set(plan.predicted_samples_per_s) == {Strategy.ALLREDUCE, Strategy.HYBRID, Strategy.PS, Ideal.IDEAL}
+    assert all(type(k) in (Strategy, Ideal) for k in plan.predicted_samples_per_s)
+    assert [type(r.device) for r in plan.ranks] == [Device] * 3
+    assert [(r.device.gpu_index, r.device.is_gpu) for r in plan.ranks] == [(0, True), (1, True), (None, False)]
+    with pytest.raises(TypeError):
+        plan.predicted_samples_per_s[Strategy.PS] = 9.0    # type: ignore[index]
+    written = to_dict(plan)
+    assert written == {**stored, "overlap": False, "fitted_to": None}
+    assert json.dumps(written["predicted_samples_per_s"]) == json.dumps(stored["predicted_samples_per_s"])
+
+
+def test_stage_values_made_in_code_are_typed_once_on_construction():
+    plan = sample_plan()   # built with plain strings, as hand-made plans and older callers do
+    assert plan.ranks[0].device == "gpu0" and isinstance(plan.ranks[0].device, Device)
+    assert all(type(k) in (Strategy, Ideal) for k in plan.predicted_samples_per_s)
+    assert Plan(**{**plan.__dict__, "wire": "bf16"}).wire is Wire.BF16
+    with pytest.raises(ValueError, match="wire format must be one of fp32, bf16, got 'fp8'"):
+        Wire("fp8")
+    with pytest.raises(ValueError, match="device must be gpuN"):
+        Device("gpu")

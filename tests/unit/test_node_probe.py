@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hgcli.schema.stages import PLAN_NEEDS, GpuInfo, NodeInfo, from_dict
+from hgcli.schema.stages import PLAN_NEEDS, GpuInfo, NodeInfo, Strategy, from_dict
 from hgcli.node import frames
 from hgcli.node.probe import (
     NvidiaSmiError, RuntimeCheck, describe_failure, installed, parse_cpuinfo, parse_gpu_csv, parse_meminfo,
@@ -230,7 +230,7 @@ def test_a_python_without_numpy_is_reported_and_checked_again_once_numpy_is_inst
     rt = node.runtime
     assert (rt.executable, rt.torch, rt.gloo, rt.rpc, rt.numpy) == (str(python), True, True, True, False)
     assert "No module named 'numpy'" in rt.why["numpy"], rt.why
-    assert rt.lacking(PLAN_NEEDS["hybrid/ps"]) == ("numpy",) and rt.lacking(PLAN_NEEDS["allreduce"]) == ()
+    assert rt.lacking(PLAN_NEEDS[Strategy.HYBRID]) == ("numpy",) and rt.lacking(PLAN_NEEDS[Strategy.ALLREDUCE]) == ()
     add_package(python, "numpy")      # a new install's metadata: the kept answer no longer applies
     node, _ = run_probe(bindir, python=python, home=tmp_path / "home")
     assert node.runtime.numpy is True and node.runtime.why == {}
@@ -250,7 +250,7 @@ def test_a_check_that_does_not_finish_in_time_leaves_every_answer_unknown(tmp_pa
     rt = RuntimeCheck(installed(), timeout_s=0.01).result()     # importing torch takes longer
     assert (rt.torch, rt.gloo, rt.rpc, rt.numpy) == (None, None, None, None)
     assert "did not finish within 0.01 s" in rt.why["torch"]
-    assert rt.lacking(PLAN_NEEDS["hybrid/ps"]) == ()             # unknown is never "missing"
+    assert rt.lacking(PLAN_NEEDS[Strategy.HYBRID]) == ()             # unknown is never "missing"
     assert not (tmp_path / ".cache").exists()
 
 

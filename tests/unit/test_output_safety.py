@@ -21,6 +21,7 @@ from hgcli.schema.stages import (
     GpuInfo, GroupPlan, Inventory, JobRecord, JobState, ModelSpec, NodeInfo, Plan, RankPlan, RankState, Role,
     Strategy,
 )
+from hgcli.schema.states import NodeJobState
 
 HOSTILE = "[/oops] [link=http://x]y[/link] \x1b]52;c;aGk=\x07 \x1b[2J"   # markup, OSC 52, clear screen
 SHOWN = "[/oops] [link=http://x]y[/link] ^[]52;c;aGk=^G ^[[2J"
@@ -51,9 +52,9 @@ def test_visible_shows_c0_c1_and_del_but_keeps_tab():
 
 
 def test_status_of_a_job_whose_rank_logged_markup_and_escapes(private_state_dir):
-    live = JobLive("hg-1", (NodeLive(HOSTILE, "running", True, error=HOSTILE, ranks=(
+    live = JobLive("hg-1", (NodeLive(HOSTILE, NodeJobState.RUNNING, True, error=HOSTILE, ranks=(
         LiveRank(0, RankState.RUNNING, pid=7, metrics={"step": "[/oops]", "loss": HOSTILE}),)),
-        NodeLive("b", "running", False, error=HOSTILE)), checked_at=0.0)
+        NodeLive("b", NodeJobState.RUNNING, False, error=HOSTILE)), checked_at=0.0)
     console, out = _terminal()
     render_job(JobStatus(_record(), live), console)       # was: MarkupError, exit 1, table lost
     render_status([JobStatus(_record(), live)], console)
