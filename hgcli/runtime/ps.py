@@ -129,7 +129,8 @@ class ShardServer:
         self._trace("start", pid=os.getpid(), threads=torch.get_num_threads(), rss_kb=memory_kb("VmRSS"))
 
     # What tests and the data path (ps_io.py) read of the state: the optimizer's tensors (views of
-    # master), the fp32 master copy, the staging buffer of pushes, the versions the groups computed on.
+    # master), the fp32 master copy, the staging buffer of pushes, the shared buffers, the versions
+    # the groups computed on.
     @property
     def params(self) -> list[torch.Tensor] | None:
         return self.held.params
@@ -141,6 +142,10 @@ class ShardServer:
     @property
     def grad(self) -> torch.Tensor | None:
         return self.held.grad
+
+    @property
+    def buffers(self) -> torch.Tensor | None:
+        return self.held.buffers
 
     @property
     def base(self) -> dict[int, int]:
