@@ -116,8 +116,8 @@ class GroupEngine:
 
     It owns the step's small all-reduce (``reduce``) and what its member slots drive (``slots``:
     pooled estimates, rebalancing), the accumulation window (``window``) and the member's compute
-    timing (``clock``); the exchange with the parameter servers is set before
-    ``start()`` (exchange.PSExchange) and reaches the group through ``link`` (group_link.py)."""
+    timing (``clock``); the exchange with the parameter servers, set before ``start()``
+    (exchange.PSExchange), reaches the group through ``link`` (group_link.py)."""
 
     def __init__(self, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, spec: GroupSpec,
                  emulator: Emulator, metrics: MetricsSink, timeout_s: float,
@@ -185,35 +185,11 @@ class GroupEngine:
         if self.exchange is not None:
             self.exchange.start()
         if self.members > 1 and self.params:
-            self.ddp = self._build_ddp()
+            self.ddp = build_ddp(self, self._bucket_mb, self._ddp_options)
             self._set_sync(self.accumulate == 1)
         self.emulator.begin_compute()
         self.clock.begin_window()
         return self.ddp if self.ddp is not None else self.module
-
-    def _build_ddp(self) -> torch.nn.parallel.DistributedDataParallel:
-        from torch.nn.parallel import DistributedDataParallel
-
-        from .ddp import engine_hook
-
-        cap = self._bucket_mb
-        if cap <= 0:        # one bucket: every gradient in it
-            cap = sum(p.numel() * p.element_size() for p in self.params) / 2 ** 20 + 1.0
-        on_gpu = self.device.type == "cuda"
-        # Buffers synchronised at the start (as DDP does), then averaged by the engine, not broadcast
-        # from rank 0 at every forward: torch 2.13 renamed the switch (and warns on the old name).
-        no_forward_sync: dict[str, Any] = ({"forward_sync_buffers": False}
-                           if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
-                           else {"broadcast_buffers": False})
-        options: dict[str, Any] = {**no_forward_sync, **self._ddp_options}
-        try:
-            ddp = DistributedDataParallel(
-                self.module, device_ids=[self.device] if on_gpu else None, process_group=self.pg,
-                bucket_cap_mb=cap, **options)
-        except (RuntimeError, ValueError) as exc:
-            raise self._failed("DDP's start (broadcast of rank 0's parameters)", exc) from exc
-        ddp.register_comm_hook(self, engine_hook)
-        return ddp
 
     # --- hooks ----------------------------------------------------------------------------------
     def _count_samples(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
@@ -424,6 +400,34 @@ class GroupEngine:
         amp.unhook_scaler(self.opt)
         if self.exchange is not None:
             self.exchange.finish()
+
+
+def build_ddp(engine: GroupEngine, bucket_mb: float,
+              ddp_options: Mapping[str, Any]) -> torch.nn.parallel.DistributedDataParallel:
+    """DDP over the engine's module and process group, with the engine as its comm hook's state
+    (``bucket_mb`` 0: one bucket)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from .ddp import engine_hook
+
+    cap = bucket_mb
+    if cap <= 0:        # one bucket: every gradient in it
+        cap = sum(p.numel() * p.element_size() for p in engine.params) / 2 ** 20 + 1.0
+    on_gpu = engine.device.type == "cuda"
+    # Buffers synchronised at the start (as DDP does), then averaged by the engine, not broadcast
+    # from rank 0 at every forward: torch 2.13 renamed the switch (and warns on the old name).
+    no_forward_sync: dict[str, Any] = ({"forward_sync_buffers": False}
+                       if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+                       else {"broadcast_buffers": False})
+    options: dict[str, Any] = {**no_forward_sync, **ddp_options}
+    try:
+        ddp = DistributedDataParallel(
+            engine.module, device_ids=[engine.device] if on_gpu else None, process_group=engine.pg,
+            bucket_cap_mb=cap, **options)
+    except (RuntimeError, ValueError) as exc:
+        raise engine.link.failed("DDP's start (broadcast of rank 0's parameters)", exc) from exc
+    ddp.register_comm_hook(engine, engine_hook)
+    return ddp
 
 
 def _grad(p: torch.Tensor) -> torch.Tensor:

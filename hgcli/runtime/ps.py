@@ -22,9 +22,9 @@ staleness rule allows (see docs/runtime.md):
 * with overlap (plan.overlap, S >= groups), a group computes its next gradient while its push is in
   flight, on the answer before; the leader sends that base with the push and the staleness counts
   from it; the damping does not (the versions up to its newest answer, its own push included, are
-  a fixed one-step pipeline delay: ``_damping_delay``). A group then always has a gradient pending,
-  and the rule (``_may_answer_overlapped``)
-  counts for each pending gradient, and each answered group's next one, every push that may still
+  a fixed one-step pipeline delay: ``Admission.damping_delay``, ps_admission.py). A group then
+  always has a gradient pending, and the rule (``Admission._may_answer_overlapped``) counts for each
+  pending gradient, and each answered group's next one, every push that may still
   come before it; when no group is answered, the held group with the oldest base is (which moves
   nobody else's count): no deadlock.
 * wire format (plan.wire): answers carry the parameters as bf16 under "bf16"; pushes may arrive as
@@ -100,7 +100,7 @@ class ShardServer:
         self.metrics = metrics
         self.cv = threading.Condition()
         self.held = ShardState(shard=shard, shards=len(self.ps_ranks), global_batch=global_batch,
-                                accumulate={g: (accumulate or {}).get(g, 1) for g in group_ids})
+                               accumulate={g: (accumulate or {}).get(g, 1) for g in group_ids})
         # Answers being sent and snapshots being copied from master and the optimizer state:
         # a step waits until there are none (self.cv held). Nothing else blocks on them.
         self.readers = 0
@@ -116,7 +116,6 @@ class ShardServer:
         if wire not in WIRE_BYTES:
             raise TrainingError(f"plan wire {wire!r} is not one of {', '.join(WIRE_BYTES)}")
         self.wire_dtype = torch.bfloat16 if wire == "bf16" else torch.float32
-        self.last_seen = {g: time.monotonic() for g in group_ids}
         self.unseeded: list[tuple[int, Future]] = []  # pulls that arrived before the seed
         self.finishing: list[tuple[int, Future]] = []
         self.failure: str | None = None
@@ -128,9 +127,8 @@ class ShardServer:
             saved=self._saved, trace=self._trace)
         self._trace("start", pid=os.getpid(), threads=torch.get_num_threads(), rss_kb=memory_kb("VmRSS"))
 
-    # What tests and the data path (ps_io.py) read of the state: the optimizer's tensors (views of
-    # master), the fp32 master copy, the staging buffer of pushes, the shared buffers, the versions
-    # the groups computed on.
+    # What tests read of the state: the optimizer's tensors (views of master), the fp32 master copy,
+    # the shared buffers, the versions the groups computed on.
     @property
     def params(self) -> list[torch.Tensor] | None:
         return self.held.params
@@ -138,10 +136,6 @@ class ShardServer:
     @property
     def master(self) -> torch.Tensor | None:
         return self.held.master
-
-    @property
-    def grad(self) -> torch.Tensor | None:
-        return self.held.grad
 
     @property
     def buffers(self) -> torch.Tensor | None:
@@ -177,7 +171,7 @@ class ShardServer:
             raise TrainingError(f"PS shard {self.shard}: the seed carries {flat.numel()} values for segments "
                                 f"of {sum(s.length for s in segments)}")
         with self.cv:
-            self.last_seen[group] = time.monotonic()
+            self.admission.heard(group)
             self.checkpoints.start_clock()
             if self.held.params is None:
                 self.held.install(flat, segments, opt_spec)
@@ -194,7 +188,7 @@ class ShardServer:
         """Parameters for a group (at its start; after shard 0 answered its push, on other shards)."""
         fut: Future = Future()
         with self.cv:
-            self.last_seen[group] = time.monotonic()
+            self.admission.heard(group)
             self.checkpoints.start_clock()
             if self.held.params is None:
                 self.unseeded.append((group, fut))
@@ -215,7 +209,7 @@ class ShardServer:
             self.held.check_push(group, grad)
             while self.readers:          # answers in flight and snapshots read what this step changes
                 self.cv.wait()
-            self.last_seen[group] = time.monotonic()
+            self.admission.heard(group)
             adm = self.admission
             adm.pushed(group, base)
             staleness = self.version - adm.base[group]
@@ -247,7 +241,7 @@ class ShardServer:
         """A group is done; answers (done?, version, params, buffers) once all are, or after ``wait_s``."""
         fut: Future = Future()
         with self.cv:
-            self.last_seen[group] = time.monotonic()
+            self.admission.heard(group)
             if self.admission.done(group):
                 self._trace("done", group=group, clock=self.admission.clock[group])
                 self._release()
@@ -362,13 +356,11 @@ class ShardServer:
         """Until every group is done; fails when an unfinished group is silent for the timeout."""
         while not self.all_done.wait(1.0):
             with self.cv:
-                now = time.monotonic()
                 # 3/4 of the timeout: groups held back by the bound hear this reason before their
                 # own RPC timeout fires.
                 limit = (0.75 if self.coordinator else 1.0) * self.timeout_s
                 waiting = self.admission.waiting
-                silent = sorted(g for g in self.admission.active if g not in waiting
-                                and now - self.last_seen[g] > limit)
+                silent = self.admission.silent(time.monotonic(), limit)
                 if silent:
                     msg = (f"PS shard {self.shard}: no message from group(s) {silent} for "
                            f"{limit:g} s; a worker probably died")

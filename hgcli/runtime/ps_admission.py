@@ -1,5 +1,6 @@
 """The staleness bookkeeping of a PS shard (ps.py): which group has which version, who computes,
-who waits, and whether answering a waiting group could break the bound.
+who waits, whether answering a waiting group could break the bound, and when each group was last
+heard from (a silent one fails the job).
 
 The rules are ps.py's (and docs/runtime.md's): without overlap a group is answered when every group
 still computing stays within the bound; with overlap (``may_answer_overlapped``) every pending
@@ -9,6 +10,7 @@ versions, since the damping of a push reads them. The caller holds the shard's l
 from __future__ import annotations
 
 import sys
+import time
 from typing import Sequence
 
 from torch.futures import Future
@@ -39,6 +41,14 @@ class Admission:
         self.active = set(group_ids)
         self.computing: set[int] = set()               # answered, gradient not yet pushed
         self.waiting: dict[int, Future] = {}          # group -> answer held back (coordinator)
+        self.last_seen = {g: time.monotonic() for g in group_ids}
+
+    def heard(self, group: int) -> None:
+        self.last_seen[group] = time.monotonic()
+
+    def silent(self, now: float, limit: float) -> list[int]:
+        """The unfinished groups not held back that sent nothing for ``limit`` seconds."""
+        return sorted(g for g in self.active if g not in self.waiting and now - self.last_seen[g] > limit)
 
     def pushed(self, group: int, base: int | None) -> None:
         """A push arrives: the version its gradient was computed on (``base``, sent under overlap)."""
