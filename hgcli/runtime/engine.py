@@ -146,12 +146,8 @@ class GroupEngine:
         self.link = GroupLink(rank=self.rank, group_id=self.group_id, ranks=self.ranks, pg=self.pg,
                               timeout_s=timeout_s, params=self.params, buffers=self.buffers, device=self.device)
         self._failed = self.link.failed
-        self._me = spec.ranks.index(spec.rank)
-        # B: the plan's samples per update over the whole group; learnt from the first step when
-        # the plan gives no batches (every member then uses the same value).
-        self.reduce = StepReduce(members=self.members, me=self._me, pg=self.pg, buffers=self.buffers,
-                                 planned_total=(float(self.accumulate * sum(b for b in spec.batches if b))
-                                                if spec.batches and all(spec.batches) else None),
+        self.reduce = StepReduce(members=self.members, me=spec.ranks.index(spec.rank), pg=self.pg,
+                                 buffers=self.buffers, planned_total=_planned_total(spec, self.accumulate),
                                  failed=self._failed)
         self.window = GradWindow(self.params)
         self.clock = ComputeClock()
@@ -166,8 +162,7 @@ class GroupEngine:
         self._nosync: ContextManager[Any] | None = None
         self.slots = MemberSlots(rank=self.rank, group_id=self.group_id, ranks=self.ranks,
                                  share_with=spec.share_with, emulator=emulator, clock=self.clock, metrics=metrics,
-                                 rebalancer=(Rebalancer(spec.split) if spec.split is not None and self.members > 1
-                                             and len(spec.split.planned) == self.members else None))
+                                 rebalancer=_rebalancer(spec))
         self.ddp: torch.nn.parallel.DistributedDataParallel | None = None
         self._ddp_options = dict(ddp_options or {})
         self._bucket_mb = bucket_mb
@@ -432,6 +427,19 @@ def build_ddp(engine: GroupEngine, bucket_mb: float,
 
 def _grad(p: torch.Tensor) -> torch.Tensor:
     return p.grad if p.grad is not None else torch.zeros_like(p)
+
+
+def _planned_total(spec: GroupSpec, accumulate: int) -> float | None:
+    """B: the plan's samples per update over the whole group; None (learnt from the first step)
+    when the plan gives no batches (every member then uses the same value)."""
+    return float(accumulate * sum(b for b in spec.batches if b)) if spec.batches and all(spec.batches) else None
+
+
+def _rebalancer(spec: GroupSpec) -> Rebalancer | None:
+    """The group's rebalancer: members that share a split of the plan's batches."""
+    split = spec.split
+    members = len(spec.ranks)
+    return Rebalancer(split) if split is not None and members > 1 and len(split.planned) == members else None
 
 
 def _check_options(max_grad_norm: float | None, ddp_options: Mapping[str, Any] | None) -> None:

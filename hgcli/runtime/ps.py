@@ -209,8 +209,8 @@ class ShardServer:
             self.held.check_push(group, grad)
             while self.readers:          # answers in flight and snapshots read what this step changes
                 self.cv.wait()
-            self.admission.heard(group)
             adm = self.admission
+            adm.heard(group)
             adm.pushed(group, base)
             staleness = self.version - adm.base[group]
             delay = adm.damping_delay(group, self.version)
