@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hgcli.jobs.records import attempt_job_id
+from hgcli.state.records import attempt_job_id
 from hgcli.schema.stages import Cluster, NodeSpec, Plan
 from hgcli.node.agent.procs import MARKER_JOB, has_marker, proc_stat
 from hgcli.plan.files import write_plan

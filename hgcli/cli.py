@@ -19,6 +19,7 @@ from .errors import EXIT_ERROR, EXIT_INTERRUPTED, HgError, NodesFailedError, Usa
 from .schema.stages import Strategy
 
 if TYPE_CHECKING:
+    from .launch.events import Event
     from .schema.stages import Cluster
 
 F = TypeVar("F", bound=Callable[..., Any])   # a command function, decorated with options
@@ -82,18 +83,43 @@ def raw_option(f: F) -> F:
                              "sequences) through as they are; by default they are shown as ^[ etc.")(f)
 
 
+def _checked(parse: Callable[[str], object]) -> Callable[[click.Context, click.Parameter, Any], Any]:
+    """A click callback that checks a flag's text (or each of a repeated flag's) with the core's own
+    parser and keeps it as given: a bad value is click's usage error, naming the flag."""
+    def check(_ctx: click.Context, _param: click.Parameter, value: Any) -> Any:
+        for text in (value if isinstance(value, tuple) else () if value is None else (value,)):
+            try:
+                parse(text)
+            except UsageError as exc:
+                raise click.BadParameter(str(exc)) from None
+        return value
+
+    return check
+
+
+def _rank_list(text: str) -> object:
+    from .config.ranklist import parse_rank_list
+
+    return parse_rank_list(text)
+
+
 def ranks_option(help: str) -> Callable[[F], F]:
     """``--ranks 0,2-3`` (parsed by config.ranklist): one declaration for launch, logs and metrics."""
-    return click.option("--ranks", "ranks", default=None, metavar="LIST", help=help)
+    return click.option("--ranks", "ranks", default=None, metavar="LIST", callback=_checked(_rank_list), help=help)
 
 
 def load_cluster_arg(cluster_file: Path | None, nproc_per_node: int | None = None) -> Cluster:
     """Nodes from -c, else --hostfile, else SLURM_JOB_NODELIST, else the embedded local cluster
     (``--nproc-per-node`` devices of it)."""
-    from .config.cluster import load_node_source
+    from .config.cluster import load_node_source, nproc_applies
 
     meta = click.get_current_context().meta
-    return load_node_source(cluster_file, hostfile=meta.get("hgtrain.hostfile"), nproc_per_node=nproc_per_node,
+    hostfile = meta.get("hgtrain.hostfile")
+    if nproc_per_node is not None and not nproc_applies(cluster_file, hostfile, os.environ):
+        raise click.UsageError("--nproc-per-node sizes the embedded local cluster and a Slurm allocation's "
+                               "nodes only; a declared node chooses its devices with gpus = [...] (or "
+                               "emulate) in the cluster file")
+    return load_node_source(cluster_file, hostfile=hostfile, nproc_per_node=nproc_per_node,
                             transport=meta.get("hgtrain.transport", "auto"))
 
 
@@ -263,6 +289,69 @@ def unknown_option_message(command: click.Command, ctx: click.Context, word: str
             f"hgtrain {command.name} [OPTIONS] -- COMMAND [ARGS]...")
 
 
+def _env_entry(text: str) -> object:
+    from .launch.spec import env_flag
+
+    return env_flag(text, {})
+
+
+def _secret_name(text: str) -> object:
+    from .launch.spec import check_env_name
+
+    return check_env_name(text)
+
+
+def _nnodes(text: str) -> object:
+    from .launch.elastic import parse_nnodes
+
+    return parse_nnodes(text)
+
+
+def check_launch_flags(cluster: Cluster, *, plan_file: Path | None, detach: bool, restarts: int,
+                       nnodes: tuple[int, int] | None, tensorboard: Path | None) -> None:
+    """The flags of ``launch`` that rule each other out, named as the user typed them (the request
+    checks the same of its fields for callers that are not the command line)."""
+    if detach and cluster.srun is not None:
+        raise click.UsageError("--detach cannot be used with --transport srun: a job step ends with its "
+                               "agent, so the job would end when hgtrain returns; run hgtrain launch in an "
+                               "sbatch script instead (docs/slurm.md)")
+    if restarts and detach:
+        raise click.UsageError("--restarts needs hgtrain to stay attached: it cannot be used with --detach")
+    if tensorboard is not None and detach:
+        raise click.UsageError("--tensorboard needs hgtrain to stay attached (a detached job's metrics reach "
+                               "no controller): it cannot be used with --detach")
+    if nnodes is None:
+        return
+    low, high = nnodes
+    if not 1 <= low <= high:
+        raise click.BadParameter(f"{low}:{high}: expected 1 <= MIN <= MAX", param_hint="'--nnodes'")
+    if low > len(cluster.nodes):
+        raise click.BadParameter(f"{low}:{high}: the cluster has {len(cluster.nodes)} node(s)",
+                                 param_hint="'--nnodes'")
+    elastic = low < high or high < len(cluster.nodes)
+    if elastic and plan_file is not None:
+        raise click.UsageError("--nnodes MIN:MAX re-plans on the nodes left after a loss, which a plan file "
+                               "(--plan) cannot: leave --plan out, so hgtrain plans from its stored bench")
+    if elastic and not restarts:
+        raise click.UsageError(f"--nnodes {low}:{high}: each re-plan after a lost node is a restart of the "
+                               "job and counts against --restarts: give --restarts N (N >= 1)")
+
+
+def launch_sink(*, as_json: bool, ranks: frozenset[int] | None, raw: bool = False) -> Callable[[Event], None]:
+    """The console of ``launch``: JSON lines, plain lines (a pipe, ``--raw``), or the live view (a
+    terminal; the only one that imports rich)."""
+    from .render.launch import JsonSink, PlainSink
+
+    if as_json:
+        return JsonSink(ranks)
+    if sys.stdout.isatty() and not raw:
+        from .render.launch_live import RichSink
+
+        # stderr redirected away from the terminal (2> file) gets the ranks' stderr lines, plain
+        return RichSink(ranks, err=None if sys.stderr.isatty() else sys.stderr)
+    return PlainSink(ranks, raw=raw)
+
+
 @cli.command(cls=LaunchCommand, context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @cluster_option
 @nproc_option
@@ -272,12 +361,12 @@ def unknown_option_message(command: click.Command, ctx: click.Context, word: str
               show_default=True, help="Strategy to plan for (without --plan).")
 @click.option("--global-batch", type=click.IntRange(min=1), default=None,
               help="Samples per step over all workers (without --plan).")
-@click.option("--env", "env", multiple=True, metavar="NAME[=VALUE]",
+@click.option("--env", "env", multiple=True, metavar="NAME[=VALUE]", callback=_checked(_env_entry),
               help="Set a variable on every rank (repeatable; beats --env-file); a bare NAME forwards "
                    "this machine's value.")
 @click.option("--env-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="NAME=VALUE lines to set on every rank.")
-@click.option("--secret-env", "secret_env", multiple=True, metavar="NAME",
+@click.option("--secret-env", "secret_env", multiple=True, metavar="NAME", callback=_checked(_secret_name),
               help="This variable's value is secret: never written to a record or log (repeatable; "
                    "names like *TOKEN*, *PASSWORD*, *KEY* and URL passwords are already).")
 @ranks_option("Show only these ranks' lines and metrics, e.g. 0,2-3 (all are saved).")
@@ -288,7 +377,7 @@ def unknown_option_message(command: click.Command, ctx: click.Context, word: str
               show_default=True, help="A node silent this long is lost and the job fails.")
 @click.option("--restarts", type=click.IntRange(min=0), default=0, show_default=True,
               help="Restart the whole job this many times after a failing rank or a lost node.")
-@click.option("--nnodes", "nnodes", default=None, metavar="MIN:MAX",
+@click.option("--nnodes", "nnodes", default=None, metavar="MIN:MAX", callback=_checked(_nnodes),
               help="Elastic: after a lost node, restart on the nodes left if at least MIN are, taking "
                    "back lost nodes that answer, up to MAX (re-planned from the stored bench; each "
                    "counts against --restarts). N means N:N. Default: every node of the cluster.")
@@ -325,17 +414,22 @@ def launch(ctx: click.Context, cluster_file: Path | None, nproc_per_node: int | 
     from .launch.launcher import LaunchRequest, launch as run_launch
     from .schema.stages import JobSpec, Strategy
     from .config.ranklist import parse_rank_list
-    from .render.launch import make_sink
 
+    if not command:
+        raise click.UsageError("no command to launch: hgtrain launch [OPTIONS] -- COMMAND [ARGS]...")
     shown = parse_rank_list(ranks) if ranks else None
+    cluster = load_cluster_arg(cluster_file, nproc_per_node)
+    node_range = parse_nnodes(nnodes) if nnodes is not None else None
+    check_launch_flags(cluster, plan_file=plan_file, detach=detach, restarts=restarts, nnodes=node_range,
+                       tensorboard=tensorboard)
     request = LaunchRequest(
-        cluster=load_cluster_arg(cluster_file, nproc_per_node), command=command, plan_file=plan_file,
+        cluster=cluster, command=command, plan_file=plan_file,
         job=JobSpec(strategy=Strategy(strategy), global_batch=global_batch), env=env, env_file=env_file,
         secret_env=secret_env, detach=detach, grace_s=grace_s, heartbeat_timeout_s=heartbeat_timeout_s, restarts=restarts,
         checkpoint_every=checkpoint_every, checkpoint_seconds=checkpoint_seconds,
         console_may_skip=sys.stdout.isatty() and not as_json, tensorboard=tensorboard, adapt=adapt,
-        nnodes=parse_nnodes(nnodes) if nnodes is not None else None)
-    result = run_launch(request, make_sink(as_json=as_json, ranks=shown, raw=raw))
+        nnodes=node_range)
+    result = run_launch(request, launch_sink(as_json=as_json, ranks=shown, raw=raw))
     ctx.exit(result.exit_code)
 
 
@@ -385,7 +479,7 @@ def logs(job: str, follow: bool, ranks: str | None, as_json: bool, raw: bool, tr
     """
     import json
 
-    from .jobs import records as jobs
+    from .state import records as jobs
     from .jobs.logs import LogLine, NodeLogs, has_local_logs, local_lines, parse_ranks
 
     record = jobs.load(job)
@@ -436,13 +530,13 @@ def metrics(job: str, fmt: str, ranks: str | None, output: Path | None) -> None:
     hgtrain metrics JOB --ranks 0 --format jsonl
     hgtrain metrics JOB --format tensorboard -o runs && tensorboard --logdir runs
     """
-    from .jobs import records as jobs
+    from .state import records as jobs
     from .jobs.logs import parse_ranks
-    from .userfile import write_user_file
+    from .state.userfile import write_user_file
     from .jobs.export import MAX_COLUMNS, read_metrics, to_csv, to_jsonl
 
     if fmt == "tensorboard":
-        from .jobs.tensorboard import require_writer
+        from .launch.tensorboard import require_writer
 
         require_writer()   # a missing extra says so before anything is read
         if output is None or str(output) == "-":
@@ -450,7 +544,7 @@ def metrics(job: str, fmt: str, ranks: str | None, output: Path | None) -> None:
     record = jobs.load(job)
     rows = read_metrics(record, parse_ranks(ranks, record) if ranks else None)
     if fmt == "tensorboard":
-        from .jobs.tensorboard import export
+        from .launch.tensorboard import export
 
         assert output is not None
         click.echo(f"wrote TensorBoard event files to {export(record, rows, output)}", err=True)
@@ -487,7 +581,7 @@ def report(job: str, output: Path, ranks: str | None) -> None:
 
     fmt = format_of(output)
     require_matplotlib()
-    from .jobs import records as jobs
+    from .state import records as jobs
     from .jobs.logs import parse_ranks
     from .jobs.export import read_metrics
 

@@ -138,9 +138,9 @@ def _bench_node(cluster: Cluster, node: NodeSpec, info: NodeInfo | None, quick: 
             # at its speed, so devices of one speed are identical instead of differing by whatever
             # load the CPU saw during each one's turn. Once per speed, not once per node: the node
             # bench pauses between timings as the emulator would at that speed (node/timing.py), and
-            # how cold a step starts depends on that pause. Measured at the slowest speed (250 ms
-            # pauses) the example MLP's steps took 1.3-1.5x the CPU time they took in training on
-            # the speed-0.1 devices (benchmarks/cost_model_accuracy.py, docs/bench.md).
+            # how cold a step starts depends on that pause: measured at the slowest speed's long
+            # pauses, the faster devices' steps took markedly more CPU than in training
+            # (benchmarks/RESULTS.md, "Cost-model accuracy", fix 2).
             base_target = max(emulated, key=lambda t: t.memory_mib or 0)
             bases = {}
             speeds = sorted({t.speed if t.speed is not None else 1.0 for t in emulated})

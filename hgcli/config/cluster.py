@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from ..errors import ConfigError
-from ..schema.names import RULE as NAME_RULE, valid_name
+from ..schema.names import RULE as NAME_RULE, valid_host, valid_name
 from ..schema.stages import Cluster, EmulateSpec, HostKeyPolicy, NodeSpec, Slowdown, SshSettings
-from .nodelists import HostEntry, expand_nodelist, parse_hostfile, valid_host
+from .nodelists import HostEntry, expand_nodelist, parse_hostfile
 from . import slurm
 from .slurm import allocation_nodelist
 from .tomllines import TomlLines
@@ -77,7 +77,7 @@ def nproc_devices(nproc_per_node: int | None) -> tuple[tuple[int, ...] | None, E
     if nproc_per_node is None:
         return None, None if has_gpus else DEFAULT_EMULATION
     if nproc_per_node < 1:
-        raise ConfigError(f"--nproc-per-node must be at least 1, got {nproc_per_node}")
+        raise ConfigError(f"nproc_per_node must be at least 1, got {nproc_per_node}")
     if has_gpus:
         return tuple(range(nproc_per_node)), None
     return None, EmulateSpec(devices=DEFAULT_EMULATION.devices[:1] * nproc_per_node,
@@ -134,16 +134,21 @@ def load_node_source(cluster_file: str | Path | None = None, *, hostfile: str | 
     """
     environ = os.environ if environ is None else environ
     srun = slurm.wanted(transport, environ)
-    from_slurm = bool(allocation_nodelist(environ)) and hostfile is None
-    if nproc_per_node is not None and (hostfile is not None or (cluster_file is not None and not from_slurm)):
-        source = cluster_file or hostfile
-        raise ConfigError("--nproc-per-node sizes the embedded local cluster and a Slurm allocation's "
+    if nproc_per_node is not None and not nproc_applies(cluster_file, hostfile, environ):
+        raise ConfigError("nproc_per_node sizes the embedded local cluster and a Slurm allocation's "
                           "nodes only; a declared node chooses its devices with gpus = [...] (or emulate) "
-                          "in the cluster file", source=str(source))
+                          "in the cluster file", source=str(cluster_file or hostfile))
     cluster = _declared_nodes(cluster_file, hostfile, environ, nproc_per_node, srun is not None)
     if srun is None:
         return cluster
     return slurm.reach_by_srun(cluster, srun, environ, required=transport == "srun")
+
+
+def nproc_applies(cluster_file: str | Path | None, hostfile: str | Path | None, environ: Mapping[str, str]) -> bool:
+    """Whether ``nproc_per_node`` can size the nodes: those of the embedded local cluster or of a
+    Slurm allocation (a cluster file without nodes may give their settings), not a file's own."""
+    from_slurm = bool(allocation_nodelist(environ)) and hostfile is None
+    return hostfile is None and (cluster_file is None or from_slurm)
 
 
 def _declared_nodes(cluster_file: str | Path | None, hostfile: str | Path | None, environ: Mapping[str, str],
@@ -153,10 +158,10 @@ def _declared_nodes(cluster_file: str | Path | None, hostfile: str | Path | None
         if settings.nodes:
             if hostfile is not None:
                 raise settings.file.error(
-                    (), "declares nodes, so --hostfile cannot add more: use one or the other")
+                    (), "declares nodes, so a hostfile cannot add more: use one or the other")
             if nproc_per_node is not None:
                 raise settings.file.error(
-                    (), "declares nodes, so --nproc-per-node cannot size them: a declared node chooses "
+                    (), "declares nodes, so nproc_per_node cannot size them: a declared node chooses "
                         "its devices with gpus = [...] (or emulate)")
             return _finish(settings.nodes, settings.ssh, source=str(settings.file.path))
     if hostfile is not None:

@@ -12,9 +12,8 @@ from collections import Counter
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from ..schema.names import valid_host
 
-# Host names as ssh, DNS and Slurm accept them, plus IPv6 literals; no leading "-" (never an option).
-_HOST = re.compile(r"^[A-Za-z0-9_.:%][A-Za-z0-9_.:%-]*$")
 # Far beyond any real allocation; stops a typo like gpu[1-99999999] from eating memory.
 MAX_HOSTS = 100_000
 # Digits in one range bound: far more than any node number, far fewer than int() refuses.
@@ -28,10 +27,6 @@ class HostEntry:
     host: str
     slots: int | None
     line: int
-
-
-def valid_host(host: str) -> bool:
-    return bool(_HOST.match(host))
 
 
 def parse_hostfile(text: str, source: str) -> list[HostEntry]:

@@ -5,14 +5,14 @@ from ..errors import UsageError
 
 
 def parse_rank_list(text: str) -> frozenset[int]:
-    """``"0,2-3"`` -> {0, 2, 3}; a UsageError naming the flag for anything else."""
+    """``"0,2-3"`` -> {0, 2, 3}; a UsageError for anything else (cli.py names the flag)."""
     chosen: set[int] = set()
     for item in text.split(","):
         lo, sep, hi = item.strip().partition("-")
         if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise UsageError(f"--ranks {text!r}: expected numbers and ranges like 0,2-3")
+            raise UsageError(f"rank list {text!r}: expected numbers and ranges like 0,2-3")
         first, last = int(lo), int(hi) if sep else int(lo)
         if last < first:
-            raise UsageError(f"--ranks {text!r}: range {item} runs backwards")
+            raise UsageError(f"rank list {text!r}: range {item} runs backwards")
         chosen.update(range(first, last + 1))
     return frozenset(chosen)

@@ -48,7 +48,7 @@ def allocation(environ: Mapping[str, str], job_id: str | None = None) -> SrunSet
 def wanted(transport: str, environ: Mapping[str, str], job_id: str | None = None) -> SrunSettings | None:
     """The allocation ``transport`` asks for (None: SSH). ``srun`` outside an allocation is refused."""
     if transport not in TRANSPORTS:
-        raise UsageError(f"--transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
+        raise UsageError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
     if transport == "ssh":
         return None
     found = allocation(environ, job_id)

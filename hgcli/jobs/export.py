@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
-from . import records as jobs
+from ..state import records as jobs
 from ..errors import JobError, StateError
 from ..schema.stages import JobRecord
 
@@ -64,7 +64,7 @@ def read_metrics(record: JobRecord, ranks: Iterable[int] | None = None) -> list[
 def columns(rows: list[dict[str, Any]]) -> tuple[list[str], int]:
     """The CSV's columns and how many keys were left out. At most MAX_COLUMNS: the LEADING ones, then
     the others in the order they first appear (a rank that logs a new key per step would otherwise
-    turn a 118 KB file into a 9 MB CSV, built in memory)."""
+    turn a small metrics file into a CSV many times its size, built in memory)."""
     seen = dict.fromkeys(key for row in rows for key in row)   # insertion order: first appearance
     leading = [k for k in LEADING if k in seen]
     others = [k for k in seen if k not in LEADING][:max(0, MAX_COLUMNS - len(leading))]

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, cast
 
-from . import records as jobs
+from ..state import records as jobs
 from ..errors import UsageError
 from .nodes import AgentTail, JobNodes, job_nodes
 from ..schema.stages import JobRecord, NodeSpec

@@ -21,7 +21,7 @@ from typing import Any
 from .. import state
 from ..errors import JobError, UsageError
 from ..schema.stages import JobRecord
-from .series import Point, points_of
+from ..launch.series import Point, points_of
 
 INSTALL = "pip install 'hgtrain[report]'"
 FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf", ".html": "html"}

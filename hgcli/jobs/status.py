@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, cast
 
-from . import records as jobs
+from ..state import records as jobs
 from ..errors import HgError
 from .nodes import JobNodes, agent_control, error_message, job_nodes, record_nodes
 from ..schema.stages import JobRecord, JobState, RankState, to_dict

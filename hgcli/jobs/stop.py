@@ -16,7 +16,7 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
-from . import records as jobs
+from ..state import records as jobs
 from ..errors import NodesFailedError, RemoteError
 from .nodes import agent_control, error_message, job_nodes
 from ..schema.stages import Cluster, JobRecord, JobState, NodeSpec, RankState

@@ -3,7 +3,7 @@
 Readers hand each frame straight to the controller's inbox. The inbox is bounded by the bytes of
 rank output it holds (``INBOX_BYTES``): past that a reader stops reading until the controller has
 caught up, and the agent keeps the rest (it paces its sends to the connection; its node-local files
-hold everything). The controller never waits for the console (``events.Dispatcher``), so the inbox
+hold everything). The controller never waits for the console (``dispatch.Dispatcher``), so the inbox
 fills only while the controller itself is starved of CPU, and briefly.
 Protocol: docs/agent.md.
 """

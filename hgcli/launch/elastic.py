@@ -31,14 +31,14 @@ REPLAN_PAUSE_ENV = "HGTRAIN_TEST_REPLAN_PAUSE"   # tests: seconds to wait after 
 
 
 def parse_nnodes(text: str) -> tuple[int, int]:
-    """``--nnodes``: "MIN:MAX" or "N" (N:N), as torchrun spells it."""
+    """``nnodes`` (``--nnodes``): "MIN:MAX" or "N" (N:N), as torchrun spells it."""
     parts = text.split(":")
     try:
         numbers = [int(p) for p in parts]
     except ValueError:
         numbers = []
     if len(numbers) not in (1, 2):
-        raise UsageError(f"--nnodes: expected MIN:MAX or N (whole numbers), got {text!r}")
+        raise UsageError(f"nnodes: expected MIN:MAX or N (whole numbers), got {text!r}")
     return (numbers[0], numbers[-1])
 
 
@@ -52,7 +52,7 @@ def within_nnodes(request: "LaunchRequest", plan: Plan, on_stage: Callable[[str,
     low, high = request.nnodes
     nodes = plan_nodes(plan)
     if len(nodes) < low:
-        raise HgError(f"--nnodes {low}:{high}: only {len(nodes)} node(s) can run the job "
+        raise HgError(f"nnodes {low}:{high}: only {len(nodes)} node(s) can run the job "
                       f"({', '.join(nodes) or 'none'}); see 'hgtrain probe'")
     if len(nodes) <= high:
         return plan

@@ -22,17 +22,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
-from ..jobs import records as jobs
+from ..state import records as jobs
 from ..errors import EXIT_JOB, EXIT_TERMINATED, ConfigError, HgError, StateError, UsageError
 from .adapt import Regroup, RegroupWatch, snapshot_every, watched, watched_back
-from .events import (Dispatcher, Event, JobEnded, JobRestarted, JobStarted, Notice, Regrouped, Replanned,
+from .dispatch import Dispatcher
+from .events import (Event, JobEnded, JobRestarted, JobStarted, Notice, Regrouped, Replanned,
                      RootCause, Stage)
 from .loop import Interrupt, JobController, Outcome
 from .metrics import MetricsBoard, predictions
 from .record import JobBook
 from .mailbox import Mailbox
 from .spec import (
-    CheckpointPolicy, NodeLaunch, RunAttempt, agent_spec, env_flag, forwarded_env, read_env_file, unforwarded_names,
+    CheckpointPolicy, NodeLaunch, RunAttempt, agent_spec, check_env_name, env_flag, forwarded_env, read_env_file, unforwarded_names,
 )
 from ..schema.stages import Cluster, JobRecord, JobSpec, JobState, NodeSpec, Plan, RankRecord, Role, to_json
 from ..node.agent.spec import DEFAULT_JOBS_ROOT, AgentSpec
@@ -44,7 +45,6 @@ from .elastic import below_min, change_reason, choose_nodes, plan_nodes, ps_layo
 # PS checkpoints by default once a minute: cheap next to a minute of training, and bounds the work a
 # restart redoes; a count (--checkpoint-every) suits runs whose pace is known.
 DEFAULT_CHECKPOINT_S = 60.0
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RETRY_S = 2.0   # between two tries to prepare a node that failed on a restart
 
 
@@ -74,39 +74,35 @@ class LaunchRequest:
     nnodes: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
+        # The command line checks its flags first (cli.py, by their names); these name the fields.
         if not self.command:
-            raise UsageError("no command to launch: hgtrain launch [OPTIONS] -- COMMAND [ARGS]...")
+            raise UsageError("command: nothing to launch")
         if self.grace_s < 0:
-            raise UsageError("--grace must be >= 0")
+            raise UsageError(f"grace_s must be >= 0, got {self.grace_s}")
         if self.heartbeat_timeout_s < 1:
-            raise UsageError("--heartbeat-timeout must be at least 1 second")
+            raise UsageError(f"heartbeat_timeout_s must be at least 1 second, got {self.heartbeat_timeout_s}")
         if self.restarts < 0 or self.checkpoint_every < 0 or self.checkpoint_seconds < 0:
-            raise UsageError("--restarts, --checkpoint-every and --checkpoint-seconds must be >= 0")
+            raise UsageError("restarts, checkpoint_every and checkpoint_seconds must be >= 0")
         for name in self.secret_env:
-            if not _ENV_NAME.fullmatch(name):
-                raise UsageError(f"--secret-env: expected a variable name made of letters, digits and "
-                                 f"'_', got {name!r}")
+            check_env_name(name, "secret_env")
         if self.detach and self.cluster.srun is not None:
-            raise UsageError("--detach cannot be used with --transport srun: a job step ends with its "
-                             "agent, so the job would end when hgtrain returns; run hgtrain launch in an "
-                             "sbatch script instead (docs/slurm.md)")
+            raise UsageError("detach: a job of Slurm job steps (cluster.srun) ends with its agents, so it "
+                             "cannot be detached")
         if self.restarts and self.detach:
-            raise UsageError("--restarts needs hgtrain to stay attached: it cannot be used with --detach")
+            raise UsageError("restarts need the launch to stay attached: detach must be False")
         if self.nnodes is not None:
             low, high = self.nnodes
             if not 1 <= low <= high:
-                raise UsageError(f"--nnodes {low}:{high}: expected 1 <= MIN <= MAX")
+                raise UsageError(f"nnodes {low}:{high}: expected 1 <= MIN <= MAX")
             if low > len(self.cluster.nodes):
-                raise UsageError(f"--nnodes {low}:{high}: the cluster has {len(self.cluster.nodes)} node(s)")
+                raise UsageError(f"nnodes {low}:{high}: the cluster has {len(self.cluster.nodes)} node(s)")
             if self.elastic and self.plan_file is not None:
-                raise UsageError("--nnodes MIN:MAX re-plans on the nodes left after a loss, which a plan file "
-                                 "(--plan) cannot: leave --plan out, so hgtrain plans from its stored bench")
+                raise UsageError("nnodes MIN:MAX re-plans on the nodes left after a loss: plan_file must be None")
             if self.elastic and not self.restarts:
-                raise UsageError(f"--nnodes {low}:{high}: each re-plan after a lost node is a restart of the "
-                                 "job and counts against --restarts: give --restarts N (N >= 1)")
+                raise UsageError(f"nnodes {low}:{high}: each re-plan after a lost node is a restart: "
+                                 "restarts must be >= 1")
         if self.tensorboard is not None and self.detach:
-            raise UsageError("--tensorboard needs hgtrain to stay attached (a detached job's metrics reach "
-                             "no controller): it cannot be used with --detach")
+            raise UsageError("tensorboard needs the launch to stay attached: detach must be False")
 
     @property
     def elastic(self) -> bool:
@@ -275,7 +271,7 @@ def launch(request: LaunchRequest, on_event: Callable[[Event], None]) -> LaunchR
     job_id = jobs.new_job_id()
     live = None
     if request.tensorboard is not None:   # before anything starts: a missing package fails first
-        from ..jobs.tensorboard import LiveEvents
+        from .tensorboard import LiveEvents
 
         live = LiveEvents(request.tensorboard, job_id)
         on_event = live.wrap(on_event)

@@ -62,22 +62,18 @@ def last_lines(data: bytes, n: int) -> list[str]:
 
 
 def recorded_error(data: Any) -> tuple[str | None, tuple[str, ...]]:
-    """A failed rank's ``@record`` exception from its exit frame: the message as one printable line
-    (at most ``ERROR_CHARS``) and the call stack's last ``TAIL_LINES`` lines, each made printable:
-    the rank wrote them, and they go to a terminal."""
+    """A failed rank's ``@record`` exception from its exit frame: the message as one line (at most
+    ``ERROR_CHARS``) and the call stack's last ``TAIL_LINES`` lines, as the rank wrote them. What
+    reaches a terminal shows their control characters visibly there (``render/safe.py``), as every
+    other line of a rank; the job's record and ``--json`` keep them exact."""
     if not isinstance(data, dict) or not isinstance(data.get("message"), str):
         return None, ()
-    message = printable(" ".join(data["message"].split()))
+    message = " ".join(data["message"].split())
     if len(message) > ERROR_CHARS:
         message = message[:ERROR_CHARS - 3] + "..."
     stack = data.get("traceback")
     lines = stack.rstrip("\n").split("\n")[-TAIL_LINES:] if isinstance(stack, str) and stack.strip() else []
-    return message or None, tuple(printable(line) for line in lines)
-
-
-def printable(text: str) -> str:
-    """Control characters (escape sequences, carriage returns) as ``\\xNN``; tabs as spaces."""
-    return "".join(c if c.isprintable() else ("    " if c == "\t" else f"\\x{ord(c):02x}") for c in text)
+    return message or None, tuple(lines)
 
 
 def rank_exit_code(frame: Mapping[str, Any]) -> int | None:

@@ -23,7 +23,7 @@ WINDOW_S = 10.0   # the live rate is over the last WINDOW_S seconds
 LARGEST = float(2 ** 63)
 
 
-def _number(value: Any) -> float | None:
+def number(value: Any) -> float | None:
     """A record's number as a float: None for anything else, and for numbers that are not finite
     or beyond LARGEST (rank output is untrusted: Infinity, NaN and huge integers parse as JSON)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -36,14 +36,14 @@ def _number(value: Any) -> float | None:
 
 
 def clean_record(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """``data`` with every number that ``_number`` would refuse (in lists and nested objects too)
+    """``data`` with every number that ``number`` would refuse (in lists and nested objects too)
     replaced by None, and the keys where that happened: what is stored, shown and aggregated of a
     rank's record, so that --json stays JSON and no reader trips over it."""
     bad: list[str] = []
 
     def clean(value: Any, key: str) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if _number(value) is None:
+            if number(value) is None:
                 bad.append(key)
                 return None
             return value
@@ -110,36 +110,36 @@ class MetricsBoard:
         self.accuracy: float | None = None
 
     def add(self, rank: int, data: dict[str, Any]) -> None:
-        accuracy = _number(data.get("accuracy"))
+        accuracy = number(data.get("accuracy"))
         if accuracy is not None:
             self.accuracy = accuracy
-        rate = _number(data.get("compute_samples_per_s"))
+        rate = number(data.get("compute_samples_per_s"))
         if data.get("event") == "finish" and rate is not None and rate > 0 and rank in self._group:
             self._compute_rate[rank] = rate
-            done, steps = _number(data.get("samples")), _number(data.get("steps"))
+            done, steps = number(data.get("samples")), number(data.get("steps"))
             if done is not None and steps is not None and done > 0 and steps > 0:
                 self._mean_batch[rank] = done / steps
-            noise = _number(data.get("compute_noise"))
+            noise = number(data.get("compute_noise"))
             if noise is not None and noise >= 0:
                 self._noise[rank] = noise
         snap = data.get("step")
         if data.get("event") == "snapshot" and isinstance(snap, int) and snap > 0 and rank in self._group:
             self.snapshot_step = max(snap, self.snapshot_step or 0)
         if data.get("event") == "rates" and rate is not None and rate > 0 and rank in self._group:
-            done, steps = _number(data.get("samples")), _number(data.get("steps"))
-            noise = _number(data.get("compute_noise"))
+            done, steps = number(data.get("samples")), number(data.get("steps"))
+            noise = number(data.get("compute_noise"))
             if done is not None and steps is not None and done > 0 and steps > 0:
                 self._live[rank] = (rate, done / steps, noise if noise is not None and noise >= 0 else None)
-                last, last_noise = _number(data.get("recent_samples_per_s")), _number(data.get("recent_noise"))
+                last, last_noise = number(data.get("recent_samples_per_s")), number(data.get("recent_noise"))
                 if last is not None and last > 0:
                     self._live_recent[rank] = (last, done / steps, last_noise
                                                if last_noise is not None and last_noise >= 0 else None)
-        step, samples = _number(data.get("step")), _number(data.get("samples"))
+        step, samples = number(data.get("step")), number(data.get("samples"))
         if step is None or samples is None or "event" in data or rank not in self._group:
             return
-        at = _number(data.get("time")) or time.time()
+        at = number(data.get("time")) or time.time()
         self._step[rank] = int(step)
-        loss = _number(data.get("loss"))
+        loss = number(data.get("loss"))
         if loss is not None:
             self._loss[rank] = loss
         self._total[rank] += samples

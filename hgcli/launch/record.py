@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from ..jobs import records as jobs
+from ..state import records as jobs
 from ..errors import StateError
 from ..schema.stages import JobRecord, JobState, RankRecord, RankState
 

@@ -72,14 +72,21 @@ def forwarded_env(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def env_flag(text: str, environ: Mapping[str, str]) -> tuple[str, str | None]:
-    """One ``--env``: ``NAME=VALUE`` literally, or a bare ``NAME``: this machine's value of NAME, as
-    ``docker run -e NAME`` does (None when NAME is not set here: nothing is forwarded). A bare name
-    also keeps a secret's value off every command line."""
+    """One ``env`` entry (``--env``): ``NAME=VALUE`` literally, or a bare ``NAME``: this machine's value
+    of NAME, as ``docker run -e NAME`` does (None when NAME is not set here: nothing is forwarded). A
+    bare name also keeps a secret's value off every command line."""
     if "=" in text:
-        return parse_assignment(text, "--env")
+        return parse_assignment(text, "env")
     if not _NAME.fullmatch(text):
-        raise UsageError(f"--env: expected NAME=VALUE or NAME (letters, digits and '_'), got {text!r}")
+        raise UsageError(f"env: expected NAME=VALUE or NAME (letters, digits and '_'), got {text!r}")
     return text, environ.get(text)
+
+
+def check_env_name(name: str, where: str = "env") -> str:
+    """A variable's name (``secret_env``): letters, digits and '_', not starting with a digit."""
+    if not _NAME.fullmatch(name):
+        raise UsageError(f"{where}: expected a variable name made of letters, digits and '_', got {name!r}")
+    return name
 
 
 # Variables that change what a training script does, which a user may have exported here and expect

@@ -1,9 +1,9 @@
 """Where the console's backlog goes past its memory bound: an unlinked file on the controller's disk.
 
 A reader of ``launch``'s stdout (a pipe, ``--json``) gets every line, however slowly it reads. Held
-in memory, a flood into a slow reader grew the controller without bound (437 MB for a flood piped
-into a slow reader). Past ``Dispatcher.MAX_BACKLOG_BYTES`` the events the console has not shown yet
-(rank lines and metrics; a run of them at a time) are appended here instead, and the console
+in memory, a flood into a slow reader would grow the controller without bound. Past
+``Dispatcher.MAX_BACKLOG_BYTES`` the events the console has not shown yet (rank lines and metrics;
+a run of them at a time) are appended here instead, and the console
 catches up from the file, one record at a time, in order. The controller itself never waits: it
 keeps draining the agents at full speed, so heartbeats, exits and the job's own files are never held
 back by the reader (and the agents never stall on a full connection).

@@ -284,8 +284,8 @@ def parse_torch_version_py(text: str) -> tuple[str | None, str | None]:
 def installed() -> dict[str, tuple[str, str]]:
     """{"torch" | "numpy": (path of its install metadata, ``torch-<version>.dist-info`` or an egg's
     ``.egg-info``; the version in that name)}, the first on sys.path. Found by listing sys.path rather
-    than through importlib.metadata, whose import alone costs ~27 ms per node: most of a probe's own
-    time on a 16-node probe (benchmarks/probe_fanout.py)."""
+    than through importlib.metadata, whose import alone would be most of a probe's own time per node
+    (benchmarks/probe_fanout.py measures a probe's fan-out)."""
     found: dict[str, tuple[str, str]] = {}
     for entry in sys.path:
         try:
@@ -302,8 +302,8 @@ def installed() -> dict[str, tuple[str, str]]:
 def torch_build(metadata: tuple[str, str] | None) -> TorchBuild | None:
     """The version and CUDA that ``torch.__version__`` and ``torch.version.cuda`` will report, read from
     the package's version.py beside its metadata, because a build's metadata need not carry its local
-    label: an H200 image's torch said 2.11.0 in its dist-info and 2.11.0+cu130 in torch.__version__,
-    which is what bench records."""
+    label: a CUDA wheel's dist-info can say 2.11.0 where torch.__version__ says 2.11.0+cu130, which
+    is what bench records."""
     if metadata is None:
         return None
     path, named = metadata

@@ -25,10 +25,10 @@ MAX_ACCUMULATE = 64
 # A batch (a device's) or a push (a hybrid group's batch x accumulation) is sized at its "knee": the
 # smallest size whose samples/s is within this fraction of the best that size can reach.
 KNEE_TOLERANCE = 0.05
-# A push weighs samples / global batch on the PS (docs/runtime.md): a push of k global batches is one
+# A push weighs samples / global batch on the PS (docs/runtime-reference.md): a push of k global batches is one
 # step k times as large. Measured end to end (benchmarks/pipeline_e2e.py, benchmarks/RESULTS.md),
-# pushes of up to 8 global batches cost the hybrid runs 11-21 accuracy points against DDP, pushes of
-# one global batch 1.3, so a push stays one global batch until the PS's update rule accounts for size.
+# pushes of several global batches cost the hybrid runs far more accuracy against DDP than pushes of
+# one, so a push stays one global batch until the PS's update rule accounts for size.
 MAX_PUSH_GLOBAL_BATCHES = 1
 # Staleness bound = slack x the pushes other groups make during the slowest group's window.
 STALENESS_SLACK = 2.0
@@ -539,7 +539,7 @@ class _AsyncPredictor(_AllReducePredictor, _PSPlacement, _ExchangeCosts):
         windows = self._windows(groups, stats, accumulate, syncs, exchange, node_share, count)
         if self.job.staleness is not None:
             # A bound S lets a group push at most S - groups + 2 times per push of the slowest before
-            # it waits (docs/runtime.md). A hybrid group that would get further ahead pushes larger
+            # it waits (docs/runtime-reference.md). A hybrid group that would get further ahead pushes larger
             # instead (fewer pushes, same samples); what is still ahead at the cap waits.
             # With overlap every group has one more gradient in flight: groups more of the bound.
             ahead = max(1, max(self.job.staleness, len(groups) - 1) - len(groups) + 2
@@ -568,7 +568,7 @@ class _AsyncPredictor(_AllReducePredictor, _PSPlacement, _ExchangeCosts):
             staleness = max(1, math.ceil(STALENESS_SLACK * (total_pushes - slowest) / slowest))
             if self.overlap:         # each group's own push in flight, and one more round of the others'
                 staleness += len(groups)
-        # The runtime's waiting rule (docs/runtime.md) needs S >= groups - 1 (S >= groups with overlap):
+        # The runtime's waiting rule (docs/runtime-reference.md) needs S >= groups - 1 (S >= groups with overlap):
         # with a smaller bound every group could be waiting for another. A lower --staleness is raised.
         staleness = max(staleness, len(groups) if self.overlap else len(groups) - 1)
         return Option(strategy, groups, accumulate, ps_nodes, staleness, rate,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..userfile import write_user_file
+from ..state.userfile import write_user_file
 from ..errors import ConfigError
 from ..schema.stages import SCHEMA_VERSION, Cluster, Plan, from_dict, to_json
 from .check import PlanProblem, check_plan

@@ -27,8 +27,8 @@ import time
 from typing import Callable, TypeVar
 
 from ..errors import NodePythonError, NodesFailedError, StateError
-from ..schema.stages import (OR_ANOTHER_PYTHON, PLAN_NEEDS, Cluster, Inventory, JobSpec, Plan, Profiles,
-                             ScriptRates, module_problem)
+from ..node.remedy import OR_ANOTHER_PYTHON, module_problem
+from ..schema.stages import PLAN_NEEDS, Cluster, Inventory, JobSpec, Plan, Profiles, ScriptRates
 
 # Inventories older than this are probed again (seconds).
 INVENTORY_MAX_AGE_S = 3600.0

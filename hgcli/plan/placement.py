@@ -322,7 +322,7 @@ def _linear_fit(points: list[tuple[float, float]]) -> tuple[float, float]:
 def _robust_fit(points: list[tuple[float, float]]) -> tuple[float, float]:
     """y = a + c * x with a >= 0 and c > 0 by repeated medians (Siegel): c = the median over points
     of the median slope to the others, a = the median of y - c * x. Unlike least squares, one
-    batch size measured during a burst of load (its fastest repeat 2x the others' line) moves
+    batch size measured during a burst of load (its fastest repeat far above the others' line) moves
     neither; with fewer than three sizes it is the line through them."""
     xs = sorted({x for x, _ in points})
     if len(xs) < 2:
@@ -335,8 +335,9 @@ def _robust_fit(points: list[tuple[float, float]]) -> tuple[float, float]:
     # Equal pooled times give slopes of rounding noise (+-1e-22 s per sample): flat too.
     if not c * xs[-1] > 1e-9 * max(y for _, y in points):
         # Flat (after _monotone, equal times): the step is its fixed cost at every size measured, as
-        # a small model on a GPU is (an H200 ran the example's step in 1.5-1.7 ms from batch 32 to
-        # 2048). The per-sample slope is below what the bench resolves; the caller prices it.
+        # a small model on a GPU is (kernel launches and host work set its step, not the batch:
+        # benchmarks/RESULTS.md, "Bench"). The per-sample slope is below what the bench resolves;
+        # the caller prices it.
         return statistics.median([y for _, y in points]), 0.0
     a = statistics.median([y - c * x for x, y in points])
     if a < 0:

@@ -20,7 +20,7 @@ import paramiko
 
 from ..errors import ConfigError
 from ..schema.stages import NodeSpec
-from ..config.nodelists import valid_host
+from ..schema.names import valid_host
 
 # OpenSSH has no hop limit; a chain longer than this is a loop or a mistake, refused with a message.
 MAX_HOPS = 8

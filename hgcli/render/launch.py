@@ -8,7 +8,8 @@ Three sinks for the same events (``launch_events``):
   formatting);
 - ``RichSink`` (a terminal, ``render/launch_live.py``): lines coloured per rank and, below them, the
   live view (per group step, loss, samples/s; the cluster total against the plan's prediction).
-  Only a terminal imports rich: scripts and pipes do not pay its start-up.
+  Only a terminal imports rich: scripts and pipes do not pay its start-up. ``cli.py`` picks the
+  sink; ``launch_live`` builds on this module's lines, never the other way round.
 ``--ranks`` filters which ranks' lines and metrics are shown; every line is in the job's files anyway.
 On a terminal, control characters in what came from ranks and nodes are shown visibly (``^[``:
 render/safe.py); ``--raw`` opts out (and uses the plain sink: exact bytes, no live view).
@@ -34,7 +35,7 @@ COLOURS = ("cyan", "green", "yellow", "magenta", "blue", "bright_red", "bright_c
            "bright_yellow", "bright_magenta", "bright_blue", "red")
 
 
-def _shown(event: Event, ranks: frozenset[int] | None) -> bool:
+def is_shown(event: Event, ranks: frozenset[int] | None) -> bool:
     return ranks is None or not isinstance(event, (LogLines, Metric)) or event.rank in ranks
 
 
@@ -42,11 +43,11 @@ def tag(node: str, rank: int, role: str) -> str:
     return f"{node}:{rank}" + ("" if role == "worker" else f" {role}")
 
 
-def _rate(x: float | None) -> str:
+def rate_text(x: float | None) -> str:
     return "-" if x is None else f"{x:,.0f}"
 
 
-def _ratio(x: float | None, of: float | None) -> str:
+def ratio_text(x: float | None, of: float | None) -> str:
     return "" if x is None or not of else f" ({x / of:.0%})"
 
 
@@ -87,10 +88,10 @@ def summary_lines(s: Summary) -> list[str]:
         return []   # a script that logs no training metrics: nothing to sum up
     lines = [f"trained {s.samples:,} samples; the job ran {s.elapsed_s:.1f} s from its launch (start-up included)"]
     if s.samples_per_s is not None:
-        lines.append(f"throughput {_rate(s.samples_per_s)} samples/s · plan predicted "
-                     f"{_rate(s.predicted_samples_per_s)}{_ratio(s.samples_per_s, s.predicted_samples_per_s)} · "
-                     f"ideal (each device's own speed, summed) {_rate(s.ideal_samples_per_s)}"
-                     f"{_ratio(s.samples_per_s, s.ideal_samples_per_s)}")
+        lines.append(f"throughput {rate_text(s.samples_per_s)} samples/s · plan predicted "
+                     f"{rate_text(s.predicted_samples_per_s)}{ratio_text(s.samples_per_s, s.predicted_samples_per_s)} · "
+                     f"ideal (each device's own speed, summed) {rate_text(s.ideal_samples_per_s)}"
+                     f"{ratio_text(s.samples_per_s, s.ideal_samples_per_s)}")
         if len(s.groups) > 1:
             lines.append(group_line(s))
         source = prediction_source_line(s)
@@ -111,8 +112,8 @@ def group_line(s: Summary) -> str:
     parts = []
     for g, rate in s.groups.items():
         predicted = s.group_predicted.get(g)
-        parts.append(f"group {g} {_rate(rate)}/s" + ("" if predicted is None else
-                     f" of {_rate(predicted)} predicted{_ratio(rate, predicted)}"))
+        parts.append(f"group {g} {rate_text(rate)}/s" + ("" if predicted is None else
+                     f" of {rate_text(predicted)} predicted{ratio_text(rate, predicted)}"))
     how = " (predicted: the plan's total split by each group's samples per step)" if s.group_predicted_derived else ""
     return "per group: " + ", ".join(parts) + how
 
@@ -135,8 +136,8 @@ def device_line(s: Summary) -> str:
     parts = []
     for rank, rate in s.device_measured.items():
         benched = s.device_benched.get(rank)
-        parts.append(f"rank {rank} {_rate(rate)}" + ("" if benched is None else
-                     f" of {_rate(benched)}{_ratio(rate, benched)}"))
+        parts.append(f"rank {rank} {rate_text(rate)}" + ("" if benched is None else
+                     f" of {rate_text(benched)}{ratio_text(rate, benched)}"))
     against = "the plan's (fitted)" if s.fitted_to else "the bench"
     return f"per device, samples/s of compute (waits left out) against {against}: " + ", ".join(parts)
 
@@ -151,7 +152,7 @@ def strategy_line(s: Summary) -> str | None:
         if not allreduce or mine is None:
             return f"strategy {s.strategy}"
         return (f"strategy {s.strategy}: predicted {mine / allreduce - 1:+.0%} against allreduce "
-                f"({_rate(mine)} vs {_rate(allreduce)} samples/s)")
+                f"({rate_text(mine)} vs {rate_text(allreduce)} samples/s)")
     others = [f"{k} {v / allreduce - 1:+.0%}" for k, v in s.predictions.items()
               if k not in ("allreduce", "ideal") and allreduce]
     return "strategy allreduce" + (f" (the others predicted against it: {', '.join(others)})" if others else "")
@@ -214,7 +215,7 @@ class JsonSink:
         self.out = out or sys.stdout
 
     def __call__(self, event: Event) -> None:
-        if isinstance(event, Progress) or not _shown(event, self.ranks):
+        if isinstance(event, Progress) or not is_shown(event, self.ranks):
             return
         if isinstance(event, LogLines):
             self.out.write(event.json_lines())
@@ -237,7 +238,7 @@ class PlainSink:
         self.err_visible = not raw and self.err.isatty()
 
     def __call__(self, event: Event) -> None:
-        if not _shown(event, self.ranks):
+        if not is_shown(event, self.ranks):
             return
         if isinstance(event, LogLines):
             if event.stream == "err" and self.err_visible:
@@ -285,14 +286,3 @@ def write_tagged(stream: TextIO, event: LogLines) -> None:
         raw.write(tagged)
         raw.write(b"\n")
     raw.flush()
-
-
-def make_sink(*, as_json: bool, ranks: frozenset[int] | None, raw: bool = False) -> Callable[[Event], None]:
-    if as_json:
-        return JsonSink(ranks)
-    if sys.stdout.isatty() and not raw:
-        from .launch_live import RichSink
-
-        # stderr redirected away from the terminal (2> file) gets the ranks' stderr lines, plain
-        return RichSink(ranks, err=None if sys.stderr.isatty() else sys.stderr)
-    return PlainSink(ranks, raw=raw)

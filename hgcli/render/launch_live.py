@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..launch.events import BoardView, Event, JobEnded, JobRestarted, LogLines, Progress, RankExited, Stopping
-from .launch import COLOURS, _rate, _ratio, _shown, ending_lines, status_line, tag, write_tagged
+from .launch import COLOURS, ending_lines, is_shown, rate_text, ratio_text, status_line, tag, write_tagged
 from .safe import visible
 
 
@@ -30,7 +30,7 @@ class RichSink:
         }
 
     def __call__(self, event: Event) -> None:
-        if not _shown(event, self.ranks):
+        if not is_shown(event, self.ranks):
             return
         handler = self.handlers.get(type(event))
         if handler is not None:
@@ -77,10 +77,10 @@ def board_table(view: BoardView) -> Group:
         table.add_column(column, justify="right" if column != "ranks" else "left")
     for g in view.groups:
         table.add_row(g.group, ",".join(map(str, g.ranks)), "-" if g.step is None else str(g.step),
-                      "-" if g.loss is None else f"{g.loss:.4f}", _rate(g.samples_per_s))
-    total = (f"cluster {_rate(view.samples_per_s)} samples/s · plan predicted "
-             f"{_rate(view.predicted_samples_per_s)}{_ratio(view.samples_per_s, view.predicted_samples_per_s)}"
-             f" · ideal {_rate(view.ideal_samples_per_s)}")
+                      "-" if g.loss is None else f"{g.loss:.4f}", rate_text(g.samples_per_s))
+    total = (f"cluster {rate_text(view.samples_per_s)} samples/s · plan predicted "
+             f"{rate_text(view.predicted_samples_per_s)}{ratio_text(view.samples_per_s, view.predicted_samples_per_s)}"
+             f" · ideal {rate_text(view.ideal_samples_per_s)}")
     if view.accuracy is not None:
         total += f" · accuracy {view.accuracy:.4f}"
     return Group(table, Text(total, style="bold"))

@@ -12,15 +12,15 @@ stretched (links are real).
 What is stretched is not the step's own CPU time but ``StableSpeed``'s estimate of it: the lower
 quartile of the last few steps of the same batch size. The emulated device is one of stable speed,
 as a GPU is; the shared CPU's jitter (an interrupt, another process, cold caches) is the host's, and
-stretching each step's raw CPU time multiplied it by 1/speed (10-50x in the accuracy benchmark), so
-a synchronous group waited for a straggler that no real device of that speed would be. The lower
+stretching each step's raw CPU time multiplies it by 1/speed, so a synchronous group would wait
+for a straggler that no real device of that speed would be. The lower
 quartile rather than the median: delays only ever add to a step's CPU time (other jobs sharing the
 caches and cores), so the faster steps are the ones closer to the device's own speed.
 
 Ranks of one all-reduce group on one node pool their estimates (``share``, fed by the group's
 all-reduce in engine.py): identical devices run at one speed, but each process's own estimate of
-the same step can differ by ~10% on a small shared CPU (which core, whose caches), x10 at speed 0.1,
-so every synchronous step waited ~3 ms for the process that happened to be slowest: an artifact
+the same step can differ on a small shared CPU (which core, whose caches), x 1/speed once stretched,
+so every synchronous step would wait for the process that happened to be slowest: an artifact
 of emulating on one shared CPU that no group of real GPUs of one model would show.
 """
 from __future__ import annotations

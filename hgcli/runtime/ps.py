@@ -4,7 +4,7 @@ Each PS rank holds one shard of the parameters, a contiguous range of the model'
 vector (shards.py), and the optimizer state for it. Group leaders send it control messages over torch
 RPC and the bulk data (gradients in, parameters out) over a process group of the pair (ps_io.py,
 transfer.py): ``push`` applies a group's gradient at once and answers with fresh parameters when the
-staleness rule allows (see docs/runtime.md):
+staleness rule allows (see docs/runtime-reference.md):
 
 * staleness of a push = shard version now - version the group last received; the pushed gradient
   is scaled by samples / global_batch / max(1, delay) before the optimizer step, where delay =
@@ -41,7 +41,7 @@ parameters themselves (under the bf16 wire narrowed on the way, through two smal
 rebuilt per answer: a step waits until the answers and snapshots reading them are done (``readers``). Shard 0 also
 keeps the model's floating-point buffers (BatchNorm statistics), which its answers return: a push
 moves them by the change the group's own steps made to the buffers it was last answered, weighted
-by the group's share of the global batch per step (docs/runtime.md).
+by the group's share of the global batch per step (docs/runtime-reference.md).
 """
 from __future__ import annotations
 

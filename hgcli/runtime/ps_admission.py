@@ -2,7 +2,7 @@
 who waits, whether answering a waiting group could break the bound, and when each group was last
 heard from (a silent one fails the job).
 
-The rules are ps.py's (and docs/runtime.md's): without overlap a group is answered when every group
+The rules are ps.py's (and docs/runtime-reference.md's): without overlap a group is answered when every group
 still computing stays within the bound; with overlap (``may_answer_overlapped``) every pending
 gradient is counted. Only shard 0, the coordinator, holds answers back; every shard keeps the
 versions, since the damping of a push reads them. The caller holds the shard's lock.
@@ -23,7 +23,7 @@ class Admission:
         if len(group_ids) > 1 and bound < len(group_ids) - 1:
             raise TrainingError(f"plan staleness_bound {bound} is below groups - 1 = "
                                 f"{len(group_ids) - 1}: no schedule of the groups could respect it")
-        # Overlap (docs/runtime.md): a group's next gradient is computed while its push is in flight,
+        # Overlap (docs/runtime-reference.md): a group's next gradient is computed while its push is in flight,
         # so its own push always counts once in its staleness; the rule then needs S >= groups.
         if overlap and bound < len(group_ids):
             raise TrainingError(f"plan staleness_bound {bound} is below groups = {len(group_ids)}: "
@@ -98,8 +98,8 @@ class Admission:
         gradient is one answer older: the versions between that answer and the newest (the group's
         own previous push, and what landed before it was answered) are a fixed one-step pipeline
         delay, present on every push whatever the other groups do (as in delayed SGD), not
-        asynchrony between the groups. Damping them too divided every push by about three in the
-        benchmark of docs/runtime.md, so the same samples made a third of the progress. Only what
+        asynchrony between the groups. Damping them too divided every push by the pipeline's
+        depth as well, so the same samples made far less progress (benchmarks/hybrid_links.py). Only what
         came after the newest answer counts, the same count as without overlap; the bound still
         counts the full staleness from the older base."""
         return version - self.released.get(group, self.base[group])
@@ -119,7 +119,7 @@ class Admission:
                    for h in self.computing if h != group)
 
     def _may_answer_overlapped(self, group: int, version: int) -> bool:
-        """The overlap rule (docs/runtime.md): with ``group`` answered, every pending gradient, and
+        """The overlap rule (docs/runtime-reference.md): with ``group`` answered, every pending gradient, and
         the next gradient of every free group, must be pushed within the bound even if everything
         that may come before it does. A group is *free* once answered (it may push once without
         asking), else *held* (its next push needs an answer); once answered a first time it always

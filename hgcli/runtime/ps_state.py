@@ -103,7 +103,7 @@ class ShardState:
         Not an average of the groups' pushed buffers: those are mostly the shared buffers they were
         answered (a group's steps move running statistics by the momentum only), so an average
         keeps echoing whichever group pushes least often, or finished long ago, with the weight of
-        one of its pushes, and the statistics lag behind the parameters (docs/runtime.md has the
+        one of its pushes, and the statistics lag behind the parameters (benchmarks/RESULTS.md has the
         measurement)."""
         if self.buffers is None:
             self.buffers = buffers          # a seed without buffers: nothing to move from

@@ -1,4 +1,5 @@
-"""The one pattern for node names and job ids, checked by the controller and by the node agent.
+"""The one pattern for node names and job ids, checked by the controller and by the node agent; and
+the host names the controller accepts (cluster files, hostfiles, Slurm lists, ssh_config).
 
 Both become directory names on a node (``<jobs root>/<job id>/<node>``) and arguments of the agent:
 letters, digits, '.', '_', '-', not starting with '.' or '-' (never a path, a hidden file or an option).
@@ -22,3 +23,11 @@ def check_name(kind: str, value: str) -> str:
     if not valid_name(value):
         raise ValueError(f"{kind} {value!r} is not a valid name ({RULE})")
     return value
+
+
+# Host names as ssh, DNS and Slurm accept them, plus IPv6 literals; no leading "-" (never an option).
+HOST = re.compile(r"^[A-Za-z0-9_.:%][A-Za-z0-9_.:%-]*$")
+
+
+def valid_host(host: str) -> bool:
+    return bool(HOST.match(host))

@@ -158,23 +158,6 @@ class GpuInfo:
 # ``plan`` and ``launch``). With parameter-server ranks every rank starts torch.distributed.rpc, whose
 # TensorPipe set-up converts tensors with numpy (``dist.all_gather_object``).
 PLAN_NEEDS = {"allreduce": ("torch", "gloo"), "hybrid/ps": ("torch", "gloo", "rpc", "numpy")}
-# What to do about a missing module ({py}: the node's Python, {node}: its name): said by the planner
-# from the probe and by a node program that finds the module missing itself.
-MODULE_REMEDY = {
-    "torch": "lacks torch: run '{py} -m pip install torch' on {node}",
-    "gloo": "has a torch without torch.distributed's gloo backend: install a torch build with it",
-    "rpc": "has a torch without torch.distributed.rpc (TensorPipe), which parameter-server ranks use: "
-           "install a torch build with it",
-    "numpy": "lacks numpy, which torch.distributed.rpc needs for the parameter-server ranks: run "
-             "'{py} -m pip install numpy' on {node}",
-}
-OR_ANOTHER_PYTHON = "; or set the node's python in the cluster file to one that has it"
-
-
-def module_problem(module: str, python: str, node: str, why: str | None = None) -> str:
-    """"its Python P lacks M: run ... on N (why)": what the node's Python lacks and what to do."""
-    return (f"its Python {python} " + MODULE_REMEDY[module].format(py=python, node=node)
-            + (f" ({why})" if why else ""))
 
 
 @dataclass(frozen=True)
@@ -381,7 +364,7 @@ class JobSpec:
     ps_ranks: int | None = None       # number of parameter-server ranks; None = chosen by the cost model
     staleness: int | None = None      # staleness bound; None = the planner's rule (docs/planning.md)
     model: ModelSpec | None = None    # overrides Profiles.model (size of the parameters to exchange)
-    # Hybrid communication (docs/runtime.md, "Overlap" and "Wire format"); None = the planner's default.
+    # Hybrid communication (docs/runtime-reference.md, "Overlap" and "Wire format"); None = the planner's default.
     overlap: bool | None = None       # a leader's PS exchange runs while its group computes the next step
     wire: str = "fp32"                # number format of pushes and pulls on the wire: fp32 or bf16
 
@@ -430,7 +413,7 @@ class Plan:
     # than the strategy's figure in predicted_samples_per_s. Optional and additive: plans that do not carry it (older files, a planner that does not fill
     # it) get a figure derived from the total in the launch summary (hgcli/launch/metrics.py).
     predicted_group_samples_per_s: dict[str, float] = field(default_factory=dict)
-    # Hybrid communication, read by the runtime (docs/runtime.md). Additive: older plans have neither
+    # Hybrid communication, read by the runtime (docs/runtime-reference.md). Additive: older plans have neither
     # and run as before (no overlap, fp32 on the wire).
     overlap: bool = False          # a leader's PS exchange overlaps its group's next step
     wire: str = "fp32"             # "fp32" or "bf16": format of pushes and pulls (the PS keeps fp32)

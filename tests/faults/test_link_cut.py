@@ -20,7 +20,7 @@ import time
 import pytest
 
 from hgcli.schema.stages import Cluster
-from hgcli.jobs.records import attempt_job_id
+from hgcli.state.records import attempt_job_id
 from tests.agent.harness import job_pids, wait_until
 from tests.conftest import require_sshd
 from tests.launch.hg import cluster_toml

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from hgcli.jobs.records import attempt_job_id
+from hgcli.state.records import attempt_job_id
 from hgcli.schema.stages import Cluster
 from tests.agent.harness import rank_pids, job_pids
 from tests.launch.hg import WAIT_S, cluster_toml

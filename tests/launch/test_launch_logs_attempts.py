@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from hgcli.jobs.records import attempt_job_id
+from hgcli.state.records import attempt_job_id
 from tests.agent.harness import job_pids
 from tests.launch.hg import WAIT_S, cluster_toml
 from tests.launch.plans import local_cluster, make_plan, plan_file

@@ -87,7 +87,7 @@ def _gated(may_skip: bool):
     """A Dispatcher whose console takes nothing until the gate opens; (dispatcher, gate, seen)."""
     import threading
 
-    from hgcli.launch.events import Dispatcher
+    from hgcli.launch.dispatch import Dispatcher
 
     gate = threading.Event()
     seen = []

@@ -35,18 +35,40 @@ def test_forwarded_allowlist_and_precedence(tmp_path):
                         env_file=tmp_path / "f.env")
     assert user_env(req, environ) == {"NCCL_DEBUG": "WARN", "HGTRAIN_X": "1", "PYTHONPATH": "/p",
                                       "A": "flag", "B": "x=y"}
-    with pytest.raises(UsageError, match="--env"):
+    with pytest.raises(UsageError, match="env: expected"):
         user_env(LaunchRequest(cluster=local_cluster(), command=("x",), env=("NOT A NAME",)), {})
 
 
 def test_request_validation():
-    with pytest.raises(UsageError, match="no command"):
+    with pytest.raises(UsageError, match="nothing to launch"):
         LaunchRequest(cluster=local_cluster(), command=())
     assert LaunchRequest(cluster=local_cluster(), command=("x",), heartbeat_timeout_s=8).heartbeat_interval_s == 2
-    with pytest.raises(UsageError, match="--detach"):
+    with pytest.raises(UsageError, match="detach must be False"):
         LaunchRequest(cluster=local_cluster(), command=("x",), restarts=1, detach=True)
     with pytest.raises(UsageError, match=">= 0"):
         LaunchRequest(cluster=local_cluster(), command=("x",), checkpoint_every=-1)
+
+
+def test_the_command_line_names_its_flags_and_the_request_its_fields(capsys):
+    """cli.py checks launch's flags before anything is loaded or contacted (click's usage error, exit 2,
+    the flag named); the request refuses the same values by the names of its fields."""
+    from hgcli.cli import main
+
+    for argv, words in ((["--restarts", "1", "--detach"], "--restarts needs hgtrain to stay attached"),
+                        (["--tensorboard", "tb", "--detach"], "--tensorboard needs hgtrain to stay attached"),
+                        (["--nnodes", "2:1"], "Invalid value for '--nnodes'"),
+                        (["--nnodes", "x"], "Invalid value for '--nnodes'"),
+                        (["--ranks", "3-1"], "Invalid value for '--ranks'"),
+                        (["--env", "NOT A NAME"], "Invalid value for '--env'"),
+                        (["--secret-env", "DB-URL"], "Invalid value for '--secret-env'"),
+                        (["--grace", "-1"], "Invalid value for '--grace'"),
+                        ([], "no command to launch")):
+        assert main(["launch", *argv, "--", "true"] if argv else ["launch"]) == 2, argv
+        assert words in capsys.readouterr().err, argv
+    with pytest.raises(UsageError, match="grace_s must be >= 0"):
+        LaunchRequest(cluster=local_cluster(), command=("x",), grace_s=-1)
+    with pytest.raises(UsageError, match="heartbeat_timeout_s must be at least 1"):
+        LaunchRequest(cluster=local_cluster(), command=("x",), heartbeat_timeout_s=0.5)
 
 
 def test_ps_ranks_get_the_checkpoint_policy_and_resume_only_when_told():
@@ -67,7 +89,7 @@ def test_ps_ranks_get_the_checkpoint_policy_and_resume_only_when_told():
 def test_parse_rank_list():
     assert parse_rank_list("0,2-3") == {0, 2, 3}
     for bad in ("a", "3-1", "1-", "-1", ""):
-        with pytest.raises(UsageError, match="--ranks"):
+        with pytest.raises(UsageError, match="rank list"):
             parse_rank_list(bad)
 
 
@@ -117,7 +139,7 @@ def test_each_node_listens_on_its_cluster_address_and_every_rank_gets_the_job_to
     assert (env["HGTRAIN_BIND_ADDR"], env["HGTRAIN_JOB_TOKEN"]) == ("10.0.0.7", "t" * 32)
     assert redact_env(env, spec.secret)["HGTRAIN_JOB_TOKEN"] == REDACTED     # what agent.json keeps
     assert spec.secret == ("DSN",) and redact_env(spec.env, spec.secret)["DSN"] == REDACTED
-    with pytest.raises(UsageError, match="--secret-env: expected a variable name"):
+    with pytest.raises(UsageError, match="secret_env: expected a variable name"):
         LaunchRequest(cluster=alone, command=("x",), secret_env=("DB-URL",))
 
 
@@ -241,8 +263,8 @@ def test_a_plain_launch_imports_neither_rich_nor_invoke_and_match_exec_still_wor
     code = ("import sys\n"
             "from hgcli.cli import cli\n"
             "import hgcli.launch.launcher, hgcli.remote.ssh, hgcli.launch.agentlink\n"
-            "from hgcli.render.launch import make_sink\n"
-            "make_sink(as_json=False, ranks=None)\n"
+            "from hgcli.cli import launch_sink\n"
+            "launch_sink(as_json=False, ranks=None)\n"
             "loaded = [m for m in ('rich', 'invoke.collection', 'asyncio') if m in sys.modules]\n"
             "assert not loaded, loaded\n"
             "import paramiko\n"

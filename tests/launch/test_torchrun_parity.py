@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from hgcli.config.cluster import default_cluster
-from hgcli.launch.events import LogLines, RootCause
+from hgcli.launch.events import JobEnded, LogLines, RootCause
 from hgcli.launch.launcher import LaunchRequest, forwarding_note, user_env
 from hgcli.launch.loop import recorded_error
 from hgcli.node.agent.ranks import Rank, error_file
@@ -83,18 +83,24 @@ def test_rank_stderr_goes_to_stderr_with_its_tag_and_stdout_to_stdout():
     assert err.getvalue() == "n1:1 ps | Traceback\nn1:1 ps | ValueError: x\n"
 
 
-def test_recorded_error_is_one_printable_line_and_its_stack_shows_when_stderr_lacks_it():
+def test_recorded_error_is_one_line_shown_visibly_and_its_stack_shows_when_stderr_lacks_it():
     message, stack = recorded_error({"message": "ValueError: bad\x1b[31m\nbatch", "traceback":
-                                     "Traceback (most recent call last):\n  File \"t.py\"\nValueError: bad\n"})
-    assert message == "ValueError: bad\\x1b[31m batch"
-    assert stack == ("Traceback (most recent call last):", '  File "t.py"', "ValueError: bad")
+                                     "Traceback (most recent call last):\n  File \"t.py\"\nValueError: bad\x07\n"})
+    assert message == "ValueError: bad\x1b[31m batch"     # one line, as the rank wrote it
+    assert stack == ("Traceback (most recent call last):", '  File "t.py"', "ValueError: bad\x07")
     assert recorded_error(None) == (None, ()) and recorded_error({"message": 3}) == (None, ())
     cause = RootCause(node="n", rank=1, exit_code=1, signal=None, reason="exited with code 1", oom=None,
                       last_lines=("step 3",), error=message, traceback=stack)
     lines = root_cause_lines(cause)
-    assert lines[0] == "root cause: n:1 exited with code 1: ValueError: bad\\x1b[31m batch"
-    assert lines[-1] == "    ValueError: bad" and "@record" in lines[-4]
-    shown = RootCause(**{**cause.__dict__, "last_lines": ("ValueError: bad\\x1b[31m batch",)})
+    assert lines[0] == "root cause: n:1 exited with code 1: ValueError: bad\x1b[31m batch"
+    assert lines[-1] == "    ValueError: bad\x07" and "@record" in lines[-4]
+    # A terminal sees no control character of it: the one sanitiser (render/safe.py) shows them.
+    err = io.StringIO()
+    err.isatty = lambda: True   # type: ignore[method-assign]
+    PlainSink(None, io.StringIO(), err)(JobEnded(job_id="j", state="failed", exit_code=1, root_cause=cause,
+                                                 summary=None, job_dir="/j"))
+    assert "bad^[[31m batch" in err.getvalue() and "bad^G" in err.getvalue() and "\x1b" not in err.getvalue()
+    shown = RootCause(**{**cause.__dict__, "last_lines": ("ValueError: bad\x1b[31m batch",)})
     assert not any("@record" in line for line in root_cause_lines(shown))   # stderr already shows it
 
 

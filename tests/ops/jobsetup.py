@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from hgcli.jobs import records as jobs
+from hgcli.state import records as jobs
 from hgcli.schema.stages import (GroupPlan, JobRecord, JobState, NodeSpec, Plan, RankPlan, RankRecord, RankState, Role,
                          Strategy, to_dict)
 from hgcli.node import frames

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from hgcli.jobs import records as jobs
+from hgcli.state import records as jobs
 from hgcli.cli import main
 from hgcli.config.cluster import load_cluster
 from hgcli.schema.stages import JobState, RankState

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from hgcli.jobs import records as jobs
+from hgcli.state import records as jobs
 from hgcli.cli import main
 from hgcli.config.cluster import load_cluster
 from hgcli.schema.stages import JobState, RankState

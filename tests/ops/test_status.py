@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from hgcli.jobs import records as jobs
+from hgcli.state import records as jobs
 from hgcli.cli import main
 from hgcli.config.cluster import default_cluster, load_cluster
 from hgcli.schema.stages import JobState, RankState

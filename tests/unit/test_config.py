@@ -498,7 +498,7 @@ def test_node_source_choice(tmp_path):
     assert from_hosts.ssh.connect_timeout == 3.0
     from_slurm = load_node_source(settings, environ=slurm)
     assert [(n.host, n.user) for n in from_slurm.nodes] == [("s1", "u"), ("s2", "u")]
-    with pytest.raises(ConfigError, match="declares nodes, so --hostfile"):
+    with pytest.raises(ConfigError, match="declares nodes, so a hostfile cannot add more"):
         load_node_source(full, hostfile=hosts, environ={})
     with pytest.raises(ConfigError, match="settings.toml: no nodes declared"):
         load_node_source(settings, environ={})
@@ -529,9 +529,9 @@ def test_nproc_per_node_sizes_the_embedded_cluster_and_slurm_nodes_only(monkeypa
     full = write(tmp_path / "full.toml", '[[nodes]]\nhost = "f1"\n')
     hosts = write(tmp_path / "hosts", "h1\n")
     for kwargs in ({"cluster_file": full}, {"hostfile": hosts}):
-        with pytest.raises(ConfigError, match="--nproc-per-node sizes the embedded local cluster and a Slurm"):
+        with pytest.raises(ConfigError, match="nproc_per_node sizes the embedded local cluster and a Slurm"):
             load_node_source(**{"environ": {}, **kwargs}, nproc_per_node=2)
-    with pytest.raises(ConfigError, match="declares nodes, so --nproc-per-node cannot size them"):
+    with pytest.raises(ConfigError, match="declares nodes, so nproc_per_node cannot size them"):
         load_node_source(full, environ={"SLURM_JOB_NODELIST": "s1"}, nproc_per_node=2)
     # Every node of a Slurm allocation gets N devices (GPUs here: nvidia-smi is on PATH), unless
     # [defaults] declares them.

@@ -37,7 +37,7 @@ def request(**kw) -> LaunchRequest:
 def test_nnodes_takes_torchruns_spelling():
     assert parse_nnodes("2:3") == (2, 3) and parse_nnodes("3") == (3, 3)
     for bad in ("two", "1:2:3", "", "2:"):
-        with pytest.raises(UsageError, match="--nnodes"):
+        with pytest.raises(UsageError, match="nnodes: expected MIN:MAX"):
             parse_nnodes(bad)
 
 
@@ -46,8 +46,8 @@ def test_nnodes_is_checked_before_anything_starts():
     assert request(nnodes=(2, 3), restarts=1).elastic
     assert request(nnodes=(2, 2), restarts=1).elastic          # two of three nodes: the third is a spare
     for kw, words in (({"nnodes": (3, 2)}, "MIN <= MAX"), ({"nnodes": (0, 2)}, "MIN <= MAX"),
-                      ({"nnodes": (4, 5)}, "has 3 node"), ({"nnodes": (2, 3)}, "--restarts N"),
-                      ({"nnodes": (2, 3), "restarts": 1, "plan_file": "plan.json"}, "leave --plan out")):
+                      ({"nnodes": (4, 5)}, "has 3 node"), ({"nnodes": (2, 3)}, "restarts must be >= 1"),
+                      ({"nnodes": (2, 3), "restarts": 1, "plan_file": "plan.json"}, "plan_file must be None")):
         with pytest.raises(UsageError, match=words):
             request(**kw)
 

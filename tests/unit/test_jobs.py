@@ -4,7 +4,7 @@ import stat
 
 import pytest
 
-from hgcli.jobs import records as jobs
+from hgcli.state import records as jobs
 from hgcli.cli import main
 from hgcli.errors import EXIT_USAGE, JobError, StateError, UsageError
 from hgcli.schema.stages import GroupPlan, JobRecord, JobState, Plan, RankPlan, Role, Strategy

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from hgcli.jobs import records as jobs
+from hgcli.state import records as jobs
 from hgcli.jobs.export import to_csv
 from hgcli.cli import main
 from hgcli.launch.record import JobBook

@@ -122,7 +122,7 @@ def test_report_draws_dollar_signs_in_job_data_as_text(job, tmp_path, capsys):
     """A command or an event named with $...$ is not matplotlib math: `$x_$` failed to parse (exit 1)."""
     import json
 
-    from hgcli.jobs import records as jobs
+    from hgcli.state import records as jobs
     from matplotlib.image import imread
 
     with open(jobs.job_dir(JOB) / "metrics.jsonl", "a") as fh:   # an event name: a legend label
@@ -176,7 +176,7 @@ def test_the_controller_draws_and_writes_without_importing_torch(job, tmp_path):
 
 
 def test_live_files_that_cannot_be_written_are_a_notice_and_the_events_go_on(job, tmp_path):
-    from hgcli.jobs.tensorboard import LiveEvents
+    from hgcli.launch.tensorboard import LiveEvents
     from hgcli.launch.events import Metric, Notice
 
     (tmp_path / "file").write_text("x")

@@ -188,7 +188,7 @@ def test_an_adapt_record_from_the_groups_leader_becomes_one_console_line():
 
 
 def test_adapt_records_become_batch_points_and_a_group_mark():
-    from hgcli.jobs.series import Series
+    from hgcli.launch.series import Series
 
     plan = emulated_plan([[1.0, 1.0], [1.0, 1.0]], [[8, 8], [16, 16]], n_ps=1)
     series = Series(plan)

@@ -101,7 +101,7 @@ def test_a_watched_job_snapshots_about_every_ten_seconds_of_predicted_steps(priv
 
 
 def test_the_launchers_regroup_record_is_a_mark_on_the_jobs_time_line(private_state_dir):
-    from hgcli.jobs.series import Series
+    from hgcli.launch.series import Series
 
     spec, _ = stored()
     plan = replan_on(spec, JobSpec(), ["n0", "n1"])

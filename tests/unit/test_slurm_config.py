@@ -55,6 +55,6 @@ def test_detach_is_refused_with_srun_before_anything_starts():
     from hgcli.schema.stages import Cluster
 
     cluster = Cluster(nodes=(NodeSpec(name="n1", host="n1"),), srun=SrunSettings(job_id="5"))
-    with pytest.raises(UsageError, match="--detach cannot be used with --transport srun"):
+    with pytest.raises(UsageError, match=r"detach: a job of Slurm job steps \(cluster.srun\)"):
         LaunchRequest(cluster=cluster, command=("true",), detach=True)
     LaunchRequest(cluster=cluster, command=("true",))   # attached: fine

@@ -21,11 +21,11 @@ emulator at ``speed`` (forward + backward on one thread, the emulator's pause, t
 alternating blocks of ``BLOCK`` steps: **free** (no collective; the ranks start each free block
 spread over the step, as independent workers drift apart) and **synchronous** (the runtime's
 all-reduce buffer after each step's pause: the model's parameters, the sample count and
-MEMBER_SLOTS slots per rank, hgcli/runtime/engine.py). Alternating cancels the machine's drift, which is as large as
-the effect (20-40% over seconds). Per pair of blocks:
+MEMBER_SLOTS slots per rank, hgcli/runtime/engine.py). Alternating cancels the machine's drift, which over
+seconds can be as large as the effect. Per pair of blocks:
 - ``seconds``: rank 0's time inside the all-reduce per synchronous step (the mean of the block:
-  throughput follows the mean and single steps are skewed, median 6 ms and the slowest 13-19 ms in
-  one 20-step sample);
+  throughput follows the mean, and single steps are skewed: the slowest take several times the
+  median);
 - ``compute_ratio``: the ranks' CPU per step in the synchronous block over the free block's.
 The first step of every block is a transition and is not counted.
 

@@ -19,8 +19,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...schema.stages import (OR_ANOTHER_PYTHON, DeviceProfile, ExchangeProfile, GroupSyncProfile, Measurement,
-                              StepSample, module_problem, to_dict)
+from ...schema.stages import DeviceProfile, ExchangeProfile, GroupSyncProfile, Measurement, StepSample, to_dict
+from ..remedy import OR_ANOTHER_PYTHON, module_problem
 from . import exchange as exchangebench
 from . import group as groupbench
 from . import micro as microbench

@@ -4,8 +4,8 @@ A step is a step of the runtime's training loop (``runtime_step``): fetch the ba
 backward, ``loss.item()`` and a metrics line, and the optimizer step (SGD with momentum: one state
 tensor per parameter, like most data-parallel recipes) through the runtime's own hooks
 (hgcli/runtime/engine.py: sample counting, gradient accumulation). Its fixed cost per step is what
-decides small models run with small batches (the main job: a 5k-parameter MLP whose bare step is
-under 0.4 ms), so it is measured, not assumed. Peak memory on a GPU is the CUDA caching allocator's
+decides small models run with small batches (a small model's bare step is a fraction of a
+millisecond), so it is measured, not assumed. Peak memory on a GPU is the CUDA caching allocator's
 ``max_memory_allocated``; on a CPU (and so on emulated devices) it is counted from the tensors a step
 keeps alive (see ``accounted_step_bytes``), because the CPU allocator keeps no peak statistics.
 """
@@ -47,8 +47,8 @@ def step_samples(torch: Any, loaded: LoadedModel, device: Any, batch_sizes: tupl
     that the profile's 1/speed scaling (node/bench.py) gives forward+backward / speed + optimizer.
     The clock's rest (the emulator's pause) comes where the runtime's does: between backward and the
     optimizer, so the caches the pause leaves cold are refilled by the unstretched optimizer, as in
-    training; after the optimizer, the next forward paid for them x 1/speed (the example MLP at
-    batch 1: 1.41 ms of CPU against 1.14 ms, 40-50% of a speed-0.02 device's fixed cost). Below
+    training; after the optimizer, the next forward would pay for them x 1/speed, a large share of a
+    slow device's fixed cost at small batches (benchmarks/RESULTS.md, "Bench"). Below
     speed 1 the forward+backward part is the emulator's stable estimate (``StableSpeed``: the lower
     quartile of the recent calls of this batch size), which is what the runtime stretches.
     """

@@ -19,7 +19,7 @@ from ..schema.stages import JobRecord, Plan
 from .series import Point, Series, points_of
 
 if TYPE_CHECKING:
-    from ..launch.events import Event
+    from .events import Event
 
 INSTALL = "pip install 'hgtrain[tensorboard]'"
 LIVE_FLUSH_S = 2.0   # how stale a live TensorBoard may be
@@ -99,7 +99,7 @@ class LiveEvents:
             self._series = Series(plan)
 
     def wrap(self, sink: Callable[[Event], None]) -> Callable[[Event], None]:
-        from ..launch.events import JobEnded, Metric, Notice
+        from .events import JobEnded, Metric, Notice
 
         def on_event(event: Event) -> None:
             if isinstance(event, Metric):

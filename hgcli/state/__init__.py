@@ -2,6 +2,11 @@
 
 Every write is atomic (temp file in the same directory, fsync, rename) so a crash or a full disk never
 leaves a half-written record, and the previous version stays intact.
+
+The package is the ground floor that every stage writes through (docs/architecture.md, "Layers"):
+this module (the directory and atomic writes; also used on nodes, standard library only), the job
+records that ``launch`` writes and ``jobs`` reads (``records``) and the files a user names with
+``-o`` (``userfile``).
 """
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
-from .errors import StateError
+from ..errors import StateError
 
 
 def state_dir() -> Path:

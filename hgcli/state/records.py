@@ -12,7 +12,7 @@ from pathlib import Path
 from ..errors import JobError, StateError, UsageError
 from ..schema.names import RULE as NAME_RULE, valid_name
 from ..schema.stages import JobRecord, from_dict, to_dict
-from ..state import ensure_private_dir, read_json, state_dir, write_json
+from . import ensure_private_dir, read_json, state_dir, write_json
 
 
 def new_job_id(now: float | None = None) -> str:

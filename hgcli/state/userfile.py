@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from . import state
+from . import atomic_write
 
 NEW_FILE_MODE = 0o644
 IN_PLACE_ROOTS = ("/proc/", "/dev/")
@@ -49,6 +49,6 @@ def write_user_file(path: Path | str, text: str, *, stdout: TextIO | None = None
             fh.write(text)
         return
     if st is None:
-        state.atomic_write(target, text, mode=NEW_FILE_MODE)
+        atomic_write(target, text, mode=NEW_FILE_MODE)
     else:
-        state.atomic_write(target, text, mode=stat.S_IMODE(st.st_mode), owner=(st.st_uid, st.st_gid))
+        atomic_write(target, text, mode=stat.S_IMODE(st.st_mode), owner=(st.st_uid, st.st_gid))

@@ -29,8 +29,8 @@ import collections
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from ..launch.events import Adapted
-from ..launch.metrics import LARGEST, WINDOW_S, _number, group_predictions, predictions
+from .events import Adapted
+from .metrics import LARGEST, WINDOW_S, number, group_predictions, predictions
 from ..schema.stages import Plan
 
 PENDING_STEPS = 64   # steps a group waits for a slow (or dead) member before forgetting them
@@ -84,23 +84,23 @@ class Series:
         return self._start
 
     def add(self, rank: int, data: dict[str, Any]) -> list[Point]:
-        at = _number(data.get("time"))
+        at = number(data.get("time"))
         if at is None:
             return []
         if self._start is None:
             self._start = at
         out: list[Point] = []
         state = self._ranks.get(rank)
-        accuracy = _number(data.get("accuracy"))
+        accuracy = number(data.get("accuracy"))
         if accuracy is not None:
-            step = _number(data.get("step"))
+            step = number(data.get("step"))
             step_i = int(step) if step is not None else (state.step if state else 0)
             tag = f"accuracy/{data.get('event') or 'value'}"
             runs = [f"rank{rank}", "job"] + ([group_run(state.group)] if state else [])
             out += [Point(run, tag, accuracy, step_i, at) for run in runs]
-        staleness = _number(data.get("staleness"))
+        staleness = number(data.get("staleness"))
         if data.get("event") == "ps_push" and staleness is not None:
-            version = int(_number(data.get("version")) or 0)
+            version = int(number(data.get("version")) or 0)
             out.append(Point(f"rank{rank}", "staleness", staleness, version, at))
             # A run is a directory of TensorBoard files: its name comes from the plan, never from
             # the record ("group": "/../../x" would write outside the log directory).
@@ -110,16 +110,16 @@ class Series:
         adapted = Adapted.parse("", rank, data, self._groups)
         if adapted is not None:
             out += self._adapted(adapted, at)
-        before, after = _number(data.get("predicted_before")), _number(data.get("predicted_after"))
+        before, after = number(data.get("predicted_before")), number(data.get("predicted_after"))
         if data.get("event") == "adapt" and data.get("kind") == "regroup" and after is not None:
             # The launcher re-grouped the job (launch/adapt.py): a mark on the job's time line, its
             # value the predicted gain.
             gain = after / before if before else 1.0
             out.append(Point("job", "regroup", gain, int(at - self._start), at))
-        step, samples = _number(data.get("step")), _number(data.get("samples"))
+        step, samples = number(data.get("step")), number(data.get("samples"))
         if state is None or "event" in data or step is None or samples is None:
             return out
-        loss = _number(data.get("loss"))
+        loss = number(data.get("loss"))
         state.step = int(step)
         out += self._rank_step(rank, state, int(step), loss, samples, at)
         return out
