@@ -78,8 +78,26 @@ def _figure(record: JobRecord, points: list[Point]) -> Any:
     axes = fig.subplots(2, 3)
     groups = sorted({p.run for p in points if p.run.startswith(("group", "ungrouped"))}, key=_run_order)
     color = {run: f"C{i % 10}" for i, run in enumerate(groups)}
+    rates = _throughput_panel(axes[0][0], points, t0, groups, color)
+    _loss_panels(axes[0][1], axes[0][2], points, t0, groups, color)
+    _accuracy_panel(axes[1][0], points, t0)
+    _staleness_panel(axes[1][1], points, color)
+    for ax in (axes[0][0], axes[0][1], axes[1][0]):
+        ax.set_xlim(left=0)   # the same time axis: seconds since the job's first record
+    for ax in (axes[0][0], axes[0][1], axes[0][2], axes[1][0], axes[1][1]):
+        if ax.get_legend_handles_labels()[0]:
+            for text in ax.legend(fontsize="small").get_texts():
+                text.set_parse_math(False)   # labels are run and event names from the job's metrics
+        ax.grid(alpha=0.3)
+    _summary(axes[1][2], record, rates, _series(points, "throughput/predicted"), groups, color)
+    # the command is the user's text, not matplotlib math: "$x_$" in it would fail to parse
+    fig.suptitle(f"{record.id}: {' '.join(record.command)}"[:160], fontsize="medium", parse_math=False)
+    return fig
 
-    ax = axes[0][0]
+
+def _throughput_panel(ax: Any, points: list[Point], t0: float, groups: list[str],
+                      color: dict[str, str]) -> dict[str, list[Point]]:
+    """Each group's samples/s (and the job's) against the plan's prediction; returns the rates."""
     rates = _series(points, "throughput/samples_per_s")
     for run, predicted in _series(points, "throughput/predicted").items():
         if run in color:
@@ -107,18 +125,23 @@ def _figure(record: JobRecord, points: list[Point]) -> Any:
     else:
         ax.set_ylim(bottom=0)
     ax.set(title=title, xlabel="seconds", ylabel="samples/s")
+    return rates
 
+
+def _loss_panels(by_time: Any, by_samples_ax: Any, points: list[Point], t0: float, groups: list[str],
+                 color: dict[str, str]) -> None:
     loss = _series(points, "loss")
     by_samples = _series(points, "loss_by_samples")
     for ax, source, x_of, xlabel, title in (
-            (axes[0][1], loss, lambda p: p.time - t0, "seconds", "Loss over time"),
-            (axes[0][2], by_samples, lambda p: p.step, "samples trained on by the group", "Loss against samples")):
+            (by_time, loss, lambda p: p.time - t0, "seconds", "Loss over time"),
+            (by_samples_ax, by_samples, lambda p: p.step, "samples trained on by the group", "Loss against samples")):
         for run in groups:
             got = source.get(run, [])
             ax.plot([x_of(p) for p in got], _smooth([p.value for p in got]), color=color[run], label=run)
         ax.set(title=title, xlabel=xlabel, ylabel="loss (trailing mean)")
 
-    ax = axes[1][0]
+
+def _accuracy_panel(ax: Any, points: list[Point], t0: float) -> None:
     accuracy: dict[str, list[Point]] = collections.defaultdict(list)
     for p in points:
         if p.run == "job" and p.tag.startswith("accuracy/"):
@@ -130,7 +153,8 @@ def _figure(record: JobRecord, points: list[Point]) -> Any:
     if not accuracy:
         _empty(ax, "no accuracy was logged")
 
-    ax = axes[1][1]
+
+def _staleness_panel(ax: Any, points: list[Point], color: dict[str, str]) -> None:
     staleness = {run: got for run, got in _series(points, "staleness").items() if run in color}
     if staleness:
         top = int(max(p.value for got in staleness.values() for p in got))
@@ -146,18 +170,6 @@ def _figure(record: JobRecord, points: list[Point]) -> Any:
     else:
         ax.set(title="Staleness", xticks=[], yticks=[])
         _empty(ax, "no parameter-server pushes\n(a synchronous job)")
-
-    for ax in (axes[0][0], axes[0][1], axes[1][0]):
-        ax.set_xlim(left=0)   # the same time axis: seconds since the job's first record
-    for ax in (axes[0][0], axes[0][1], axes[0][2], axes[1][0], axes[1][1]):
-        if ax.get_legend_handles_labels()[0]:
-            for text in ax.legend(fontsize="small").get_texts():
-                text.set_parse_math(False)   # labels are run and event names from the job's metrics
-        ax.grid(alpha=0.3)
-    _summary(axes[1][2], record, rates, _series(points, "throughput/predicted"), groups, color)
-    # the command is the user's text, not matplotlib math: "$x_$" in it would fail to parse
-    fig.suptitle(f"{record.id}: {' '.join(record.command)}"[:160], fontsize="medium", parse_math=False)
-    return fig
 
 
 def _empty(ax: Any, text: str) -> None:

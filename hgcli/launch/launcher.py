@@ -36,7 +36,7 @@ from .spec import (
     CheckpointPolicy, NodeLaunch, RunAttempt, agent_spec, check_env_name, env_flag, forwarded_env, read_env_file, unforwarded_names,
 )
 from ..schema.stages import Cluster, JobRecord, JobSpec, JobState, NodeSpec, Plan, RankRecord, Role, to_json
-from ..node.agent.spec import DEFAULT_JOBS_ROOT
+from ..node.agent.spec import DEFAULT_JOBS_ROOT, AgentSpec
 from ..remote.fanout import NodeResult, fanout, open_transport
 from ..remote.transport import Transport, node_module_argv
 from .agentlink import INBOX_BYTES, AgentLink, Heartbeat, Inbound
@@ -480,47 +480,15 @@ class _Attempt:
                 launches[name] = dataclasses.replace(ready.launch, checkpoint_dir=self.checkpoint_dirs[name])
             port = prepared[plan.rank(0).node].port
             assert port is not None   # rank 0's node was asked for one (_prepare)
-            back = bool(number) and number == self._regrouped_at and watched_back(request, plan)
-            watch = back or (watched(request, plan) and self._regrouped_at < 0)    # once each way
-            # Under a PS plan, only a watched one snapshots (its first group: runtime/context.py).
-            snapshots = back or ((bool(request.restarts) or watch) and not plan.ps_shards)
-            every, seconds = request.checkpoint_every, request.checkpoint_seconds
-            if watch and not every:
-                # Counted steps, so that every node snapshots the same ones (launch/adapt.py).
-                every, seconds = snapshot_every(plan), (seconds if request.restarts else 0.0)
-            if number and number == self._regrouped_at:
-                resume_step = _common_step(plan, prepared)
-            elif number and number == self._back_at:      # the first group's, from one node
-                resume_step = _resume_step(plan, prepared)
-            else:
-                resume_step = _resume_step(plan, prepared) if number and snapshots else None
-            resume_ps = number > 0 and bool(plan.ps_shards) and self._ps_moved_at != number
-            policy = CheckpointPolicy(every=every, seconds=seconds,
-                                      resume=resume_ps, resume_version=_resume_version(plan, prepared),
-                                      snapshots=snapshots, resume_step=resume_step)
+            back, watch, policy = self._policy(number, prepared)
             if number:
-                resume_from = (SavedState.CHECKPOINT if resume_ps else SavedState.SNAPSHOT if resume_step is not None
+                resume_from = (SavedState.CHECKPOINT if policy.resume else SavedState.SNAPSHOT if policy.resume_step is not None
                                else None)
                 emit(JobRestarted(job_id=job_id, attempt=number, reason=reason, resume=resume_from is not None,
                                   resume_from=resume_from))
-            specs = {n: agent_spec(plan=plan, job_id=agent_id, node=launches[n], command=request.command,
-                                   user_env=self.env, master_addr=self.master_addr, master_port=port,
-                                   jobs_root=request.jobs_root, grace_s=request.grace_s,
-                                   heartbeat_interval_s=request.heartbeat_interval_s,
-                                   heartbeat_timeout_s=request.heartbeat_timeout_s, detach=request.detach,
-                                   checkpoint=policy, token=self.token, secret=request.secret_env,
-                                   bind_addr=bind_address(request.cluster.node(n), plan, request.cluster),
-                                   attempt=RunAttempt(run_id=job_id, number=number, max_restarts=request.restarts),
-                                   adapt=request.adapt)
-                     for n in node_names}
-            predicted, ideal = predictions(plan)
+            specs = {n: self._spec(agent_id, number, launches[n], port, policy) for n in node_names}
             if number == 0:
-                emit(JobStarted(job_id=job_id, strategy=plan.strategy, world_size=plan.world_size,
-                                nodes=tuple(node_names), command=request.command, job_dir=str(self.book.dir),
-                                master=f"{self.master_addr}:{port}", detached=request.detach,
-                                predicted_samples_per_s=predicted, ideal_samples_per_s=ideal))
-                if self.note is not None:
-                    emit(Notice(job_id, None, self.note))
+                self._started(node_names, port)
             start_links = fanout(nodes, lambda n: prepared[n.name].link.send_spec(specs[n.name]))
             heartbeat = Heartbeat(links, request.heartbeat_interval_s).start()
             controller = JobController(job_id=job_id, plan=plan, links=links, inbox=inbox, book=self.book,
@@ -542,6 +510,55 @@ class _Attempt:
             inbox.unblock()   # nobody takes from it any more: a reader must not wait for room
             for link in links:
                 link.close()
+
+    def _policy(self, number: int, prepared: dict[str, _Prepared]) -> tuple[bool, bool, CheckpointPolicy]:
+        """Attempt ``number``'s checkpoints and snapshots, and what it resumes from; with whether it
+        is the way back from a re-grouped plan and whether the launcher watches it for a re-grouping."""
+        request, plan = self.request, self.plan
+        back = bool(number) and number == self._regrouped_at and watched_back(request, plan)
+        watch = back or (watched(request, plan) and self._regrouped_at < 0)    # once each way
+        # Under a PS plan, only a watched one snapshots (its first group: runtime/context.py).
+        snapshots = back or ((bool(request.restarts) or watch) and not plan.ps_shards)
+        every, seconds = request.checkpoint_every, request.checkpoint_seconds
+        if watch and not every:
+            # Counted steps, so that every node snapshots the same ones (launch/adapt.py).
+            every, seconds = snapshot_every(plan), (seconds if request.restarts else 0.0)
+        if number and number == self._regrouped_at:
+            resume_step = _common_step(plan, prepared)
+        elif number and number == self._back_at:      # the first group's, from one node
+            resume_step = _resume_step(plan, prepared)
+        else:
+            resume_step = _resume_step(plan, prepared) if number and snapshots else None
+        resume_ps = number > 0 and bool(plan.ps_shards) and self._ps_moved_at != number
+        return back, watch, CheckpointPolicy(every=every, seconds=seconds,
+                                             resume=resume_ps, resume_version=_resume_version(plan, prepared),
+                                             snapshots=snapshots, resume_step=resume_step)
+
+    def _spec(self, agent_id: str, number: int, launch: NodeLaunch, port: int,
+              policy: CheckpointPolicy) -> AgentSpec:
+        """What attempt ``number``'s agent on the node of ``launch`` runs."""
+        request, plan = self.request, self.plan
+        return agent_spec(plan=plan, job_id=agent_id, node=launch, command=request.command,
+                          user_env=self.env, master_addr=self.master_addr, master_port=port,
+                          jobs_root=request.jobs_root, grace_s=request.grace_s,
+                          heartbeat_interval_s=request.heartbeat_interval_s,
+                          heartbeat_timeout_s=request.heartbeat_timeout_s, detach=request.detach,
+                          checkpoint=policy, token=self.token, secret=request.secret_env,
+                          bind_addr=bind_address(request.cluster.node(launch.name), plan, request.cluster),
+                          attempt=RunAttempt(run_id=self.book.record.id, number=number,
+                                             max_restarts=request.restarts),
+                          adapt=request.adapt)
+
+    def _started(self, node_names: list[str], port: int) -> None:
+        """The first attempt's ``job_started`` (and the forwarding note after it)."""
+        plan, request, job_id = self.plan, self.request, self.book.record.id
+        predicted, ideal = predictions(plan)
+        self.emit(JobStarted(job_id=job_id, strategy=plan.strategy, world_size=plan.world_size,
+                             nodes=tuple(node_names), command=request.command, job_dir=str(self.book.dir),
+                             master=f"{self.master_addr}:{port}", detached=request.detach,
+                             predicted_samples_per_s=predicted, ideal_samples_per_s=ideal))
+        if self.note is not None:
+            self.emit(Notice(job_id, None, self.note))
 
     def _prepare(self, nodes: list[NodeSpec], agent_id: str, number: int,
                  inbox: Mailbox[Inbound]) -> tuple[dict[str, _Prepared], list[NodeResult[_Prepared]]]:

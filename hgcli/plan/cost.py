@@ -240,8 +240,9 @@ def _broadcast_s(n: int, nbytes: float, bw: float, lat: float) -> float:
 # Throughput of a layout
 # ---------------------------------------------------------------------------------------------
 
-class CostModel:
-    """Predicts samples/s of a layout; see docs/planning.md for every formula."""
+class _CostBase:
+    """What every prediction reads: the devices, their batches, the network and the nodes' cores,
+    and the pieces both predictors price (a group, a member's step, crowded CPUs)."""
 
     def __init__(self, devices: list[Device], batches: list[int], net: Network, model_bytes: float,
                  global_batch: int, inventory: Inventory, job: JobSpec,
@@ -287,6 +288,24 @@ class CostModel:
         return GroupStats(float(sum(self.batches[i] for i in members)), compute, sync, latency, nodes[0],
                           noise, frozenset(nodes))
 
+    def _member_time(self, i: int, members: int) -> float:
+        """Device ``i``'s step at its batch as a member of a group of ``members``: an emulated device
+        in a synchronous group computes slower by its node's measured ratio (hgcli/node/bench/group.py:
+        the same ranks' CPU per step synchronous over free), which the emulator stretches x 1/speed."""
+        d = self.devices[i]
+        measured = self.group_sync.get(d.node) if d.emulated and members > 1 and not d.fitted else None
+        ratio = measured.compute_ratio.median if measured is not None and measured.compute_ratio else 1.0
+        return d.time(self.batches[i]) * ratio
+
+    def _crowding(self, busy: dict[int, float]) -> dict[int, float]:
+        """Slowdown of each node whose processes ask for more CPU than it has cores: they share
+        the cores (docs/planning.md, CPU crowding); nodes of unknown core count are left out."""
+        return {n: b / self.cores[n] for n, b in busy.items() if self.cores[n] and b > self.cores[n]}
+
+
+class _AllReducePredictor(_CostBase):
+    """One synchronous group of every device (Strategy.ALLREDUCE)."""
+
     def allreduce(self) -> Option:
         members = tuple(range(len(self.devices)))
         nodes = [d.node for d in self.devices]
@@ -309,15 +328,6 @@ class CostModel:
         return Option(Strategy.ALLREDUCE, (members,), (1,), (), 0, rate,
                        f"one all-reduce group of {len(members)}", (rate,))
 
-    def _member_time(self, i: int, members: int) -> float:
-        """Device ``i``'s step at its batch as a member of a group of ``members``: an emulated device
-        in a synchronous group computes slower by its node's measured ratio (hgcli/node/bench/group.py:
-        the same ranks' CPU per step synchronous over free), which the emulator stretches x 1/speed."""
-        d = self.devices[i]
-        measured = self.group_sync.get(d.node) if d.emulated and members > 1 and not d.fitted else None
-        ratio = measured.compute_ratio.median if measured is not None and measured.compute_ratio else 1.0
-        return d.time(self.batches[i]) * ratio
-
     def _measured_sync(self, nodes: list[int], bw: float) -> float | None:
         """What a synchronous step adds when the group is exactly the emulated devices of one node and
         the bench measured that step (hgcli/node/bench/group.py): waking from the emulated sleep on
@@ -331,24 +341,9 @@ class CostModel:
         n = len(nodes)
         return max(0.0, measured.seconds.median + 2 * (n - 1) / n * (self.bytes - measured.bytes) / bw)
 
-    def best_async(self, strategy: Strategy, layouts: list[tuple[tuple[int, ...], ...]]) -> Option:
-        """The fastest layout and PS count; a candidate must win by 1% to displace an earlier one,
-        so ties keep the fewer groups and the fewer PS ranks."""
-        candidates: list[Option] = []
-        if self.fixed_ps and any(len(g) > 1 for g in layouts):
-            layouts = [g for g in layouts if len(g) > 1]   # one group would have no PS to keep
-        for groups in layouts:
-            if len(groups) == 1:
-                one = self.allreduce()
-                candidates.append(Option(strategy, one.groups, one.accumulate, (), 0, one.samples_per_s,
-                                          "a single group: no parameter servers", one.group_rates))
-            else:
-                candidates.extend(self._with_ps(strategy, groups))
-        best = candidates[0]
-        for option in candidates[1:]:
-            if option.samples_per_s > best.samples_per_s * 1.01:
-                best = option
-        return best
+
+class _PSPlacement(_CostBase):
+    """Where the PS shards may go, and the reason's word on where they went."""
 
     def _ps_counts(self) -> list[int]:
         if self.job.ps_ranks is not None:
@@ -392,6 +387,113 @@ class CostModel:
                 seen.add(key)
                 unique.append(nodes)
         return unique
+
+    def _where(self, ps_nodes: tuple[int, ...], stats: list[GroupStats], tried: int) -> str:
+        """The reason's word on the shards: how many, on which nodes, and the links that chose them."""
+        nodes = sorted(set(ps_nodes))
+        count = len(ps_nodes)
+        shards = f"{count} PS shard{'s' if count > 1 else ''}"
+        names = ", ".join(self.names[q] for q in nodes[:6]) + (f" and {len(nodes) - 6} more" if len(nodes) > 6 else "")
+        where = f"{shards} on node{'s' if len(nodes) > 1 else ''} {names}"
+        if len(nodes) == len(self.healthy) > 1:
+            where += " (one on every node)"
+        leaders = sorted({s.leader for s in stats})
+        if len(leaders) > PS_CANDIDATES_MAX or len(nodes) > PS_CANDIDATES_MAX:
+            return where
+        slowest = min(self.net.link(l, q)[0] for l in leaders for q in nodes)
+        local = sum(1 for l in leaders if l in nodes)
+        return (f"{where} (leaders' slowest link to a shard {slowest / 1e9:.3g} GB/s, {local} of {len(leaders)} "
+                f"leader node(s) with a local shard; best of {tried} placement(s) priced)")
+
+
+class _ExchangeCosts(_CostBase):
+    """What a leader's push and pull cost it, and what the pushes cost the PS nodes."""
+
+    def _push_pull_s(self, leader: int, node_share: dict[int, float], shards: int, wait: float) -> float:
+        """A leader pushes its update to every shard and pulls fresh parameters back: the RPC
+        round trips as measured on the leader's node (fixed cost, times ``wait`` for cores, + per
+        byte, scaled to a shard), plus the wire time of the shards on other nodes."""
+        measured = self.exchange.get(leader)
+        if measured is None:
+            return self._wire_s(leader, node_share)
+        share = self.wire / shards
+        # The per-byte part is what the measured round trip adds to the measured fixed cost, both
+        # uncontended; only the fixed cost (waking the RPC threads) then waits for cores. (Taking
+        # the stretched fixed cost off the round trip cancelled the wait whenever one shard held
+        # the whole model.)
+        per_byte = max(0.0, measured.round_trip_s.median - measured.latency_s.median) / measured.bytes
+        fixed = measured.latency_s.median * wait
+        # one round trip to every shard at once; with several shards the runtime then pulls from the
+        # others (hgcli/runtime/exchange.py): a second round trip, without the PS update.
+        software = (fixed + per_byte * share) * (2 if shards > 1 else 1)
+        remote = any(q != leader for q in node_share)
+        return software + (self._wire_s(leader, node_share) if remote else 0.0)
+
+    def _rpc_cpu_per_byte(self, node: int) -> float:
+        """CPU seconds per wire byte of one push and its pull, both ends together, from the node's
+        measured exchange: the round trip less its fixed cost and the PS's update (``service_s``)
+        is the RPC's pickling and copies of a model's worth each way over loopback, where no wire
+        time hides it. 0 when unmeasured."""
+        m = self.exchange.get(node)
+        if m is None:
+            return 0.0
+        return max(0.0, m.round_trip_s.median - m.latency_s.median - m.service_s.median) / m.bytes
+
+    def _client_cpu_s(self, leader: int) -> float:
+        """The leader's CPU seconds per push on its training thread: its share of the RPC work for
+        every shard's bytes (the whole wire vector, however many shards)."""
+        return EXCHANGE_CLIENT_SHARE * self._rpc_cpu_per_byte(leader) * self.wire
+
+    def _wire_s(self, leader: int, node_share: dict[int, float]) -> float:
+        if len(node_share) <= PS_CANDIDATES_MAX:
+            slowest, lat = 0.0, 0.0
+            for q, share in node_share.items():
+                bw, l = self.net.link(leader, q)
+                slowest, lat = max(slowest, share / bw), max(lat, l)
+        else:   # shards on every node: bound by the leader's slowest link instead of pair lookups
+            slowest = max(node_share.values()) / self.net.worst[leader]
+            lat = self.net.worst_lat[leader]
+        remote = self.wire - node_share.get(leader, 0.0)
+        return 2 * (max(slowest, remote / self.net.nic[leader]) + lat)
+
+    def _ps_load(self, node: int, share: float, total_pushes: float, local_pushes: float,
+                 count: int) -> float:
+        """Fraction of a second the PS ranks of one node are busy per second of training."""
+        nic = self.net.nic[node]
+        intra = self.net.link(node, node)[0]
+        traffic = 2 * share * ((total_pushes - local_pushes) / nic + local_pushes / intra)
+        measured = self.exchange.get(node)
+        if measured is not None:   # the PS's measured busy time per push, scaled to its shard
+            apply = total_pushes * measured.service_s.median * (self.bytes / count) / measured.bytes
+            # and its side of the RPC's copies, which service_s leaves out, for its shard's bytes
+            apply += total_pushes * (1 - EXCHANGE_CLIENT_SHARE) * self._rpc_cpu_per_byte(node) * self.wire / count
+        else:
+            apply = total_pushes * (self.bytes / count) / (PS_APPLY_GBS * 1e9)
+        return traffic + apply
+
+
+class _AsyncPredictor(_AllReducePredictor, _PSPlacement, _ExchangeCosts):
+    """Groups with parameter servers (Strategy.HYBRID, Strategy.PS): the layout, accumulation and
+    PS placement that predict the most samples/s."""
+
+    def best_async(self, strategy: Strategy, layouts: list[tuple[tuple[int, ...], ...]]) -> Option:
+        """The fastest layout and PS count; a candidate must win by 1% to displace an earlier one,
+        so ties keep the fewer groups and the fewer PS ranks."""
+        candidates: list[Option] = []
+        if self.fixed_ps and any(len(g) > 1 for g in layouts):
+            layouts = [g for g in layouts if len(g) > 1]   # one group would have no PS to keep
+        for groups in layouts:
+            if len(groups) == 1:
+                one = self.allreduce()
+                candidates.append(Option(strategy, one.groups, one.accumulate, (), 0, one.samples_per_s,
+                                          "a single group: no parameter servers", one.group_rates))
+            else:
+                candidates.extend(self._with_ps(strategy, groups))
+        best = candidates[0]
+        for option in candidates[1:]:
+            if option.samples_per_s > best.samples_per_s * 1.01:
+                best = option
+        return best
 
     def _with_ps(self, strategy: Strategy, groups: tuple[tuple[int, ...], ...]) -> list[Option]:
         stats = [self._group(g) for g in groups]
@@ -472,23 +574,6 @@ class CostModel:
         return Option(strategy, groups, accumulate, ps_nodes, staleness, rate,
                       f"{len(groups)} groups, {self._where(ps_nodes, stats, tried)}", group_rates)
 
-    def _where(self, ps_nodes: tuple[int, ...], stats: list[GroupStats], tried: int) -> str:
-        """The reason's word on the shards: how many, on which nodes, and the links that chose them."""
-        nodes = sorted(set(ps_nodes))
-        count = len(ps_nodes)
-        shards = f"{count} PS shard{'s' if count > 1 else ''}"
-        names = ", ".join(self.names[q] for q in nodes[:6]) + (f" and {len(nodes) - 6} more" if len(nodes) > 6 else "")
-        where = f"{shards} on node{'s' if len(nodes) > 1 else ''} {names}"
-        if len(nodes) == len(self.healthy) > 1:
-            where += " (one on every node)"
-        leaders = sorted({s.leader for s in stats})
-        if len(leaders) > PS_CANDIDATES_MAX or len(nodes) > PS_CANDIDATES_MAX:
-            return where
-        slowest = min(self.net.link(l, q)[0] for l in leaders for q in nodes)
-        local = sum(1 for l in leaders if l in nodes)
-        return (f"{where} (leaders' slowest link to a shard {slowest / 1e9:.3g} GB/s, {local} of {len(leaders)} "
-                f"leader node(s) with a local shard; best of {tried} placement(s) priced)")
-
     def _windows(self, groups: tuple[tuple[int, ...], ...], stats: list[GroupStats], accumulate: tuple[int, ...],
                  syncs: list[float], exchange: dict[int, float], node_share: dict[int, float],
                  count: int) -> list[float]:
@@ -532,69 +617,7 @@ class CostModel:
                        for g, w in zip(groups, windows)]
         return windows
 
-    def _crowding(self, busy: dict[int, float]) -> dict[int, float]:
-        """Slowdown of each node whose processes ask for more CPU than it has cores: they share
-        the cores (docs/planning.md, CPU crowding); nodes of unknown core count are left out."""
-        return {n: b / self.cores[n] for n, b in busy.items() if self.cores[n] and b > self.cores[n]}
 
-    def _push_pull_s(self, leader: int, node_share: dict[int, float], shards: int, wait: float) -> float:
-        """A leader pushes its update to every shard and pulls fresh parameters back: the RPC
-        round trips as measured on the leader's node (fixed cost, times ``wait`` for cores, + per
-        byte, scaled to a shard), plus the wire time of the shards on other nodes."""
-        measured = self.exchange.get(leader)
-        if measured is None:
-            return self._wire_s(leader, node_share)
-        share = self.wire / shards
-        # The per-byte part is what the measured round trip adds to the measured fixed cost, both
-        # uncontended; only the fixed cost (waking the RPC threads) then waits for cores. (Taking
-        # the stretched fixed cost off the round trip cancelled the wait whenever one shard held
-        # the whole model.)
-        per_byte = max(0.0, measured.round_trip_s.median - measured.latency_s.median) / measured.bytes
-        fixed = measured.latency_s.median * wait
-        # one round trip to every shard at once; with several shards the runtime then pulls from the
-        # others (hgcli/runtime/exchange.py): a second round trip, without the PS update.
-        software = (fixed + per_byte * share) * (2 if shards > 1 else 1)
-        remote = any(q != leader for q in node_share)
-        return software + (self._wire_s(leader, node_share) if remote else 0.0)
-
-    def _rpc_cpu_per_byte(self, node: int) -> float:
-        """CPU seconds per wire byte of one push and its pull, both ends together, from the node's
-        measured exchange: the round trip less its fixed cost and the PS's update (``service_s``)
-        is the RPC's pickling and copies of a model's worth each way over loopback, where no wire
-        time hides it. 0 when unmeasured."""
-        m = self.exchange.get(node)
-        if m is None:
-            return 0.0
-        return max(0.0, m.round_trip_s.median - m.latency_s.median - m.service_s.median) / m.bytes
-
-    def _client_cpu_s(self, leader: int) -> float:
-        """The leader's CPU seconds per push on its training thread: its share of the RPC work for
-        every shard's bytes (the whole wire vector, however many shards)."""
-        return EXCHANGE_CLIENT_SHARE * self._rpc_cpu_per_byte(leader) * self.wire
-
-    def _wire_s(self, leader: int, node_share: dict[int, float]) -> float:
-        if len(node_share) <= PS_CANDIDATES_MAX:
-            slowest, lat = 0.0, 0.0
-            for q, share in node_share.items():
-                bw, l = self.net.link(leader, q)
-                slowest, lat = max(slowest, share / bw), max(lat, l)
-        else:   # shards on every node: bound by the leader's slowest link instead of pair lookups
-            slowest = max(node_share.values()) / self.net.worst[leader]
-            lat = self.net.worst_lat[leader]
-        remote = self.wire - node_share.get(leader, 0.0)
-        return 2 * (max(slowest, remote / self.net.nic[leader]) + lat)
-
-    def _ps_load(self, node: int, share: float, total_pushes: float, local_pushes: float,
-                 count: int) -> float:
-        """Fraction of a second the PS ranks of one node are busy per second of training."""
-        nic = self.net.nic[node]
-        intra = self.net.link(node, node)[0]
-        traffic = 2 * share * ((total_pushes - local_pushes) / nic + local_pushes / intra)
-        measured = self.exchange.get(node)
-        if measured is not None:   # the PS's measured busy time per push, scaled to its shard
-            apply = total_pushes * measured.service_s.median * (self.bytes / count) / measured.bytes
-            # and its side of the RPC's copies, which service_s leaves out, for its shard's bytes
-            apply += total_pushes * (1 - EXCHANGE_CLIENT_SHARE) * self._rpc_cpu_per_byte(node) * self.wire / count
-        else:
-            apply = total_pushes * (self.bytes / count) / (PS_APPLY_GBS * 1e9)
-        return traffic + apply
+class CostModel(_AsyncPredictor):
+    """Predicts samples/s of a layout; see docs/planning.md for every formula. One class of the
+    predictor of each strategy and the pieces they share, each above."""

@@ -156,7 +156,7 @@ class Context:
                              bucket_mb=resolve_bucket_mb(bucket_mb, os.environ), ddp_options=ddp_options)
         if self.plan.ps_shards:
             engine.exchange = PSExchange(
-                group=engine, optimizer=optimizer, ps_ranks=self.plan.ps_shards,
+                group=engine.link, optimizer=optimizer, ps_ranks=self.plan.ps_shards,
                 first_worker=self.plan.workers[0].rank, metrics=self.metrics, timeout_s=self.env.timeout_s,
                 overlap=self.plan.overlap, wire=self.plan.wire, data_position=self._data.current,
                 frozen=engine.frozen)

@@ -43,33 +43,29 @@ at all, as under DDP (its gradient stays this rank's).
 """
 from __future__ import annotations
 
-import collections
 import inspect
-import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Iterable, Mapping
+from typing import Any, Callable, ContextManager, Mapping
 
 import torch
 import torch.distributed as dist
 
 from . import amp
 from . import flat as flatten_
+from .compute_clock import ComputeClock
 from .emulate import Emulator
 from .errors import TrainingError
+from .grad_window import GradWindow
+from .group_link import GroupLink
 from .metrics import MetricsSink
-from .rebalance import Change, GroupSplit, Rebalancer
+from .member_slots import MemberSlots
+from .rebalance import GroupSplit, Rebalancer
+# The small all-reduce's layout: the bench sizes its measurement by it (node/bench/group.py).
+from .step_reduce import MEMBER_SLOTS, StepReduce, step_reduce_numel  # noqa: F401
 
 BUCKET_MB = 25.0            # DDP's bucket_cap_mb
 BUCKET_ENV = "HGTRAIN_BUCKET_MB"
-# Slots of each member in the step's small all-reduce: its batch and emulated estimate (pooled on a
-# node), and for rebalancing its compute seconds, samples and data source's next step.
-MEMBER_SLOTS = 5
-NOISE_WINDOWS = 2048        # windows a member's compute_noise is taken over (the run's latest)
-# Windows of the `rates` record's recent figures: a straggler that recovers shows there within a
-# minute of steps, where the run's figures still carry its slow past (launch/adapt.py, the way back).
-RECENT_WINDOWS = 64
-RATES_EVERY_S = 5.0         # between two `rates` records (the launcher's re-grouping reads them)
 # ctx.wrap's keyword arguments that DDP takes as they are; the rest are the engine's to set.
 DDP_OPTIONS = ("find_unused_parameters", "gradient_as_bucket_view", "static_graph")
 
@@ -89,12 +85,6 @@ def resolve_bucket_mb(value: float | None, environ: Mapping[str, str]) -> float:
     if not value >= 0 or value == float("inf"):
         raise TrainingError(f"{where} must be a finite number of MiB >= 0 (0: one bucket), not {value!r}")
     return float(value)
-
-
-def step_reduce_numel(members: int, buffers: int = 0) -> int:
-    """Elements of a group's small all-reduce per step: [samples | MEMBER_SLOTS per member, in
-    groups of two or more | the sample-weighted buffers]."""
-    return 1 + (MEMBER_SLOTS * members if members > 1 else 0) + buffers
 
 
 def sync_buffer_numel(parameters: int, members: int, buffers: int = 0) -> int:
@@ -122,16 +112,18 @@ class GroupSpec:
 
 
 class GroupEngine:
+    """One rank's part of its group: the hooks on the module and optimizer, DDP and its comm hook.
+
+    It owns the step's small all-reduce (``reduce``) and what its member slots drive (``slots``:
+    pooled estimates, rebalancing), the accumulation window (``window``) and the member's compute
+    timing (``clock``); the exchange with the parameter servers, set before ``start()``
+    (exchange.PSExchange), reaches the group through ``link`` (group_link.py)."""
+
     def __init__(self, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, spec: GroupSpec,
                  emulator: Emulator, metrics: MetricsSink, timeout_s: float,
                  max_grad_norm: float | None = None, bucket_mb: float = BUCKET_MB,
                  ddp_options: Mapping[str, Any] | None = None) -> None:
-        if max_grad_norm is not None and not max_grad_norm > 0:
-            raise TrainingError(f"max_grad_norm must be positive, not {max_grad_norm!r}")
-        unknown = sorted(set(ddp_options or {}) - set(DDP_OPTIONS))
-        if unknown:
-            raise TrainingError(f"ctx.wrap() does not take {', '.join(unknown)}: hgtrain sets DDP's process "
-                                f"group, devices, buckets and buffers itself (it takes {', '.join(DDP_OPTIONS)})")
+        _check_options(max_grad_norm, ddp_options)
         self.module = model
         self.opt = optimizer
         self.spec = spec
@@ -151,46 +143,26 @@ class GroupEngine:
         self.buffers = flatten_.synced_buffers(model)
         self.device = self.params[0].device if self.params else torch.device("cpu")
         self.exchange: Any = None          # the PS exchange (exchange.PSExchange), set before start()
-        self._me = spec.ranks.index(spec.rank)
-        self._pool_estimates = self.members > 1 and len(spec.share_with) > 1
-        # B: the plan's samples per update over the whole group; learnt from the first step when
-        # the plan gives no batches (every member then uses the same value).
-        self._planned_total: float | None = (float(self.accumulate * sum(b for b in spec.batches if b))
-                                             if spec.batches and all(spec.batches) else None)
+        self.link = GroupLink(rank=self.rank, group_id=self.group_id, ranks=self.ranks, pg=self.pg,
+                              timeout_s=timeout_s, params=self.params, buffers=self.buffers, device=self.device)
+        self._failed = self.link.failed
+        self.reduce = StepReduce(members=self.members, me=spec.ranks.index(spec.rank), pg=self.pg,
+                                 buffers=self.buffers, planned_total=_planned_total(spec, self.accumulate),
+                                 failed=self._failed)
+        self.window = GradWindow(self.params)
+        self.clock = ComputeClock()
         self.local_step = 0
         self.samples_seen = 0
         self.skipped_steps = 0
         self.buckets_reduced = 0          # DDP buckets this rank all-reduced (its comm hook's calls)
         self._samples = 0                 # training samples counted by forwards since the last step
-        self._window = 0                  # samples of the accumulation window's earlier micro-steps
-        self._stash: dict[int, torch.Tensor] | None = None     # their weighted gradients, by id(param)
         self._found_inf = False           # GradScaler found inf/NaN in this rank's step (amp.py)
-        self._window_inf = False          # ... in an earlier micro-step of the accumulation window
         self._skipped = False
         self._grad_norm: torch.Tensor | None = None
-        # The step's small all-reduce (started by the first bucket) and the group's samples it gave.
-        self._small: torch.Tensor | None = None
-        self._small_work: Any = None
-        self._total: float | None = None
         self._nosync: ContextManager[Any] | None = None
-        self._last_bucket_at: float | None = None
-        self._reduce_wait_s = 0.0
-        # Rebalancing: this member's compute since the last check (sent with the next small all-reduce).
-        self.rebalancer = (Rebalancer(spec.split) if spec.split is not None and self.members > 1
-                           and len(spec.split.planned) == self.members else None)
-        self._windows = 0                 # accumulation windows (steps of the group) completed
-        self._window_began = 0.0          # when the current window's first compute began
-        self._compute_s = 0.0
-        self._computed = 0.0
-        self.changes: list[Change] = []
-        # The run's compute (every window but the first, a warm-up) for the summary's per-device rate.
-        self.compute_total_s = 0.0
-        self.computed_total = 0.0
-        # Each window's compute seconds per sample, the last NOISE_WINDOWS of them: how uneven this
-        # member's steps are (``compute_noise``), for the next plan of the script (bench/rates.py).
-        self._per_sample: collections.deque[float] = collections.deque(maxlen=NOISE_WINDOWS)
-        self._recent: collections.deque[tuple[float, float]] = collections.deque(maxlen=RECENT_WINDOWS)
-        self._rates_at = time.monotonic()
+        self.slots = MemberSlots(rank=self.rank, group_id=self.group_id, ranks=self.ranks,
+                                 share_with=spec.share_with, emulator=emulator, clock=self.clock, metrics=metrics,
+                                 rebalancer=_rebalancer(spec))
         self.ddp: torch.nn.parallel.DistributedDataParallel | None = None
         self._ddp_options = dict(ddp_options or {})
         self._bucket_mb = bucket_mb
@@ -208,35 +180,11 @@ class GroupEngine:
         if self.exchange is not None:
             self.exchange.start()
         if self.members > 1 and self.params:
-            self.ddp = self._build_ddp()
+            self.ddp = build_ddp(self, self._bucket_mb, self._ddp_options)
             self._set_sync(self.accumulate == 1)
         self.emulator.begin_compute()
-        self._window_began = time.perf_counter()
+        self.clock.begin_window()
         return self.ddp if self.ddp is not None else self.module
-
-    def _build_ddp(self) -> torch.nn.parallel.DistributedDataParallel:
-        from torch.nn.parallel import DistributedDataParallel
-
-        from .ddp import engine_hook
-
-        cap = self._bucket_mb
-        if cap <= 0:        # one bucket: every gradient in it
-            cap = sum(p.numel() * p.element_size() for p in self.params) / 2 ** 20 + 1.0
-        on_gpu = self.device.type == "cuda"
-        # Buffers synchronised at the start (as DDP does), then averaged by the engine, not broadcast
-        # from rank 0 at every forward: torch 2.13 renamed the switch (and warns on the old name).
-        no_forward_sync: dict[str, Any] = ({"forward_sync_buffers": False}
-                           if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
-                           else {"broadcast_buffers": False})
-        options: dict[str, Any] = {**no_forward_sync, **self._ddp_options}
-        try:
-            ddp = DistributedDataParallel(
-                self.module, device_ids=[self.device] if on_gpu else None, process_group=self.pg,
-                bucket_cap_mb=cap, **options)
-        except (RuntimeError, ValueError) as exc:
-            raise self._failed("DDP's start (broadcast of rank 0's parameters)", exc) from exc
-        ddp.register_comm_hook(self, engine_hook)
-        return ddp
 
     # --- hooks ----------------------------------------------------------------------------------
     def _count_samples(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
@@ -258,25 +206,26 @@ class GroupEngine:
         with self.emulator.untimed():
             buf = bucket.buffer()
             last = self._samples or self.spec.default_batch
-            mine = self._window + last
+            mine = self.window.samples + last
             if bucket.index() == 0:
-                if self._small is not None:
+                if self.reduce.small is not None:
                     raise TrainingError(
                         f"rank {self.rank}: two backward passes in one step, without an opt.step() between "
                         f"them: DDP would all-reduce twice. Accumulate by "
                         f"calling opt.step() after each backward (the plan's accumulation), or run the "
                         f"earlier backwards under `with model.no_sync():`")
                 self._start_small(mine, last, buf.device)
-            total = self._planned_total
+            total = self.reduce.planned_total
             assert total is not None        # _start_small learnt it
             scale = None
-            if self._stash is not None:
+            stash = self.window.stash
+            if stash is not None:
                 scale = amp.last_scale()
                 for view, p in zip(bucket.gradients(), bucket.parameters()):
                     if scale is not None:
                         view.div_(scale)
                     view.mul_(last)
-                    earlier = self._stash.get(id(p))
+                    earlier = stash.get(id(p))
                     if earlier is not None:
                         view.add_(earlier)
                 buf.mul_(1.0 / total)
@@ -290,43 +239,13 @@ class GroupEngine:
             except (RuntimeError, ValueError) as exc:
                 raise self._failed("all-reduce", exc) from exc
             if bucket.is_last():
-                self._last_bucket_at = time.perf_counter()
+                self.clock.bucket_left()
         return fut.then(lambda f: self._unweight(f, scale))
 
     def _start_small(self, mine: int, last: int, device: torch.device) -> None:
-        small = torch.zeros(step_reduce_numel(self.members, sum(b.numel() for b in self.buffers)),
-                            dtype=torch.float32, device=device)
-        small[0] = mine
-        if self.members > 1:
-            at = 1 + MEMBER_SLOTS * self._me
-            small[at] = last
-            small[at + 1] = self.emulator.estimate(last)
-            small[at + 2] = self._compute_s
-            small[at + 3] = self._computed
-            split = self.spec.split
-            small[at + 4] = split.next_step if split is not None else -1
-        if self.buffers:
-            at = step_reduce_numel(self.members)
-            small[at:].copy_(flatten_.flatten(self.buffers, device)).mul_(mine)
-        try:
-            self._small_work = dist.all_reduce(small, group=self.pg, async_op=True)
-        except (RuntimeError, ValueError) as exc:
-            raise self._failed("all-reduce", exc) from exc
-        self._small, self._total = small, None
-        if self._planned_total is None:
-            # No plan batches (plain torchrun without HGTRAIN_BATCH_SIZE): the first step's total is B.
-            self._planned_total = self._group_total()
-
-    def _group_total(self) -> float:
-        """The group's samples this step, on the host (waits for the small all-reduce)."""
-        if self._total is None:
-            try:
-                self._small_work.wait()
-            except (RuntimeError, ValueError) as exc:
-                raise self._failed("all-reduce", exc) from exc
-            assert self._small is not None
-            self._total = float(self._small[0])
-        return self._total
+        split = self.spec.split
+        self.reduce.start(mine, (last, self.emulator.estimate(last), self.clock.compute_s, self.clock.computed,
+                                 split.next_step if split is not None else -1), device)
 
     def _unweight(self, fut: torch.futures.Future[list[torch.Tensor]],
                   scale: torch.Tensor | None) -> torch.Tensor:
@@ -334,16 +253,7 @@ class GroupEngine:
             buf = fut.value()[0]
         except RuntimeError as exc:
             raise self._failed("all-reduce", exc) from exc
-        assert self._small is not None and self._planned_total is not None
-        if buf.is_cuda:
-            # No host sync on a GPU: the factor stays on the device (the small all-reduce went first
-            # on the same stream).
-            self._small_work.wait()
-            buf.mul_(self._planned_total / self._small[0])
-        else:
-            factor = self._planned_total / self._group_total()
-            if factor != 1.0:
-                buf.mul_(factor)
+        self.reduce.unweight(buf)
         if scale is not None:
             buf.mul_(scale)
         return buf
@@ -355,14 +265,7 @@ class GroupEngine:
                                 f"gradients (it unscales inside its own step, e.g. fused=True), which "
                                 f"hgtrain's clipping, accumulation and parameter servers cannot take; "
                                 f"use it without fused=True")
-        waited = 0.0
-        bucket_at = self._last_bucket_at
-        if self._last_bucket_at is not None:
-            # From the last bucket's start to here, backward only waited for DDP's all-reduces: what
-            # synchronisation cost this step beyond the compute it overlapped.
-            waited = time.perf_counter() - self._last_bucket_at
-            self._reduce_wait_s += waited
-            self._last_bucket_at = None
+        waited, bucket_at = self.clock.reduce_waited()
         n = self._samples or self.spec.default_batch
         if self.emulator.end_compute(self.local_step, n) > 0 and bucket_at is not None:
             # An emulated device still computing after its last bucket left: its compute ends now.
@@ -371,36 +274,13 @@ class GroupEngine:
         self.samples_seen += n
         self.local_step += 1
         self._skipped = False
-        found_inf, self._found_inf = self._found_inf or self._window_inf, False
+        found_inf, self._found_inf = self._found_inf or self.window.found_inf, False
         if self.local_step % self.accumulate:
-            self._window_inf = found_inf      # a group of one adds this gradient in at the window's end
-            self._keep_for_later(n)
-            self._window += n
+            self.window.keep(n, found_inf)
             return
-        mine, self._window, self._window_inf = self._window + n, 0, False
-        if self.ddp is not None:
-            if self._small is None:
-                raise TrainingError(
-                    f"rank {self.rank}: the step's gradients were never all-reduced: a trained parameter "
-                    f"got no gradient on this rank (pass ctx.wrap(..., find_unused_parameters=True)), "
-                    f"the model trained outside the module ctx.wrap() returned (use `model, opt = "
-                    f"ctx.wrap(model, opt)` and train `model`), or opt.step() came without a backward")
-            self._end_small()
-            # The window's compute: from its start to its last bucket (or its emulated end), the
-            # wait for the others left out.
-            self._computed_window(0.0 if bucket_at is None else bucket_at - self._window_began, mine)
-        else:
-            # A group of one waits for nobody before its optimizer step: its compute ends here.
-            self._computed_window(time.perf_counter() - self._window_began, mine)
-        if self.ddp is None and self._stash is not None:
-            for p in self.params:          # a group of one: the window's samples-weighted mean
-                if p.grad is not None:
-                    p.grad.mul_(n)
-                    earlier = self._stash.get(id(p))
-                    if earlier is not None:
-                        p.grad.add_(earlier)
-                    p.grad.div_(mine)
-        self._stash = None
+        mine = self.window.close(n)
+        self._end_window(bucket_at, mine)
+        self.window.finish(n, mine, into_grads=self.ddp is None)   # a group of one: the window's mean
         if found_inf:
             # Some member's scaler found inf/NaN in the group's gradient: nobody steps, nothing is
             # pushed, the parameters stay as they are.
@@ -413,113 +293,55 @@ class GroupEngine:
         if self.max_grad_norm is not None:
             self._grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
         if self.exchange is not None:
-            samples = self._group_total() if self.ddp is not None else float(mine)
+            samples = self.reduce.total() if self.ddp is not None else float(mine)
             grads = [_grad(p) for p in self.params] if self.rank == self.leader else None
             buffers = flatten_.flatten(self.buffers, self.device) if self.buffers else None
             self.exchange.step(grads, samples, buffers, allreduce_s=waited)
             self._clear_grads()
 
     def _after_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self._small = self._small_work = None
+        self.reduce.clear()
         self._set_sync((self.local_step + 1) % self.accumulate == 0)
         self.emulator.begin_compute()
         if self.local_step % self.accumulate == 0:
-            self._window_began = time.perf_counter()
+            self.clock.begin_window()
 
     # --- pieces of a step -----------------------------------------------------------------------
-    def _keep_for_later(self, n: int) -> None:
-        """A micro-step that does not complete the window: its gradient, weighted by its samples,
-        waits beside the parameters, and the optimizer sees none. A copy, not ``p.grad`` itself:
-        with ``gradient_as_bucket_view`` that tensor is DDP's bucket, which the window's last
-        backward overwrites."""
-        stash = self._stash if self._stash is not None else {}
-        for p in self.params:
-            if p.grad is None:
-                continue
-            earlier = stash.get(id(p))
-            if earlier is None:
-                stash[id(p)] = p.grad.mul(n)
-            else:
-                earlier.add_(p.grad, alpha=n)
-            p.grad = None
-        self._stash = stash
-
-    def _end_small(self) -> None:
-        """The small all-reduce's results: the members' samples-weighted buffers, and the estimates
-        the members on this node pool."""
-        try:
-            self._small_work.wait()
-        except (RuntimeError, ValueError) as exc:
-            raise self._failed("all-reduce", exc) from exc
-        small = self._small
-        assert small is not None
-        if self.buffers:
-            flatten_.load(self.buffers, small[step_reduce_numel(self.members):] / small[0])
-        check = self.rebalancer is not None and (self._windows + 1) % self.rebalancer.check_every == 0
-        if not (check or (self._pool_estimates and small.device.type == "cpu")):
-            return
-        # On a GPU this reads the device (a host sync): only at the rebalancer's checks.
-        k = MEMBER_SLOTS
-        slots = small[1: step_reduce_numel(self.members)].tolist()
-        if self._pool_estimates and small.device.type == "cpu":
-            batch = slots[k * self._me]
-            pool = [slots[k * i + 1] for i in self.spec.share_with if slots[k * i] == batch and slots[k * i + 1] > 0]
-            if pool:
-                self.emulator.share(int(batch), statistics.median(pool))
-        if check:
-            assert self.rebalancer is not None
-            change = self.rebalancer.check(self.local_step, slots[2::k], slots[3::k], slots[4::k])
-            # Every member starts its next sums now (the ones just read were sent before this step).
-            self._compute_s = self._computed = 0.0
-            if change is not None:
-                self._adapted(change)
+    def _end_window(self, bucket_at: float | None, mine: int) -> None:
+        """The window's group reduction is done; its compute timed."""
+        if self.ddp is not None:
+            if self.reduce.small is None:
+                raise TrainingError(
+                    f"rank {self.rank}: the step's gradients were never all-reduced: a trained parameter "
+                    f"got no gradient on this rank (pass ctx.wrap(..., find_unused_parameters=True)), "
+                    f"the model trained outside the module ctx.wrap() returned (use `model, opt = "
+                    f"ctx.wrap(model, opt)` and train `model`), or opt.step() came without a backward")
+            self.slots.read(self.reduce.end(), self.local_step)
+            # The window's compute: from its start to its last bucket (or its emulated end), the
+            # wait for the others left out.
+            self._computed_window(0.0 if bucket_at is None else bucket_at - self.clock.window_began, mine)
+        else:
+            # A group of one waits for nobody before its optimizer step: its compute ends here.
+            self._computed_window(time.perf_counter() - self.clock.window_began, mine)
 
     def _computed_window(self, seconds: float, samples: float) -> None:
-        self._windows += 1
-        self._compute_s += seconds
-        self._computed += samples
-        if self._windows > 1:
-            self.compute_total_s += seconds
-            self.computed_total += samples
-            if seconds > 0 and samples > 0:
-                self._per_sample.append(seconds / samples)
-                self._recent.append((seconds, samples))
-        now = time.monotonic()
-        if now - self._rates_at >= RATES_EVERY_S and self.compute_rate is not None:
+        if self.clock.window_done(seconds, samples):
             # What the finish record will say, so far: the launcher re-groups a job on it while it
             # runs (launch/adapt.py), as the next plan of the script is fitted to the finish record.
-            self._rates_at = now
             self.metrics.emit(event="rates", group=self.group_id, step=self.local_step,
                               compute_samples_per_s=self.compute_rate,
                               samples=self.samples_seen, steps=self.local_step,
-                              compute_noise=self.compute_noise, **self._recent_figures())
+                              compute_noise=self.compute_noise, **self.clock.recent_figures())
 
     @property
     def compute_noise(self) -> float | None:
-        """The mean delay of this member's steps over their noise-free time, as the planner's
-        ``Device.noise`` means it: the mean over the 10th percentile of its per-sample compute, less
-        one (a member that is every fourth step 3x slower: 0.5). None before 10 windows."""
-        return _noise_of(self._per_sample)
-
-    def _recent_figures(self) -> dict[str, float | None]:
-        """Compute samples/s and noise over the last RECENT_WINDOWS windows."""
-        seconds = sum(s for s, _ in self._recent)
-        return {"recent_samples_per_s": sum(n for _, n in self._recent) / seconds if seconds > 0 else None,
-                "recent_noise": _noise_of([s / n for s, n in self._recent])}
+        """ComputeClock.compute_noise: how uneven this member's steps are."""
+        return self.clock.compute_noise
 
     @property
     def compute_rate(self) -> float | None:
         """Samples per second of this member's compute over the run (waits for others excluded)."""
-        return self.computed_total / self.compute_total_s if self.compute_total_s > 0 else None
-
-    def _adapted(self, change: Change) -> None:
-        """The group re-split its batch (every member decided the same): the leader reports it."""
-        self.changes.append(change)
-        if self.rank == self.leader:
-            self.metrics.emit(event="adapt", kind="rebalance", group=self.group_id, step=change.step,
-                              data_step=change.from_step, ranks=list(self.ranks), before=list(change.before),
-                              batches=list(change.after), rates=[round(r, 3) for r in change.rates],
-                              step_before_s=change.step_before_s, step_after_s=change.step_after_s)
+        return self.clock.compute_rate
 
     def _clear_grads(self) -> None:
         for p in self.params:
@@ -536,42 +358,14 @@ class GroupEngine:
             self._nosync.__exit__(None, None, None)
             self._nosync = None
 
-    # --- what the exchange needs (exchange.GroupState) ------------------------------------------
+    # --- what the exchange and the script's context read ----------------------------------------
     @property
     def version(self) -> int:
         return self.exchange.version if self.exchange is not None else 0
 
-    def broadcast_state(self, version: int) -> int:
-        """The leader's parameters, synchronised buffers and ``version`` to the group, in one broadcast.
-        The version travels as the bytes of an int64 viewed in the vector's dtype: a broadcast copies
-        bytes, and no float type of the parameters (bf16 holds integers exactly only up to 256) could
-        carry it as a number."""
-        if self.members <= 1:
-            return version
-        params = flatten_.flatten(self.params, self.device)
-        state = torch.cat([params, flatten_.flatten(self.buffers, self.device).to(params.dtype)])
-        word = torch.tensor([version], dtype=torch.int64, device=state.device).view(state.dtype)
-        whole = torch.cat([state, word])
-        self.collective(lambda: dist.broadcast(whole, self.leader, group=self.pg), "broadcast")
-        flatten_.load(self.params, whole[:params.numel()])
-        flatten_.load(self.buffers, whole[params.numel(): state.numel()])
-        return int(whole[state.numel():].clone().view(torch.int64)[0])   # clone: aligned
-
-    def broadcast_flag(self, flag: torch.Tensor) -> None:
-        if self.members > 1:
-            self.collective(lambda: dist.broadcast(flag, self.leader, group=self.pg), "broadcast")
-
     def collective(self, op: Callable[[], Any], what: str) -> Any:
-        try:
-            return op()
-        except (RuntimeError, ValueError) as exc:
-            raise self._failed(what, exc) from exc
-
-    def _failed(self, what: str, exc: BaseException) -> TrainingError:
-        first = str(exc).splitlines()[0] if str(exc) else repr(exc)
-        return TrainingError(f"rank {self.rank} (group {self.group_id}): {what} in group {self.group_id} "
-                             f"{list(self.ranks)} failed (a peer died or timed out after {self.timeout_s:g} s): "
-                             f"{first}")
+        """One of the group's collectives outside DDP (GroupLink.collective)."""
+        return self.link.collective(op, what)
 
     # --- state and end --------------------------------------------------------------------------
     @property
@@ -583,7 +377,7 @@ class GroupEngine:
     def sync_s(self) -> float:
         """Wall seconds this rank waited on its group's all-reduces (after backward's last bucket
         left) and, with a PS, on the exchange and its broadcast."""
-        return self._reduce_wait_s + (self.exchange.sync_s if self.exchange is not None else 0.0)
+        return self.clock.reduce_wait_s + (self.exchange.sync_s if self.exchange is not None else 0.0)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The model's state dict (copies, the model's own names, no DDP prefix): the PS's parameters
@@ -603,14 +397,56 @@ class GroupEngine:
             self.exchange.finish()
 
 
+def build_ddp(engine: GroupEngine, bucket_mb: float,
+              ddp_options: Mapping[str, Any]) -> torch.nn.parallel.DistributedDataParallel:
+    """DDP over the engine's module and process group, with the engine as its comm hook's state
+    (``bucket_mb`` 0: one bucket)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from .ddp import engine_hook
+
+    cap = bucket_mb
+    if cap <= 0:        # one bucket: every gradient in it
+        cap = sum(p.numel() * p.element_size() for p in engine.params) / 2 ** 20 + 1.0
+    on_gpu = engine.device.type == "cuda"
+    # Buffers synchronised at the start (as DDP does), then averaged by the engine, not broadcast
+    # from rank 0 at every forward: torch 2.13 renamed the switch (and warns on the old name).
+    no_forward_sync: dict[str, Any] = ({"forward_sync_buffers": False}
+                       if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+                       else {"broadcast_buffers": False})
+    options: dict[str, Any] = {**no_forward_sync, **ddp_options}
+    try:
+        ddp = DistributedDataParallel(
+            engine.module, device_ids=[engine.device] if on_gpu else None, process_group=engine.pg,
+            bucket_cap_mb=cap, **options)
+    except (RuntimeError, ValueError) as exc:
+        raise engine.link.failed("DDP's start (broadcast of rank 0's parameters)", exc) from exc
+    ddp.register_comm_hook(engine, engine_hook)
+    return ddp
+
+
 def _grad(p: torch.Tensor) -> torch.Tensor:
     return p.grad if p.grad is not None else torch.zeros_like(p)
 
 
-def _noise_of(per_sample: Iterable[float]) -> float | None:
-    """Mean over 10th percentile of per-sample compute seconds, less one; None under 10 values."""
-    values = sorted(per_sample)
-    if len(values) < 10:
-        return None
-    floor = values[len(values) // 10]
-    return max(0.0, statistics.fmean(values) / floor - 1.0) if floor > 0 else None
+def _planned_total(spec: GroupSpec, accumulate: int) -> float | None:
+    """B: the plan's samples per update over the whole group; None (learnt from the first step)
+    when the plan gives no batches (every member then uses the same value)."""
+    return float(accumulate * sum(b for b in spec.batches if b)) if spec.batches and all(spec.batches) else None
+
+
+def _rebalancer(spec: GroupSpec) -> Rebalancer | None:
+    """The group's rebalancer: members that share a split of the plan's batches."""
+    split = spec.split
+    members = len(spec.ranks)
+    return Rebalancer(split) if split is not None and members > 1 and len(split.planned) == members else None
+
+
+def _check_options(max_grad_norm: float | None, ddp_options: Mapping[str, Any] | None) -> None:
+    if max_grad_norm is not None and not max_grad_norm > 0:
+        raise TrainingError(f"max_grad_norm must be positive, not {max_grad_norm!r}")
+    unknown = sorted(set(ddp_options or {}) - set(DDP_OPTIONS))
+    if unknown:
+        raise TrainingError(f"ctx.wrap() does not take {', '.join(unknown)}: hgtrain sets DDP's process "
+                            f"group, devices, buckets and buffers itself (it takes {', '.join(DDP_OPTIONS)})")
+

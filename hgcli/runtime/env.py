@@ -139,14 +139,8 @@ def rank_env(plan: model.Plan, rank: int, *, master_addr: str, master_port: int,
     }
     if adapt is not None:
         env["HGTRAIN_ADAPT"] = "1" if adapt else "0"
-    if snapshots is not None and rp.role is model.Role.WORKER and (
-            not plan.ps_shards or rank == plan.groups[0].ranks[0]):
-        env.update(snapshots.environ())
-    elif snapshots is not None and rp.role is model.Role.WORKER and snapshots.resume_step is not None:
-        # Under PS ranks the PS checkpoints hold the state: a worker only resumes a snapshot (a plan
-        # re-grouped from an all-reduce one, launch/adapt.py) and takes none, but for the first of the
-        # first group while the way back to all-reduce is watched (runtime/context.py).
-        env.update(SnapshotEnv(directory=snapshots.directory, resume_step=snapshots.resume_step).environ())
+    if snapshots is not None and rp.role is model.Role.WORKER:
+        env.update(_snapshot_environ(plan, rank, snapshots))
     devices = cuda_visible_devices(rp)
     if devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = devices
@@ -159,6 +153,19 @@ def rank_env(plan: model.Plan, rank: int, *, master_addr: str, master_port: int,
     if token:
         env["HGTRAIN_JOB_TOKEN"] = token
     return env
+
+
+def _snapshot_environ(plan: model.Plan, rank: int, snapshots: SnapshotEnv) -> dict[str, str]:
+    """A worker's snapshot variables: those of ``snapshots`` under a plan without PS ranks (and for
+    the first of the first group under one), else only the step to resume."""
+    if not plan.ps_shards or rank == plan.groups[0].ranks[0]:
+        return snapshots.environ()
+    if snapshots.resume_step is not None:
+        # Under PS ranks the PS checkpoints hold the state: a worker only resumes a snapshot (a plan
+        # re-grouped from an all-reduce one, launch/adapt.py) and takes none, but for the first of the
+        # first group while the way back to all-reduce is watched (runtime/context.py).
+        return SnapshotEnv(directory=snapshots.directory, resume_step=snapshots.resume_step).environ()
+    return {}
 
 
 def torchrun_defaults(local_world_size: int) -> dict[str, str]:

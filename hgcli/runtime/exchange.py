@@ -2,7 +2,8 @@
 
 The group engine (engine.py) hands the exchange each completed step's aggregated gradient; the group
 leader pushes it to the PS shards and loads their answer, and the group hears the fresh parameters
-in one broadcast the engine makes. What the engine offers the exchange is :class:`GroupState`.
+in one broadcast the engine makes. What the engine offers the exchange is :class:`GroupState`
+(group_link.GroupLink).
 
 With ``overlap`` (Plan.overlap) the leader's exchange runs on a thread of its own while the group
 computes its next step on the parameters it has: at each push it first waits for the answer to its

@@ -22,9 +22,9 @@ staleness rule allows (see docs/runtime-reference.md):
 * with overlap (plan.overlap, S >= groups), a group computes its next gradient while its push is in
   flight, on the answer before; the leader sends that base with the push and the staleness counts
   from it; the damping does not (the versions up to its newest answer, its own push included, are
-  a fixed one-step pipeline delay: ``_damping_delay``). A group then always has a gradient pending,
-  and the rule (``_may_answer_overlapped``)
-  counts for each pending gradient, and each answered group's next one, every push that may still
+  a fixed one-step pipeline delay: ``Admission.damping_delay``, ps_admission.py). A group then
+  always has a gradient pending, and the rule (``Admission._may_answer_overlapped``) counts for each
+  pending gradient, and each answered group's next one, every push that may still
   come before it; when no group is answered, the held group with the oldest base is (which moves
   nobody else's count): no deadlock.
 * wire format (plan.wire): answers carry the parameters as bf16 under "bf16"; pushes may arrive as
@@ -49,7 +49,6 @@ import argparse
 import copy
 import json
 import os
-import queue
 import sys
 import threading
 import time
@@ -60,9 +59,12 @@ import torch
 from torch.distributed import rpc
 from torch.futures import Future
 
-from . import checkpoint, optim
+from . import optim
 from .env import RankEnv
-from .shards import Segment, segment_views
+from .ps_admission import Admission
+from .ps_checkpoints import ShardCheckpoints
+from .ps_state import ShardState
+from .shards import Segment
 from ..schema.stages import Wire
 from .errors import TrainingError
 from .groups import init_distributed, rpc_name, shutdown
@@ -80,6 +82,11 @@ Delivery = Callable[[int, Future, tuple[Any, ...]], None]
 
 
 class ShardServer:
+    """One PS shard: its RPC handlers (called on RPC threads) and the rule that decides who waits.
+
+    It owns what it holds (``held``: parameters, optimizer, buffers), the staleness bookkeeping
+    (``admission``) and its checkpoints (``checkpoints``); ``cv`` guards all three."""
+
     def __init__(self, *, shard: int, ps_ranks: Sequence[int], group_ids: Sequence[int],
                  staleness_bound: int, global_batch: int, timeout_s: float, metrics: MetricsSink,
                  checkpoint_dir: Path | None = None, checkpoint_every: int = 0,
@@ -88,72 +95,53 @@ class ShardServer:
                  wire: Wire = Wire.FP32) -> None:
         self.shard = shard
         self.ps_ranks = list(ps_ranks)
-        self.bound = staleness_bound
         self.global_batch = global_batch
         self.timeout_s = timeout_s
         self.metrics = metrics
         self.cv = threading.Condition()
-        self.params: list[torch.Tensor] | None = None   # the optimizer's tensors: views of master
-        self.master: torch.Tensor | None = None          # this shard's range of the flat parameters, fp32
-        self.grad: torch.Tensor | None = None            # the staging buffer of pushes: the params' .grad
-        self.segments: tuple[Segment, ...] | None = None
-        self.opt_impl = ""
+        self.held = ShardState(shard=shard, shards=len(self.ps_ranks), global_batch=global_batch,
+                               accumulate={g: (accumulate or {}).get(g, 1) for g in group_ids})
         # Answers being sent and snapshots being copied from master and the optimizer state:
         # a step waits until there are none (self.cv held). Nothing else blocks on them.
         self.readers = 0
         self.staging = threading.Lock()                  # one push at a time in the staging buffer
         self.deliver: Delivery = self._deliver_copy
-        self.update_s = 0.0                              # time in optimizer steps (and their scaling)
-        self.opt: torch.optim.Optimizer | None = None
-        self.opt_spec: dict[str, Any] | None = None
         self.version = 0
-        # Shard 0 only, for models with buffers: the shared buffers (what answers carry) and, per
-        # group, the buffers of its latest answer (what its pushed buffers moved on from).
-        self.buffers: torch.Tensor | None = None
-        self.answered_buffers: dict[int, torch.Tensor] = {}
-        self.accumulate = {g: (accumulate or {}).get(g, 1) for g in group_ids}
         # Each group's data position after its latest applied push (sent by its leader; see
         # position.py): checkpointed with the parameters, answered to the group after a resume.
         self.data_positions: dict[int, dict[str, int]] = {}
-        if len(group_ids) > 1 and staleness_bound < len(group_ids) - 1:
-            raise TrainingError(f"plan staleness_bound {staleness_bound} is below groups - 1 = "
-                                f"{len(group_ids) - 1}: no schedule of the groups could respect it")
-        # Overlap (docs/runtime-reference.md): a group's next gradient is computed while its push is in flight,
-        # so its own push always counts once in its staleness; the rule then needs S >= groups.
-        self.overlap = overlap
-        if overlap and staleness_bound < len(group_ids):
-            raise TrainingError(f"plan staleness_bound {staleness_bound} is below groups = {len(group_ids)}: "
-                                f"with overlap a group's own push in flight counts once in the staleness "
-                                f"of its next gradient, so no schedule could respect it")
-        self.wire_dtype = torch.bfloat16 if Wire(wire) is Wire.BF16 else torch.float32   # Wire() checks it
-        # Overlap admission (coordinator): per group, the version its last answer carried and the
-        # version its next push's gradient was computed on (one answer older than the last).
-        self.released: dict[int, int] = {}
-        self.next_base: dict[int, int] = {}
         self.coordinator = shard == 0
-        self.clock = {g: 0 for g in group_ids}
-        self.base = {g: 0 for g in group_ids}
-        self.active = set(group_ids)
-        self.computing: set[int] = set()               # answered, gradient not yet pushed
-        self.last_seen = {g: time.monotonic() for g in group_ids}
-        self.waiting: dict[int, Future] = {}          # group -> answer held back (coordinator)
+        self.admission = Admission(group_ids=group_ids, bound=staleness_bound, overlap=overlap,
+                                   coordinator=self.coordinator)
+        self.wire_dtype = torch.bfloat16 if Wire(wire) is Wire.BF16 else torch.float32   # Wire() checks it
         self.unseeded: list[tuple[int, Future]] = []  # pulls that arrived before the seed
         self.finishing: list[tuple[int, Future]] = []
         self.failure: str | None = None
         self.all_done = threading.Event()
-        self.ckpt_dir = checkpoint_dir
-        self.ckpt_every = checkpoint_every
-        self.ckpt_seconds = checkpoint_seconds
-        # The clock of --checkpoint-seconds starts with training (the first seed), not with the process:
-        # startup and rendezvous are no work to lose, and a restarted job must not spend its first
-        # interval on them before its first checkpoint.
-        self.ckpt_last: float | None = None
-        self.ckpt_scheduled: set[int] = set()
-        self.writes: "queue.Queue[tuple[int, dict[str, Any]] | None]" = queue.Queue()
-        self.writer = threading.Thread(target=self._write_loop, daemon=True)
-        self.writer.start()
         self.trace_fh = open(trace, "a", encoding="utf-8") if trace else None
+        self.checkpoints = ShardCheckpoints(
+            shard=shard, shards=len(self.ps_ranks), directory=checkpoint_dir, every=checkpoint_every,
+            seconds=checkpoint_seconds, snapshot=self.held.snapshot, read_done=self._read_done,
+            saved=self._saved, trace=self._trace)
         self._trace("start", pid=os.getpid(), threads=torch.get_num_threads(), rss_kb=memory_kb("VmRSS"))
+
+    # What tests read of the state: the optimizer's tensors (views of master), the fp32 master copy,
+    # the shared buffers, the versions the groups computed on.
+    @property
+    def params(self) -> list[torch.Tensor] | None:
+        return self.held.params
+
+    @property
+    def master(self) -> torch.Tensor | None:
+        return self.held.master
+
+    @property
+    def buffers(self) -> torch.Tensor | None:
+        return self.held.buffers
+
+    @property
+    def base(self) -> dict[int, int]:
+        return self.admission.base
 
     # --- events ------------------------------------------------------------------------------
     def _trace(self, event: str, **fields: Any) -> None:
@@ -161,6 +149,15 @@ class ShardServer:
             self.trace_fh.write(json.dumps({"event": event, "shard": self.shard,
                                             "t": time.time(), **fields}) + "\n")
             self.trace_fh.flush()
+
+    def _read_done(self) -> None:
+        with self.cv:
+            self.readers -= 1
+            self.cv.notify_all()
+
+    def _saved(self, version: int, path: Path) -> None:
+        with self.cv:
+            self._trace("checkpoint", version=version, path=str(path))
 
     # --- RPC handlers (called on RPC threads) -----------------------------------------------
     def seed(self, group: int, flat: torch.Tensor, segments: Sequence[Segment],
@@ -172,58 +169,26 @@ class ShardServer:
             raise TrainingError(f"PS shard {self.shard}: the seed carries {flat.numel()} values for segments "
                                 f"of {sum(s.length for s in segments)}")
         with self.cv:
-            self.last_seen[group] = time.monotonic()
-            if self.ckpt_last is None:
-                self.ckpt_last = time.monotonic()
-            if self.params is None:
-                self._install(flat, segments, opt_spec)
-                self.buffers = buffers
-                self._trace("seed", version=self.version, numel=flat.numel(), impl=self.opt_impl)
+            self.admission.heard(group)
+            self.checkpoints.start_clock()
+            if self.held.params is None:
+                self.held.install(flat, segments, opt_spec)
+                self.held.buffers = buffers
+                self._trace("seed", version=self.version, numel=flat.numel(), impl=self.held.opt_impl)
             else:
-                self._check_resumed(segments, opt_spec, buffers)
+                self.held.check_resumed(segments, opt_spec, buffers)
             for g, fut in self.unseeded:
                 self._request(g, fut)
             self.unseeded.clear()
             return self.version
 
-    def _install(self, master: torch.Tensor, segments: tuple[Segment, ...], opt_spec: dict[str, Any]) -> None:
-        """Hold ``master`` and build the optimizer over its segments (refused before anything is held)."""
-        master = master.float().contiguous().reshape(-1)
-        params = segment_views(master, segments)
-        opt, impl = optim.build_fast_optimizer(params, opt_spec)
-        grad = torch.zeros_like(master)
-        for p, g in zip(params, segment_views(grad, segments)):
-            p.grad = g
-        self.master, self.grad, self.params, self.segments = master, grad, params, segments
-        self.opt, self.opt_spec, self.opt_impl = opt, opt_spec, impl
-
-    def _check_resumed(self, segments: tuple[Segment, ...], opt_spec: dict[str, Any],
-                       buffers: torch.Tensor | None) -> None:
-        """A seed after a resume: the checkpoint's values win, but the job must be the same model and
-        optimizer. Its hyperparameters become the baseline pushes are relative to (optim.py)."""
-        assert self.params is not None and self.opt_spec is not None
-        if self.segments != segments:
-            raise TrainingError(f"PS shard {self.shard}: the model (or its cut into {len(self.ps_ranks)} shards) "
-                                f"does not match the checkpointed parameters")
-        old = optim.normalise_spec(self.opt_spec, len(self.params))
-        new = optim.normalise_spec(opt_spec, len(self.params))
-        if not optim.same_structure(old, new):
-            raise TrainingError(f"PS shard {self.shard}: the optimizer ({new['module']}.{new['qualname']}, "
-                                f"{len(new['groups'])} parameter groups) does not match the checkpointed "
-                                f"one ({old['module']}.{old['qualname']}, {len(old['groups'])} groups)")
-        self.opt_spec = opt_spec
-        if buffers is not None and (self.buffers is None or self.buffers.numel() != buffers.numel()):
-            self.buffers = buffers        # a checkpoint without (these) buffers: start from the seed's
-            self.answered_buffers = {}
-
     def pull(self, group: int) -> Future:
         """Parameters for a group (at its start; after shard 0 answered its push, on other shards)."""
         fut: Future = Future()
         with self.cv:
-            self.last_seen[group] = time.monotonic()
-            if self.ckpt_last is None:
-                self.ckpt_last = time.monotonic()
-            if self.params is None:
+            self.admission.heard(group)
+            self.checkpoints.start_clock()
+            if self.held.params is None:
                 self.unseeded.append((group, fut))
             else:
                 self._request(group, fut)
@@ -238,54 +203,29 @@ class ShardServer:
         of this shard's parameters the gradient was computed on (sent under overlap, where it is
         older than the group's last answer); ``grad`` may arrive in the plan's wire format."""
         fut: Future = Future()
-        schedule = None
         with self.cv:
-            if self.params is None or self.opt is None or self.opt_spec is None or self.grad is None:
-                raise TrainingError(f"PS shard {self.shard}: push from group {group} before the seed")
-            if grad.numel() != self.grad.numel():
-                raise TrainingError(f"PS shard {self.shard}: group {group} pushed {grad.numel()} values to a "
-                                    f"shard of {self.grad.numel()}")
+            self.held.check_push(group, grad)
             while self.readers:          # answers in flight and snapshots read what this step changes
                 self.cv.wait()
-            self.last_seen[group] = time.monotonic()
-            if self.overlap and self.coordinator:
-                # The admission rule keeps its own record of the gradient's base: the leader's must agree.
-                expected = self.next_base.get(group, self.base[group])
-                if base is not None and base != expected:
-                    raise TrainingError(f"PS shard 0: group {group} pushed a gradient computed on version "
-                                        f"{base}; the admission rule expected {expected}")
-                self.base[group] = expected
-            elif base is not None:
-                self.base[group] = base
-            staleness = self.version - self.base[group]
-            delay = self._damping_delay(group)
+            adm = self.admission
+            adm.heard(group)
+            adm.pushed(group, base)
+            staleness = self.version - adm.base[group]
+            delay = adm.damping_delay(group, self.version)
             scale = (samples / self.global_batch if self.global_batch else 1.0) / max(1, delay)
-            t0 = time.perf_counter()
-            if grad is not self.grad:    # in process; over the channel the push arrived in place
-                self.grad.copy_(grad)    # widened: fp32 master copy and optimizer state, whatever the wire
-            if scale != 1.0:
-                self.grad.mul_(scale)
-            optim.apply_hyperparameters(self.opt, optim.normalise_spec(self.opt_spec, len(self.params))["groups"],
-                                        hyper)
-            self.opt.step()
-            update_s = time.perf_counter() - t0
-            self.update_s += update_s
+            update_s = self.held.step(grad, scale, hyper)
             if buffers is not None:
-                self._move_buffers(group, buffers, samples)
+                self.held.move_buffers(group, buffers, samples)
             self.version += 1
-            self.clock[group] += 1
+            adm.applied(group)
             if data_position is not None:
                 self.data_positions[group] = dict(data_position)
-            self._trace("push", group=group, clock=self.clock[group], base=self.base[group],
+            self._trace("push", group=group, clock=adm.clock[group], base=adm.base[group],
                         version=self.version, staleness=staleness, delay=delay, samples=samples, scale=scale,
-                        clocks=dict(self.clock), active=sorted(self.active),
+                        clocks=dict(adm.clock), active=sorted(adm.active),
                         lr=[h.get("lr") for h in hyper], update_s=update_s)
             self.metrics.emit(event="ps_push", shard=self.shard, group=group, version=self.version,
                               staleness=staleness, delay=delay, scale=scale, update_s=update_s)
-            self.computing.discard(group)
-            if self.overlap and group in self.released:
-                # Its next gradient is being computed on the parameters of its last answer.
-                self.next_base[group] = self.released[group]
             if self.coordinator:
                 self._request(group, fut)
             else:
@@ -299,15 +239,13 @@ class ShardServer:
         """A group is done; answers (done?, version, params, buffers) once all are, or after ``wait_s``."""
         fut: Future = Future()
         with self.cv:
-            self.last_seen[group] = time.monotonic()
-            if group in self.active:
-                self.active.discard(group)
-                self.computing.discard(group)
-                self._trace("done", group=group, clock=self.clock[group])
+            self.admission.heard(group)
+            if self.admission.done(group):
+                self._trace("done", group=group, clock=self.admission.clock[group])
                 self._release()
-            if not self.active:
+            if not self.admission.active:
                 self.all_done.set()
-                self.deliver(group, fut, (True, self.version, MASTER, self._buffers_copy()))
+                self.deliver(group, fut, (True, self.version, MASTER, self.held.buffers_copy()))
             else:
                 self.finishing.append((group, fut))
                 threading.Timer(wait_s, self._finish_timeout, args=(group, fut)).start()
@@ -316,10 +254,10 @@ class ShardServer:
     def state(self) -> tuple[int, torch.Tensor, torch.Tensor | None]:
         """The current parameters and buffers, at once (``ctx.state_dict()``; no effect on scheduling)."""
         with self.cv:
-            if self.params is None:
+            if self.held.params is None:
                 raise TrainingError(f"PS shard {self.shard}: asked for its state before the seed")
-            assert self.master is not None
-            return self.version, self.master.clone(), self._buffers_copy()
+            assert self.held.master is not None
+            return self.version, self.held.master.clone(), self.held.buffers_copy()
 
     def data_position(self, group: int) -> dict[str, int] | None:
         with self.cv:
@@ -327,8 +265,7 @@ class ShardServer:
 
     def schedule_checkpoint(self, version: int) -> None:
         with self.cv:
-            if version > self.version:
-                self.ckpt_scheduled.add(version)
+            self.checkpoints.schedule(version, self.version)
 
     # --- internals (self.cv held) ------------------------------------------------------------
     def _finish_timeout(self, group: int, fut: Future) -> None:
@@ -337,96 +274,35 @@ class ShardServer:
                 self.finishing.remove((group, fut))
                 self.deliver(group, fut, (False, self.version, None, None))
 
-    def _damping_delay(self, group: int) -> int:
-        """The staleness a push is damped by: versions since the group's newest answer. Without
-        overlap that is its staleness (the gradient was computed on that answer). Under overlap the
-        gradient is one answer older: the versions between that answer and the newest (the group's
-        own previous push, and what landed before it was answered) are a fixed one-step pipeline
-        delay, present on every push whatever the other groups do (as in delayed SGD), not
-        asynchrony between the groups. Damping them too divided every push by the pipeline's
-        depth as well, so the same samples made far less progress (benchmarks/hybrid_links.py). Only what
-        came after the newest answer counts, the same count as without overlap; the bound still
-        counts the full staleness from the older base."""
-        return self.version - self.released.get(group, self.base[group])
-
     def _request(self, group: int, fut: Future) -> None:
         if self.coordinator:
-            self.waiting[group] = fut
+            self.admission.waiting[group] = fut
             self._release()
         else:
             self._answer(group, fut)
 
-    def _may_answer(self, group: int) -> bool:
-        if self.overlap:
-            return self._may_answer_overlapped(group)
-        n = len(self.computing)         # computing groups once ``group`` joins them, minus one
-        return all(self.version - self.base[h] + n <= self.bound
-                   for h in self.computing if h != group)
-
-    def _may_answer_overlapped(self, group: int) -> bool:
-        """The overlap rule (docs/runtime-reference.md): with ``group`` answered, every pending gradient, and
-        the next gradient of every free group, must be pushed within the bound even if everything
-        that may come before it does. A group is *free* once answered (it may push once without
-        asking), else *held* (its next push needs an answer); once answered a first time it always
-        has a gradient pending, the one it computes while its push is in flight. Before the pending
-        gradient of h (base b, key (b, h)) may come: one push of each other free group, and a
-        second one of those whose next base is older than b (held, they are answered first), and
-        one push of each held group answered before h (base older than b)."""
-        v, free = self.version, set(self.computing) | {group}
-        held = {h: self.next_base[h] for h in self.waiting if h != group and h in self.next_base}
-        released = {**self.released, group: v}
-        pending = {**{h: self.next_base.get(h, v) for h in free}, **held}
-
-        def ahead(key: tuple[int, int], h: int) -> int:
-            return (sum(1 + ((released[x], x) < key) for x in free if x != h)
-                    + sum((b, x) < key for x, b in held.items() if x != h))
-
-        if any(v - b + ahead((b, h), h) > self.bound for h, b in pending.items()):
-            return False
-        # A free group's gradient after its pending one is computed on its last answer (+1: its own push).
-        return all(v + 1 - released[h] + ahead((released[h], h), h) <= self.bound for h in free)
-
     def _release(self) -> None:
-        progress = True
-        while progress and self.waiting:
-            progress = False
-            for g in sorted(self.waiting, key=self._admission_order):   # oldest base first
-                if not self.computing or self._may_answer(g):
-                    fut = self.waiting.pop(g)
-                    self._trace("release", group=g, version=self.version,
-                                computing=sorted(self.computing),
-                                bases={str(h): self.base[h] for h in self.computing})
-                    self._answer(g, fut)
-                    progress = True
-                    break
-        if not self.active:
+        adm = self.admission
+        while (g := adm.next_release(self.version)) is not None:
+            fut = adm.waiting.pop(g)
+            self._trace("release", group=g, version=self.version, computing=sorted(adm.computing),
+                        bases={str(h): adm.base[h] for h in adm.computing})
+            self._answer(g, fut)
+        if not adm.active:
             self.all_done.set()
             for g, fut in self.finishing:
-                self.deliver(g, fut, (True, self.version, MASTER, self._buffers_copy()))
+                self.deliver(g, fut, (True, self.version, MASTER, self.held.buffers_copy()))
             self.finishing.clear()
 
-    def _admission_order(self, group: int) -> tuple[int, int]:
-        if self.overlap:
-            # Held groups by their pending gradient's base (answering the oldest when no group is
-            # free moves nobody else's count); groups never answered after them: they have none.
-            return (self.next_base.get(group, sys.maxsize), group)
-        return (self.base[group], group)
-
     def _answer(self, group: int, fut: Future) -> None:
-        if not self.overlap:
-            self.base[group] = self.version
-        elif group not in self.next_base:
-            # Its first answer (start, resume): its first two gradients are both computed on it.
-            self.next_base[group] = self.base[group] = self.version
-        self.released[group] = self.version
-        if group in self.active:
-            self.computing.add(group)
-        buffers = self._buffers_copy()
+        self.admission.answered(group, self.version)
+        buffers = self.held.buffers_copy()
         if buffers is not None:
-            self.answered_buffers[group] = buffers
-        if self.trace_fh and self.master is not None:   # (a float64 sum: a debugging aid, slow on large models)
+            self.held.answered_buffers[group] = buffers
+        master = self.held.master
+        if self.trace_fh and master is not None:   # (a float64 sum: a debugging aid, slow on large models)
             self._trace("answer", group=group, version=self.version,
-                        param_sum=float(self.master.to(self.wire_dtype).sum(dtype=torch.float64)))
+                        param_sum=float(master.to(self.wire_dtype).sum(dtype=torch.float64)))
         self.deliver(group, fut, (self.version, PARAMS, buffers))
 
     def payload(self, fields: tuple[Any, ...]) -> torch.dtype | None:
@@ -439,161 +315,64 @@ class ShardServer:
 
     def _deliver_copy(self, group: int, fut: Future, fields: tuple[Any, ...]) -> None:
         """In process (tests, tools): the answer with a copy of the parameters."""
-        dtype, master = self.payload(fields), self.master
+        dtype, master = self.payload(fields), self.held.master
         fut.set_result(tuple(master.to(dtype, copy=True) if (f is PARAMS or f is MASTER) and dtype and master is not None
                              else f for f in fields))
 
-    def _buffers_copy(self) -> torch.Tensor | None:
-        # A copy: the answer is serialised later, on an RPC thread, while pushes may replace the average.
-        return None if self.buffers is None else self.buffers.clone()
-
-    def _move_buffers(self, group: int, buffers: torch.Tensor, samples: float) -> None:
-        """Apply what the group's own steps changed in the buffers it was last answered, weighted by
-        its share of the global batch per local step: the shared running statistics then move as
-        one synchronous step's would, by the momentum per global batch, whichever group computed it.
-
-        Not an average of the groups' pushed buffers: those are mostly the shared buffers they were
-        answered (a group's steps move running statistics by the momentum only), so an average
-        keeps echoing whichever group pushes least often, or finished long ago, with the weight of
-        one of its pushes, and the statistics lag behind the parameters (benchmarks/RESULTS.md has the
-        measurement)."""
-        if self.buffers is None:
-            self.buffers = buffers          # a seed without buffers: nothing to move from
-            return
-        base = self.answered_buffers.get(group, self.buffers)
-        share = samples / (self.accumulate.get(group, 1) * self.global_batch) if self.global_batch else 1.0
-        self.buffers = self.buffers + min(1.0, share) * (buffers - base)
-
     def _checkpoint_due(self) -> int | None:
         """Snapshot if this version is due; returns a version to schedule on every shard, if any."""
-        if self.ckpt_dir is None:
-            return None
-        v = self.version
-        if (self.ckpt_every and v % self.ckpt_every == 0) or v in self.ckpt_scheduled:
-            self.ckpt_scheduled.discard(v)
-            self.ckpt_last = time.monotonic()
+        if self.checkpoints.due(self.version):
             # The writer copies the state outside the lock; until it has, steps wait (readers).
             self.readers += 1
-            self.writes.put((v, {"data_positions": copy.deepcopy(self.data_positions),
-                                 "buffers": self._buffers_copy()}))
-        if (self.shard == 0 and self.ckpt_seconds and not self.ckpt_scheduled and self.ckpt_last is not None
-                and time.monotonic() - self.ckpt_last >= self.ckpt_seconds):
-            # Shards may differ by up to one push per group; this version is ahead of all of them.
-            target = v + len(self.clock) + 1
-            self.ckpt_scheduled.add(target)
-            return target
-        return None
+            self.checkpoints.write(self.version, {"data_positions": copy.deepcopy(self.data_positions),
+                                                  "buffers": self.held.buffers_copy()})
+        return self.checkpoints.ahead(self.version, len(self.admission.clock))
 
     def _schedule_everywhere(self, version: int) -> None:
         for r in self.ps_ranks[1:]:
             rpc.rpc_async(rpc_name(r), _schedule_checkpoint, args=(version,))
 
-    def _snapshot(self, taken: dict[str, Any]) -> dict[str, Any]:
-        """The state at the version the checkpoint was scheduled on: ``taken`` holds what was copied
-        under the lock; master and the optimizer state are copied here, on the writer's thread,
-        while the reader it counts keeps steps out."""
-        assert self.master is not None and self.opt is not None and self.segments is not None
-        state: dict[str, Any] = {"master": self.master.clone(), "segments": [s.to_wire() for s in self.segments],
-                                 "opt_spec": self.opt_spec, "optimizer": copy.deepcopy(self.opt.state_dict()),
-                                 "data_positions": taken["data_positions"]}
-        if taken["buffers"] is not None:
-            state["buffers"] = taken["buffers"]
-        return state
-
-    def _write_loop(self) -> None:
-        while (item := self.writes.get()) is not None:
-            version, taken = item
-            assert self.ckpt_dir is not None
-            try:
-                state = self._snapshot(taken)
-            finally:
-                with self.cv:
-                    self.readers -= 1
-                    self.cv.notify_all()
-            path = checkpoint.save(self.ckpt_dir, self.shard, version, state)
-            with self.cv:
-                self._trace("checkpoint", version=version, path=str(path))
-
     def resume(self, version: int | None = None) -> int | None:
-        """Load a complete checkpoint set; returns its version, or None when there is none.
-
-        ``version``: the one the launcher chose from every node's files (shards on several nodes
-        each keep their own files, so no single directory shows a complete set); without it, the
-        newest complete set in this shard's own directory (all shards on one node, ``localrun``)."""
-        assert self.ckpt_dir is not None
-        checkpoint.remove_temp_files(self.ckpt_dir, self.shard)
-        if version is None:
-            data = self._newest_readable()
-            if data is None:
-                self._trace("resume", version=None)
-                return None
-            version = int(data["version"])
-        else:
-            try:
-                data = checkpoint.load(self.ckpt_dir, self.shard, version)
-            except (OSError, ValueError) as exc:
-                raise TrainingError(f"PS shard {self.shard}: cannot load checkpoint version {version}: "
-                                    f"{exc}") from None
-        self._install(data["master"], tuple(Segment.from_wire(s) for s in data["segments"]), data["opt_spec"])
-        assert self.opt is not None
-        self.opt.load_state_dict(data["optimizer"])
-        # Older checkpoints also hold "group_buffers" (each group's last pushed buffers), which the
-        # rule no longer needs: groups are answered the buffers again when they pull.
-        self.buffers = data.get("buffers")
-        self.answered_buffers = {}
+        """Load a complete checkpoint set (``version``, else the newest: ShardCheckpoints.find);
+        returns its version, or None when there is none."""
+        found = self.checkpoints.find(version)
+        if found is None:
+            self._trace("resume", version=None)
+            return None
+        version, data = found
+        self.held.load(data)
         self.version = version
-        self.base = {g: self.version for g in self.base}
-        self.released, self.next_base = {}, {}      # every group starts again from its first answer
+        self.admission.resumed(self.version)
         # Checkpoints written before data positions were recorded have none: groups start their epochs.
         self.data_positions = {int(g): dict(p) for g, p in data.get("data_positions", {}).items()}
         self._trace("resume", version=self.version,
                     data_positions={str(g): p for g, p in self.data_positions.items()})
         return self.version
 
-    def _newest_readable(self) -> dict[str, Any] | None:
-        """The newest complete set whose files are all readable: every shard sees the same files
-        and makes the same choice, so a corrupt file makes them all fall back to the version
-        before (said on stdout, naming the file)."""
-        assert self.ckpt_dir is not None
-        for version in checkpoint.complete_versions(self.ckpt_dir, len(self.ps_ranks)):
-            why = next((w for s in range(len(self.ps_ranks)) if s != self.shard
-                        for w in [checkpoint.intact(self.ckpt_dir, s, version)] if w), None)
-            if why is None:
-                try:
-                    return checkpoint.load(self.ckpt_dir, self.shard, version)
-                except (OSError, ValueError) as exc:
-                    why = str(exc)
-            print(f"PS shard {self.shard}: checkpoint version {version} is not usable ({why}); "
-                  f"trying the one before", flush=True)
-            self._trace("resume_skipped", version=version, why=why)
-        return None
-
     # --- main thread ---------------------------------------------------------------------------
     def wait(self) -> None:
         """Until every group is done; fails when an unfinished group is silent for the timeout."""
         while not self.all_done.wait(1.0):
             with self.cv:
-                now = time.monotonic()
                 # 3/4 of the timeout: groups held back by the bound hear this reason before their
                 # own RPC timeout fires.
                 limit = (0.75 if self.coordinator else 1.0) * self.timeout_s
-                silent = sorted(g for g in self.active if g not in self.waiting
-                                and now - self.last_seen[g] > limit)
+                waiting = self.admission.waiting
+                silent = self.admission.silent(time.monotonic(), limit)
                 if silent:
                     msg = (f"PS shard {self.shard}: no message from group(s) {silent} for "
                            f"{limit:g} s; a worker probably died")
                     self.failure = msg
-                    for fut in [*self.waiting.values(), *(f for _, f in self.finishing)]:
+                    for fut in [*waiting.values(), *(f for _, f in self.finishing)]:
                         fut.set_exception(TrainingError(msg))
-                    self.waiting.clear()
+                    waiting.clear()
                     self.finishing.clear()
                     raise TrainingError(msg)
 
     def close(self) -> None:
-        self.writes.put(None)
-        self.writer.join()
-        end = {"version": self.version, "update_s": self.update_s, "peak_rss_kb": memory_kb("VmHWM"),
-               "impl": self.opt_impl}
+        self.checkpoints.close()
+        end = {"version": self.version, "update_s": self.held.update_s, "peak_rss_kb": memory_kb("VmHWM"),
+               "impl": self.held.opt_impl}
         self._trace("end", **end)
         self.metrics.emit(event="ps_end", shard=self.shard, **end)
         if self.trace_fh:

@@ -52,7 +52,7 @@ class ShardIO:
         def work() -> Any:
             leader, pg = self._peer(group)
             with self.server.staging:
-                grad = self.server.grad
+                grad = self.server.held.grad
                 if grad is None:
                     raise TrainingError(f"PS shard {self.server.shard}: push from group {group} before the seed")
                 transfer.recv(grad, leader, pg, self.server.wire_dtype, self.scratch)
@@ -95,7 +95,7 @@ class ShardIO:
 
     def _send(self, group: int, leader: int, pg: Any, dtype: torch.dtype) -> None:
         try:
-            master = self.server.master
+            master = self.server.held.master
             assert master is not None
             if dtype == master.dtype:
                 transfer.wait(transfer.send(master, leader, pg))

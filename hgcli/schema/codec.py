@@ -50,29 +50,9 @@ def _convert(tp: Any, data: Any, where: str) -> Any:
     if tp is Any:
         return data
     if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if data is None:
-            if type(None) in args:
-                return None
-            raise ValueError(f"{where}: null is not allowed")
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _convert(arg, data, where)
-            except (ValueError, TypeError) as exc:
-                errors.append(str(exc))
-        raise ValueError(errors[0] if errors else f"{where}: no type matches")
+        return _convert_union(tp, data, where)
     if origin is tuple:
-        args = typing.get_args(tp)
-        if not isinstance(data, (list, tuple)):
-            raise ValueError(f"{where}: expected a list, got {type(data).__name__}")
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_convert(args[0], v, f"{where}[{i}]") for i, v in enumerate(data))
-        if len(args) != len(data):
-            raise ValueError(f"{where}: expected {len(args)} items, got {len(data)}")
-        return tuple(_convert(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, data)))
+        return _convert_tuple(tp, data, where)
     if origin is list:
         (arg,) = typing.get_args(tp)
         if not isinstance(data, list):
@@ -87,24 +67,62 @@ def _convert(tp: Any, data: Any, where: str) -> Any:
         # A Mapping field is a frozen dataclass's: read-only, as the dataclass is.
         return out if origin is dict else types.MappingProxyType(out)
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        if not isinstance(data, dict):
-            raise ValueError(f"{where}: expected an object, got {type(data).__name__}")
-        hints = typing.get_type_hints(tp)
-        kwargs = {}
-        for f in dataclasses.fields(tp):
-            if not f.init:
-                continue
-            if f.name in data:
-                kwargs[f.name] = _convert(hints[f.name], data[f.name], f"{where}.{f.name}")
-            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise ValueError(f"{where}: missing field {f.name!r}")
-        return tp(**kwargs)
+        return _convert_dataclass(tp, data, where)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         try:
             return tp(data)
         except ValueError:
             allowed = ", ".join(repr(m.value) for m in tp)
             raise ValueError(f"{where}: {data!r} is not one of {allowed}") from None
+    return _convert_scalar(tp, data, where)
+
+
+def _convert_union(tp: Any, data: Any, where: str) -> Any:
+    """The first of the union's types that takes ``data`` (null only where the union has None)."""
+    args = typing.get_args(tp)
+    if data is None:
+        if type(None) in args:
+            return None
+        raise ValueError(f"{where}: null is not allowed")
+    errors = []
+    for arg in args:
+        if arg is type(None):
+            continue
+        try:
+            return _convert(arg, data, where)
+        except (ValueError, TypeError) as exc:
+            errors.append(str(exc))
+    raise ValueError(errors[0] if errors else f"{where}: no type matches")
+
+
+def _convert_tuple(tp: Any, data: Any, where: str) -> tuple[Any, ...]:
+    args = typing.get_args(tp)
+    if not isinstance(data, (list, tuple)):
+        raise ValueError(f"{where}: expected a list, got {type(data).__name__}")
+    if len(args) == 2 and args[1] is Ellipsis:
+        return tuple(_convert(args[0], v, f"{where}[{i}]") for i, v in enumerate(data))
+    if len(args) != len(data):
+        raise ValueError(f"{where}: expected {len(args)} items, got {len(data)}")
+    return tuple(_convert(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, data)))
+
+
+def _convert_dataclass(tp: Any, data: Any, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected an object, got {type(data).__name__}")
+    hints = typing.get_type_hints(tp)
+    kwargs = {}
+    for f in dataclasses.fields(tp):
+        if not f.init:
+            continue
+        if f.name in data:
+            kwargs[f.name] = _convert(hints[f.name], data[f.name], f"{where}.{f.name}")
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ValueError(f"{where}: missing field {f.name!r}")
+    return tp(**kwargs)
+
+
+def _convert_scalar(tp: Any, data: Any, where: str) -> Any:
+    """A JSON number, string or boolean as ``tp``: a bool is no number, a float no integer."""
     if tp is float:
         if isinstance(data, bool) or not isinstance(data, (int, float)):
             raise ValueError(f"{where}: expected a number, got {data!r}")

@@ -104,11 +104,6 @@ def serve(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from ...runtime.emulate import Emulator
-    from ...runtime.engine import MEMBER_SLOTS, sync_buffer_numel
-    from .modelspec import load, parse_spec
-    from .step import default_loss
-
     torch.set_num_threads(1)    # like an emulated rank
     torch.manual_seed(args.rank)
     timeout = datetime.timedelta(seconds=args.timeout)
@@ -116,71 +111,92 @@ def serve(args: argparse.Namespace) -> None:
     dist.init_process_group("gloo", store=dist.PrefixStore("groupbench", store), rank=args.rank,
                             world_size=args.ranks, timeout=timeout)
     try:
-        loaded = load(parse_spec(args.model))
-        model = loaded.model
-        model.train()
-        optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-        loss_fn = loaded.loss_fn or default_loss(torch)
-        inputs, targets = loaded.make_batch(args.batch, torch.device("cpu"))
-        tensors = (*(inputs if isinstance(inputs, tuple) else (inputs,)), targets)
-        parameters = sum(p.numel() for p in model.parameters())
-        buf = torch.zeros(sync_buffer_numel(parameters, args.ranks))
-        slot = parameters + 1 + MEMBER_SLOTS * args.rank   # this rank's (batch, estimate, ...) in the buffer
-        # One emulator per kind of block, so each block's pause follows its own steps' CPU: free
-        # ranks stretch their own estimate, synchronous ones the members' pooled median, as the
-        # runtime's singletons and groups do (hgcli/runtime/engine.py).
-        emulators = {False: Emulator(args.speed), True: Emulator(args.speed)}
-        step_wall = 0.0
-
-        def step(n: int, synchronous: bool) -> float:
-            """One training step as an emulated rank runs it; returns the seconds in the all-reduce."""
-            nonlocal step_wall
-            emulator = emulators[synchronous]
-            start = time.perf_counter()
-            emulator.begin_compute()
-            order = torch.randperm(args.batch)     # the runtime gathers batches by a permutation
-            *xb, yb = (t[order] if isinstance(t, torch.Tensor) and t.dim() else t for t in tensors)
-            loss = loss_fn(model(*xb), yb)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            loss.item()
-            emulator.end_compute(n, args.batch)
-            waited = 0.0
-            if synchronous:
-                buf.zero_()
-                buf[slot], buf[slot + 1] = args.batch, emulator.estimate(args.batch)
-                t0 = time.perf_counter()
-                dist.all_reduce(buf)
-                waited = time.perf_counter() - t0
-                emulator.share(args.batch, statistics.median(buf[parameters + 2::2].tolist()))
-            optimizer.step()
-            step_wall = time.perf_counter() - start - waited
-            return waited
-
-        pairs: list[dict[str, float]] = []
-        n = 0
-        for _ in range(args.pairs):
-            pair: dict[str, float] = {}
-            for synchronous in (False, True):
-                if not synchronous:   # free workers are out of phase: spread the ranks over a step
-                    time.sleep(step_wall * args.rank / args.ranks)
-                step(n, synchronous)
-                n += 1
-                emulator = emulators[synchronous]
-                cpu0, wall0, waited = emulator.compute_s, time.perf_counter(), 0.0
-                for _ in range(BLOCK):
-                    waited += step(n, synchronous)
-                    n += 1
-                cpu = (emulator.compute_s - cpu0) / BLOCK
-                if synchronous:
-                    pair.update(sync_cpu=cpu, sync_wait=waited / BLOCK)
-                else:
-                    pair.update(free_cpu=cpu, free_step=(time.perf_counter() - wall0) / BLOCK)
-            pairs.append(pair)
+        step, emulators, last_wall = _stepper(args)
+        pairs = _pairs(args, step, emulators, last_wall)
         store.set(f"{KEY}{args.rank}", json.dumps(pairs))
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def _stepper(args: argparse.Namespace) -> tuple[Any, dict[bool, Any], Any]:
+    """The model's training step as an emulated rank runs it, the emulator of each kind of block,
+    and a reader of the last step's wall seconds outside the all-reduce."""
+    import torch
+    import torch.distributed as dist
+
+    from ...runtime.emulate import Emulator
+    from ...runtime.engine import MEMBER_SLOTS, sync_buffer_numel
+    from .modelspec import load, parse_spec
+    from .step import default_loss
+
+    loaded = load(parse_spec(args.model))
+    model = loaded.model
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    loss_fn = loaded.loss_fn or default_loss(torch)
+    inputs, targets = loaded.make_batch(args.batch, torch.device("cpu"))
+    tensors = (*(inputs if isinstance(inputs, tuple) else (inputs,)), targets)
+    parameters = sum(p.numel() for p in model.parameters())
+    buf = torch.zeros(sync_buffer_numel(parameters, args.ranks))
+    slot = parameters + 1 + MEMBER_SLOTS * args.rank   # this rank's (batch, estimate, ...) in the buffer
+    # One emulator per kind of block, so each block's pause follows its own steps' CPU: free
+    # ranks stretch their own estimate, synchronous ones the members' pooled median, as the
+    # runtime's singletons and groups do (hgcli/runtime/engine.py).
+    emulators = {False: Emulator(args.speed), True: Emulator(args.speed)}
+    step_wall = 0.0
+
+    def step(n: int, synchronous: bool) -> float:
+        """One training step as an emulated rank runs it; returns the seconds in the all-reduce."""
+        nonlocal step_wall
+        emulator = emulators[synchronous]
+        start = time.perf_counter()
+        emulator.begin_compute()
+        order = torch.randperm(args.batch)     # the runtime gathers batches by a permutation
+        *xb, yb = (t[order] if isinstance(t, torch.Tensor) and t.dim() else t for t in tensors)
+        loss = loss_fn(model(*xb), yb)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        loss.item()
+        emulator.end_compute(n, args.batch)
+        waited = 0.0
+        if synchronous:
+            buf.zero_()
+            buf[slot], buf[slot + 1] = args.batch, emulator.estimate(args.batch)
+            t0 = time.perf_counter()
+            dist.all_reduce(buf)
+            waited = time.perf_counter() - t0
+            emulator.share(args.batch, statistics.median(buf[parameters + 2::2].tolist()))
+        optimizer.step()
+        step_wall = time.perf_counter() - start - waited
+        return waited
+
+    return step, emulators, lambda: step_wall
+
+
+def _pairs(args: argparse.Namespace, step: Any, emulators: dict[bool, Any], last_wall: Any) -> list[dict[str, float]]:
+    """``args.pairs`` pairs of blocks, free then synchronous: per step, CPU seconds and wall or wait."""
+    pairs: list[dict[str, float]] = []
+    n = 0
+    for _ in range(args.pairs):
+        pair: dict[str, float] = {}
+        for synchronous in (False, True):
+            if not synchronous:   # free workers are out of phase: spread the ranks over a step
+                time.sleep(last_wall() * args.rank / args.ranks)
+            step(n, synchronous)
+            n += 1
+            emulator = emulators[synchronous]
+            cpu0, wall0, waited = emulator.compute_s, time.perf_counter(), 0.0
+            for _ in range(BLOCK):
+                waited += step(n, synchronous)
+                n += 1
+            cpu = (emulator.compute_s - cpu0) / BLOCK
+            if synchronous:
+                pair.update(sync_cpu=cpu, sync_wait=waited / BLOCK)
+            else:
+                pair.update(free_cpu=cpu, free_step=(time.perf_counter() - wall0) / BLOCK)
+        pairs.append(pair)
+    return pairs
 
 
 def main(argv: list[str] | None = None) -> int:
