@@ -17,6 +17,7 @@ import pytest
 
 from hgcli.config.cluster import default_cluster
 from hgcli.launch.events import JobEnded, LogLines, RootCause
+from hgcli.schema.states import JobState
 from hgcli.launch.launcher import LaunchRequest, forwarding_note, user_env
 from hgcli.launch.inbound import RecordedError
 from hgcli.launch.loop import recorded_error
@@ -98,7 +99,7 @@ def test_recorded_error_is_one_line_shown_visibly_and_its_stack_shows_when_stder
     # A terminal sees no control character of it: the one sanitiser (render/safe.py) shows them.
     err = io.StringIO()
     err.isatty = lambda: True   # type: ignore[method-assign]
-    PlainSink(None, io.StringIO(), err)(JobEnded(job_id="j", state="failed", exit_code=1, root_cause=cause,
+    PlainSink(None, io.StringIO(), err)(JobEnded(job_id="j", state=JobState.FAILED, exit_code=1, root_cause=cause,
                                                  summary=None, job_dir="/j"))
     assert "bad^[[31m batch" in err.getvalue() and "bad^G" in err.getvalue() and "\x1b" not in err.getvalue()
     shown = RootCause(**{**cause.__dict__, "last_lines": ("ValueError: bad\x1b[31m batch",)})
