@@ -58,12 +58,9 @@ def test_unmodified_torchrun_style_script_under_allreduce(hg, tmp_path):
     assert [line.split(" | ")[0] for line in finals] == ["a:0", "a:1", "b:2"]
 
 
-def test_main_job_probes_benches_plans_and_trains_on_the_embedded_cluster(hg, tmp_path, monkeypatch):
+def test_main_job_probes_benches_plans_and_trains_on_the_embedded_cluster(hg, tmp_path):
     """The README's main command, with no cluster file: probe -> bench -> plan -> launch -> summary."""
     pytest.importorskip("hgcli.plan.pipeline")
-    # The launch's own bench at two batch sizes: what is tested is the pipeline, not the step curve
-    # (the embedded cluster's bench at every quick size is tests/integration/test_bench_local.py's).
-    monkeypatch.setenv("HGTRAIN_BENCH_MODEL", "example@16,64")
     code, out, err = hg.run("--json", "--", PY, "-m", "hgcli.examples.train", "--epochs", "1",
                             "--max-steps", "30", timeout=900)
     events = [json.loads(line) for line in out.splitlines()]
