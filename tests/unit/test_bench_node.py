@@ -32,9 +32,18 @@ def run_node_bench(*args: str, cwd: Path = ROOT) -> list[dict]:
 
 @functools.lru_cache(maxsize=None)
 def cpu_bench() -> tuple[dict, ...]:
-    """The frames of ``--device cpu`` with the defaults, run once per session: three tests read the
-    same measurement (it is not changed by reading it), and each run costs a torch import and a bench."""
-    return tuple(run_node_bench("--device", "cpu"))
+    """The frames of ``--device cpu`` with the defaults and ``--group-ranks 3``, run once per session:
+    four tests read the same measurement (it is not changed by reading it), and each run costs a
+    torch import and a bench. A real device ignores --group-ranks (its group step is not benched)."""
+    return tuple(run_node_bench("--device", "cpu", "--group-ranks", "3"))
+
+
+@functools.lru_cache(maxsize=None)
+def slow_emulated_bench() -> tuple[dict, ...]:
+    """An emulated T4 at x1e-6, run once per session: one test reads how it is marked, another how
+    far its figures are scaled from the CPU's own."""
+    return tuple(run_node_bench("--device", "gpu1", "--name", "Tesla T4", "--emulate-speed", "1e-6",
+                                "--memory-mib", "15360"))
 
 
 def profile_of(frames: list[dict] | tuple[dict, ...]) -> DeviceProfile:
@@ -67,12 +76,11 @@ def test_cpu_device_measures_matmul_bandwidth_and_steps():
 
 
 def test_emulated_device_is_marked_and_scaled():
-    frames = run_node_bench("--device", "gpu1", "--name", "Tesla T4", "--emulate-speed", "0.25",
-                            "--memory-mib", "15360")
+    frames = slow_emulated_bench()
     p = profile_of(frames)
     assert (p.device, p.name, p.emulated, p.speed, p.memory_total_mib, p.error) == \
-        ("gpu1", "Tesla T4", True, 0.25, 15360, None)
-    assert any(f["type"] == "note" and "emulated" in f["message"] and "x0.25" in f["message"] for f in frames)
+        ("gpu1", "Tesla T4", True, 1e-6, 15360, None)
+    assert any(f["type"] == "note" and "emulated" in f["message"] and "x1e-06" in f["message"] for f in frames)
     assert p.driver_version is None and p.h2d_bandwidth_gbs is None
 
 
@@ -80,7 +88,7 @@ def test_emulation_factor_is_applied_to_what_was_measured():
     """The same CPU measured as itself and as a x1e-6 device: rates shrink and times grow by a
     factor far beyond the run-to-run noise of a busy machine (which stays within 1000x)."""
     real = profile_of(cpu_bench())
-    slow = profile_of(run_node_bench("--device", "gpu0", "--emulate-speed", "1e-6", "--memory-mib", "15360"))
+    slow = profile_of(slow_emulated_bench())
     assert slow.matmul_tflops["fp32"].median < real.matmul_tflops["fp32"].median / 1000
     assert slow.mem_bandwidth_gbs.median < real.mem_bandwidth_gbs.median / 1000
     assert slow.steps[0].seconds.median > real.steps[0].seconds.median * 1000
@@ -109,7 +117,7 @@ def test_group_ranks_time_a_synchronous_step_of_the_nodes_emulated_devices():
     r = g.compute_ratio
     assert r is not None and r.repeats == g.seconds.repeats and 0.3 < r.min <= r.median <= r.max < 3
     assert any(f["type"] == "progress" and f["stage"] == "synchronous step of 3 ranks" for f in frames)
-    assert profile_of(run_node_bench("--device", "cpu", "--model", "mlp@8", "--group-ranks", "3")).group_sync is None
+    assert profile_of(cpu_bench()).group_sync is None     # benched with --group-ranks 3 too
 
 
 def test_group_pairs_drop_the_warm_up_and_pool_the_ranks_cpu():
