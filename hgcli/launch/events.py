@@ -324,6 +324,8 @@ class Summary:
     fitted_to: str | None = None
     from_bench: bool = False
     rates_stored: bool = False
+    # the bench's figures were of each node's devices stepping together (Plan.bench_together)
+    bench_together: bool = False
 
 
 @dataclass(frozen=True)

@@ -58,8 +58,10 @@ def make_plan(inventory: Inventory, profiles: Profiles, job: JobSpec, rates: Scr
     model_bytes = float(model.parameters * model.bytes_per_parameter)
     node_names = [n.name for n in inventory.nodes]
     alone, skipped, kinds = _usable_devices(inventory, profiles, model_bytes)
-    devices = _fit_to_rates(alone, kinds, node_names, rates) if rates is not None else alone
+    together = _beside_neighbours(alone, kinds, node_names, profiles)
+    devices = _fit_to_rates(together, kinds, node_names, rates) if rates is not None else together
     fitted_to = rates.job_id if rates is not None and any(d.fitted for d in devices) else None
+    bench_together = any(d.together for d in devices)
     if not devices:
         why = _summarise(skipped) if skipped else "the profiles list no devices"
         raise UsageError(f"no usable devices to plan on ({why}); run 'hgtrain bench' again")
@@ -97,8 +99,11 @@ def make_plan(inventory: Inventory, profiles: Profiles, job: JobSpec, rates: Scr
     predicted["ideal"] = sum(b / d.time(b) for d, b in zip(alone, batches))
     if fitted_to is not None:
         reason += f"; device costs fitted to this script's compute measured in job {fitted_to}"
-    return _build_plan(chosen, devices, batches, node_names, predicted, global_batch, inventory.cluster,
+    elif bench_together:
+        reason += "; device costs from each node's devices benched together, their contention included"
+    plan = _build_plan(chosen, devices, batches, node_names, predicted, global_batch, inventory.cluster,
                        reason, model, overlap=plan_overlap(job), wire=job.wire, fitted_to=fitted_to)
+    return dataclasses.replace(plan, bench_together=bench_together)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -198,6 +203,35 @@ def _usable_devices(inventory: Inventory, profiles: Profiles,
                 devices[i] = dataclasses.replace(devices[i], a=shared.a, c=shared.c, noise=shared.noise,
                                                  cap=shared.cap, benched=shared.benched)
     return devices, skipped, kinds
+
+
+def _beside_neighbours(devices: list[Device], kinds: list[list[int]], node_names: list[str],
+                       profiles: Profiles) -> list[Device]:
+    """Each kind's cost scaled to what its members measured stepping beside the other devices of
+    their node (``DeviceProfile.together``, docs/bench.md): a member's factor is, per phase, the
+    mean step of its window over its alone line's time at that batch, the median over phases; the
+    kind's the median of its members' (like devices keep one cost), at least 1 (running beside
+    others never makes a device faster; a lower figure is the bench's noise). The whole line
+    a + c * b is scaled, as a fit to measured rates scales it: a core shared with the neighbours
+    stretches a step's fixed cost and its per-sample work alike. Kinds without together figures
+    (one-device nodes, profiles from before them) keep their alone cost."""
+    together = {(p.node, p.device): p.together for p in profiles.devices if p.together is not None}
+    out = list(devices)
+    for kind in kinds:
+        factors = []
+        for i in kind:
+            d = devices[i]
+            measured = together.get((node_names[d.node], d.device))
+            phases = [s.mean_s / d.time(s.batch_size) for s in (measured.steps if measured else ())
+                      if s.batch_size > 0 and s.mean_s > 0]
+            if phases:
+                factors.append(statistics.median(phases))
+        if factors:
+            f = max(1.0, statistics.median(factors))
+            for i in kind:
+                d = devices[i]
+                out[i] = dataclasses.replace(d, a=d.a * f, c=d.c * f, together=True)
+    return out
 
 
 def _fit_to_rates(devices: list[Device], kinds: list[list[int]], node_names: list[str],
