@@ -110,8 +110,13 @@ def run_together(spec: str, job: dict[str, Any], progress: Callable[[str], None]
                     "--warmup", str(int(job.get("warmup", 2)))]
             if d.get("speed") is not None:
                 argv += ["--speed", repr(float(d["speed"]))]
+            # Each in a session of its own, as the node agent starts each rank (node/agent/ranks.py):
+            # where the kernel shares the CPU between sessions first (autogroup scheduling, on by default
+            # in most distributions), a rank competes for the cores as a session, not as one process of
+            # a shared one.
             children.append(subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                             stderr=subprocess.PIPE, env=os.environ.copy()))
+                                             stderr=subprocess.PIPE, env=os.environ.copy(),
+                                             start_new_session=True))
         readers = [_Lines(child) for child in children]
         deadline = time.monotonic() + READY_TIMEOUT_S
         for reader, d in zip(readers, devices):
