@@ -40,8 +40,9 @@ import select
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from typing import Any, Callable
+from typing import IO, Any, Callable
 
 from ...schema.stages import Measurement, TogetherProfile, TogetherStep, to_dict
 from ..frames import emit
@@ -57,6 +58,10 @@ READY_TIMEOUT_S = 240.0
 SKIP_FIRST = 1
 # How long after the last "ready" the common start is: every process reads its "go" by then.
 START_DELAY_S = 0.2
+
+
+class NotTogether(Exception):
+    """A device's process did not start or stopped stepping: the node keeps its alone figures."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -86,8 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         measured = run_together(args.model, job, lambda stage: emit(
             {"type": FrameType.PROGRESS, "node": args.node, "device": "together", "stage": stage}))
     except Exception as exc:  # a device that cannot step beside the others: the alone figures stand
+        why = str(exc) if isinstance(exc, NotTogether) else first_line(exc)
         emit({"type": FrameType.NOTE, "node": args.node, "device": "together",
-              "message": f"devices together not measured: {first_line(exc)}"})
+              "message": f"devices together not measured: {why}"})
         return 0
     emit({"type": FrameType.TOGETHER, "node": args.node,
           "devices": {device: to_dict(profile) for device, profile in measured.items()}})
@@ -102,6 +108,7 @@ def run_together(spec: str, job: dict[str, Any], progress: Callable[[str], None]
     phases = len(devices[0]["batches"])
     least_s, most_s, steps = float(job["least_s"]), float(job["most_s"]), int(job["steps"])
     children: list[subprocess.Popen[bytes]] = []
+    errors: list[IO[bytes]] = []
     try:
         progress(f"starting {len(devices)} processes")
         for d in devices:
@@ -114,14 +121,15 @@ def run_together(spec: str, job: dict[str, Any], progress: Callable[[str], None]
             # where the kernel shares the CPU between sessions first (autogroup scheduling, on by default
             # in most distributions), a rank competes for the cores as a session, not as one process of
             # a shared one.
+            # stderr to a file: a pipe nobody reads until the end could fill and stop the child.
+            errors.append(tempfile.TemporaryFile())
             children.append(subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                             stderr=subprocess.PIPE, env=os.environ.copy(),
-                                             start_new_session=True))
-        readers = [_Lines(child) for child in children]
+                                             stderr=errors[-1], env=os.environ.copy(), start_new_session=True))
+        readers = [_Lines(child, err) for child, err in zip(children, errors)]
         deadline = time.monotonic() + READY_TIMEOUT_S
         for reader, d in zip(readers, devices):
             if reader.line(deadline) != "ready":
-                raise RuntimeError(f"{d['device']} did not start: {reader.failure()}")
+                raise NotTogether(f"{d['device']} did not start: {reader.failure()}")
         begin = time.monotonic() + START_DELAY_S
         _tell(children, f"go {begin!r}")
         for phase in range(phases):
@@ -135,7 +143,7 @@ def run_together(spec: str, job: dict[str, Any], progress: Callable[[str], None]
             while line == "step":
                 line = reader.line(deadline)
             if not line.startswith("["):
-                raise RuntimeError(f"{d['device']} failed while stepping: {reader.failure()}")
+                raise NotTogether(f"{d['device']} failed while stepping: {reader.failure()}")
             out[d["device"]] = TogetherProfile(devices=len(devices), steps=tuple(
                 summarize_phase(int(b), seconds) for b, seconds in zip(d["batches"], json.loads(line)) if seconds))
         return out
@@ -144,6 +152,8 @@ def run_together(spec: str, job: dict[str, Any], progress: Callable[[str], None]
             if child.poll() is None:
                 child.kill()
             child.wait()
+        for err in errors:
+            err.close()
 
 
 def _phase(readers: list[_Lines], devices: list[dict[str, Any]], begin: float, least_s: float, most_s: float,
@@ -153,17 +163,15 @@ def _phase(readers: list[_Lines], devices: list[dict[str, Any]], begin: float, l
     ``most_s`` has (a device too slow for ``steps`` on a busy node keeps what it has)."""
     counts = [0] * len(readers)
     while True:
+        for i, r in enumerate(readers):
+            counts[i] += sum(1 for line in r.complete() if line == "step")
         now = time.monotonic()
         if now >= begin + most_s or (now >= begin + least_s and min(counts) >= steps + SKIP_FIRST):
             return now
-        ready = select.select([r.fd for r in readers], [], [], max(0.0, begin + most_s - now))[0]
+        ready = select.select([r.fd for r in readers], [], [], begin + most_s - now)[0]
         for i, r in enumerate(readers):
-            if r.fd in ready or b"\n" in r.buf:
-                line = r.line(now + 0.01)
-                if line == "step":
-                    counts[i] += 1
-                elif r.child.poll() is not None:
-                    raise RuntimeError(f"{devices[i]['device']} failed while stepping: {r.failure()}")
+            if r.fd in ready and not r.fill():
+                raise NotTogether(f"{devices[i]['device']} failed while stepping: {r.failure()}")
 
 
 def _tell(children: list[subprocess.Popen[bytes]], line: str) -> None:
@@ -184,13 +192,24 @@ class _Lines:
     """Lines of a pipe with a deadline (os.read on the descriptor: no buffered reader that could hold
     a line select() does not see)."""
 
-    def __init__(self, child: subprocess.Popen[bytes]) -> None:
+    def __init__(self, child: subprocess.Popen[bytes], stderr: IO[bytes]) -> None:
         assert child.stdout is not None
-        self.child, self.fd, self.buf = child, child.stdout.fileno(), b""
+        self.child, self.stderr, self.fd, self.buf = child, stderr, child.stdout.fileno(), b""
 
     def line(self, deadline: float) -> str:
         """The next line, or "" when the child closed its stdout or the deadline passed."""
         return _read_line(self, deadline)
+
+    def fill(self) -> bool:
+        """Read what the pipe holds (it is readable); False at end of file."""
+        chunk = os.read(self.fd, 65536)
+        self.buf += chunk
+        return bool(chunk)
+
+    def complete(self) -> list[str]:
+        """The complete lines read so far, taken out of the buffer."""
+        *lines, self.buf = self.buf.split(b"\n")
+        return [line.decode(errors="replace").strip() for line in lines]
 
     def failure(self) -> str:
         """Why the child gave no line: its exit and last stderr line, or that it is still running."""
@@ -198,8 +217,8 @@ class _Lines:
             code = self.child.wait(timeout=5)
         except subprocess.TimeoutExpired:
             return "no answer in time"
-        assert self.child.stderr is not None
-        lines = self.child.stderr.read().decode(errors="replace").strip().splitlines()
+        self.stderr.seek(0)
+        lines = self.stderr.read().decode(errors="replace").strip().splitlines()
         return f"exit code {code}: {lines[-1] if lines else 'no output'}"
 
 
