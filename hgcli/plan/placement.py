@@ -213,24 +213,28 @@ def _beside_neighbours(devices: list[Device], kinds: list[list[int]], node_names
     kind's the median of its members' (like devices keep one cost), at least 1 (running beside
     others never makes a device faster; a lower figure is the bench's noise). The whole line
     a + c * b is scaled, as a fit to measured rates scales it: a core shared with the neighbours
-    stretches a step's fixed cost and its per-sample work alike. Kinds without together figures
-    (one-device nodes, profiles from before them) keep their alone cost."""
+    stretches a step's fixed cost and its per-sample work alike. The steps' noise is theirs too
+    (per phase, the window's mean step over its fastest, less one; the median over phases, then over
+    the kind): a step that lost its core to a neighbour is late, and a synchronous group waits for
+    its latest member (cost.straggle). Kinds without together figures (one-device nodes, profiles
+    from before them) keep their alone cost."""
     together = {(p.node, p.device): p.together for p in profiles.devices if p.together is not None}
     out = list(devices)
     for kind in kinds:
-        factors = []
+        factors, noises = [], []
         for i in kind:
             d = devices[i]
             measured = together.get((node_names[d.node], d.device))
-            phases = [s.mean_s / d.time(s.batch_size) for s in (measured.steps if measured else ())
-                      if s.batch_size > 0 and s.mean_s > 0]
+            phases = [s for s in (measured.steps if measured else ()) if s.batch_size > 0 and s.mean_s > 0]
             if phases:
-                factors.append(statistics.median(phases))
+                factors.append(statistics.median(s.mean_s / d.time(s.batch_size) for s in phases))
+                noises.append(statistics.median(max(0.0, s.mean_s / s.seconds.min - 1.0) if s.seconds.min > 0
+                                                else 0.0 for s in phases))
         if factors:
-            f = max(1.0, statistics.median(factors))
+            f, noise = max(1.0, statistics.median(factors)), statistics.median(noises)
             for i in kind:
                 d = devices[i]
-                out[i] = dataclasses.replace(d, a=d.a * f, c=d.c * f, together=True)
+                out[i] = dataclasses.replace(d, a=d.a * f, c=d.c * f, noise=noise, together=True)
     return out
 
 

@@ -136,3 +136,20 @@ def test_the_contention_note_says_whether_the_prediction_holds_it():
     assert note is not None and "in every measured figure;" in note and "prediction" not in note
     together_note = contention_note(dataclasses.replace(plan, bench_together=True), two_cores)
     assert together_note is not None and "in the prediction (their bench ran them together), not in the ideal" in together_note
+
+
+def test_uneven_steps_beside_the_neighbours_make_a_synchronous_group_wait_for_its_latest_member():
+    from hgcli.plan.cost import straggle
+
+    inventory, profiles = cluster([[A100, A100, A100, A100]])
+    job = JobSpec(strategy=Strategy.ALLREDUCE, global_batch=128)
+    even = {f"n0/gpu{i}": together(A100, 1.0, devices=4) for i in range(4)}
+    # The same mean steps, but each window's fastest step 1 / 1.5 of its mean: noise 0.5.
+    uneven = {f"n0/gpu{i}": TogetherProfile(4, tuple(
+        TogetherStep(b, Measurement(A100.seconds(b), A100.seconds(b) / 1.5, 2 * A100.seconds(b), 8), A100.seconds(b))
+        for b in (16, 64))) for i in range(4)}
+    steady = make_plan(inventory, with_together(profiles, even), job)
+    waiting = make_plan(inventory, with_together(profiles, uneven), job)
+    assert [r.benched_samples_per_s for r in waiting.workers] == [r.benched_samples_per_s for r in steady.workers]
+    ratio = steady.predicted_samples_per_s["allreduce"] / waiting.predicted_samples_per_s["allreduce"]
+    assert ratio == pytest.approx(straggle(0.5, 4), rel=0.05) and ratio > 1.3
