@@ -11,7 +11,7 @@ import pytest
 from hgcli.plan.contention import contention_note
 from hgcli.plan.cost import Device, _compute_cpu
 from hgcli.plan.placement import make_plan
-from hgcli.schema.stages import (DeviceProfile, Inventory, JobSpec, Measurement, MeasuredRate, Profiles, ScriptRates,
+from hgcli.schema.stages import (Inventory, JobSpec, Measurement, MeasuredRate, Profiles, ScriptRates,
                                  Strategy, TogetherProfile, TogetherStep, from_dict, to_dict)
 
 from tests.unit.plan_clusters import A100, T4, Kind, cluster, measured
