@@ -12,7 +12,7 @@ import dataclasses
 import math
 import re
 import statistics
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from ..errors import StateError, UsageError
 from ..schema.stages import (
@@ -219,22 +219,36 @@ def _beside_neighbours(devices: list[Device], kinds: list[list[int]], node_names
     its latest member (cost.straggle). Kinds without together figures (one-device nodes, profiles
     from before them) keep their alone cost."""
     together = {(p.node, p.device): p.together for p in profiles.devices if p.together is not None}
+
+    def measure(d: Device) -> tuple[float, float | None] | None:
+        measured = together.get((node_names[d.node], d.device))
+        phases = [s for s in (measured.steps if measured else ()) if s.batch_size > 0 and s.mean_s > 0]
+        if not phases:
+            return None
+        return (statistics.median(s.mean_s / d.time(s.batch_size) for s in phases),
+                statistics.median(max(0.0, s.mean_s / s.seconds.min - 1.0) if s.seconds.min > 0 else 0.0
+                                  for s in phases))
+
+    return _scaled_kinds(devices, kinds, measure, at_least=1.0, together=True)
+
+
+def _scaled_kinds(devices: list[Device], kinds: list[list[int]],
+                  measure: Callable[[Device], tuple[float, float | None] | None], *, at_least: float = 0.0,
+                  together: bool = False, fitted: bool = False) -> list[Device]:
+    """Each kind with a member ``measure`` gives (factor, noise or None) for: its line a + c * b
+    scaled by the median of its members' factors (at least ``at_least``), its noise the median of the
+    noises given (else its own), marked ``together`` or ``fitted``; other kinds as they are."""
     out = list(devices)
     for kind in kinds:
-        factors, noises = [], []
+        found = [m for m in (measure(devices[i]) for i in kind) if m is not None]
+        if not found:
+            continue
+        f = max(at_least, statistics.median(factor for factor, _ in found))
+        noises = [noise for _, noise in found if noise is not None]
         for i in kind:
             d = devices[i]
-            measured = together.get((node_names[d.node], d.device))
-            phases = [s for s in (measured.steps if measured else ()) if s.batch_size > 0 and s.mean_s > 0]
-            if phases:
-                factors.append(statistics.median(s.mean_s / d.time(s.batch_size) for s in phases))
-                noises.append(statistics.median(max(0.0, s.mean_s / s.seconds.min - 1.0) if s.seconds.min > 0
-                                                else 0.0 for s in phases))
-        if factors:
-            f, noise = max(1.0, statistics.median(factors)), statistics.median(noises)
-            for i in kind:
-                d = devices[i]
-                out[i] = dataclasses.replace(d, a=d.a * f, c=d.c * f, noise=noise, together=True)
+            out[i] = dataclasses.replace(d, a=d.a * f, c=d.c * f, noise=statistics.median(noises) if noises else d.noise,
+                                         together=together or d.together, fitted=fitted or d.fitted)
     return out
 
 
@@ -247,26 +261,14 @@ def _fit_to_rates(devices: list[Device], kinds: list[list[int]], node_names: lis
     fixed cost alike, and one point cannot tell them apart. The measured noise (how uneven its steps
     were) replaces the bench's. Kinds without a measured member keep the bench's cost."""
     measured = {(r.node, r.device): r for r in rates.rates if r.samples_per_s > 0 and r.batch_size > 0}
-    out = list(devices)
-    for kind in kinds:
-        factors, noises = [], []
-        for i in kind:
-            d = devices[i]
-            r = measured.get((node_names[d.node], d.device))
-            if r is not None:
-                factors.append(r.batch_size / r.samples_per_s / d.time(r.batch_size))
-                if r.noise is not None:
-                    noises.append(r.noise)
-        if factors:
-            f = statistics.median(factors)
-            # Steps measured in training replace the bench's spread: a straggling device (another job's
-            # bursts, a data loader behind every few steps) makes a synchronous group wait.
-            noise = statistics.median(noises) if noises else None
-            for i in kind:
-                d = devices[i]
-                out[i] = dataclasses.replace(d, a=d.a * f, c=d.c * f, noise=d.noise if noise is None else noise,
-                                             fitted=True)
-    return out
+
+    def measure(d: Device) -> tuple[float, float | None] | None:
+        r = measured.get((node_names[d.node], d.device))
+        # Steps measured in training replace the bench's spread: a straggling device (another job's
+        # bursts, a data loader behind every few steps) makes a synchronous group wait.
+        return None if r is None else (r.batch_size / r.samples_per_s / d.time(r.batch_size), r.noise)
+
+    return _scaled_kinds(devices, kinds, measure, fitted=True)
 
 
 def _timed(p: DeviceProfile) -> list[StepSample]:
