@@ -1,9 +1,11 @@
-"""The bench stage: Inventory -> Profiles. Every node at once, the devices of a node one at a time.
+"""The bench stage: Inventory -> Profiles. Every node at once, the devices of a node one at a time,
+then together.
 
 Nodes run concurrently (fan-out); on a node, devices are benched in turn, one node-side process each
 (``hgcli.node.bench``), so emulated devices sharing one CPU do not slow each other down and a failed
-device cannot poison the next. Then the links (``bench_links``). The result is stored in the state
-directory for ``plan``.
+device cannot poison the next: each device's own speed (the plan's ideal). Then a node's devices
+step all at once, as they will train (``bench_together``): what the planner costs them from. Then
+the links (``bench_links``). The result is stored in the state directory for ``plan``.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from ..node.bench import modelspec
 from ..node.bench.timing import scaled
 from ..node.protocol import FrameType, frame_type
 from .profiles import store_profiles
+from .together import bench_together
 from ..remote.fanout import fanout, open_transport
 from ..remote.node_program import NodeProgram
 from ..remote.transport import Transport
@@ -156,12 +159,16 @@ def _bench_node(cluster: Cluster, node: NodeSpec, info: NodeInfo | None, quick: 
             for t in emulated:
                 base, parameters = bases[t.speed if t.speed is not None else 1.0]
                 measured.append((emulated_profile(base, t), parameters))
-    by_device = {p.device: (p, n) for p, n in measured}
-    for target in targets:
-        profile, parameters = by_device[target.device]
-        profiles.append(profile)
-        if parameters is not None:
-            model = ModelSpec(name=spec, parameters=parameters)
+        by_device = {p.device: (p, n) for p, n in measured}
+        for target in targets:
+            profile, parameters = by_device[target.device]
+            profiles.append(profile)
+            if parameters is not None:
+                model = ModelSpec(name=spec, parameters=parameters)
+        # Then all of them at once, as they will train (bench/together.py): the figures the planner
+        # costs them from. Alone first, because the together job's batches come from those figures.
+        profiles = bench_together(transport, node, profiles, quick, spec,
+                                  lambda stage: emit(BenchEvent(node.name, "together", stage)))
     return profiles, model
 
 

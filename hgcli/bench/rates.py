@@ -1,9 +1,9 @@
 """Measured rates of a script (``clusters/<fingerprint>/scripts/<key>.json``): learnt from one run,
 used by the next plan of the same script.
 
-The bench times a model (the bundled ResNet unless ``--model`` names the user's), each device alone.
-A script's step is not that model's: its data loading, its layers, and on a node whose devices share
-the CPU their contention. The runtime measures what each device computed (samples per second of
+The bench times a model (the bundled ResNet unless ``--model`` names the user's), each node's devices
+stepping together. A script's step is not that model's: its data loading, its layers, and on a node
+whose devices share the CPU the contention those add. The runtime measures what each device computed (samples per second of
 compute, waits for other members left out, at its mean batch), the launcher stores it at the job's
 end under the script's identity, and ``prepare_plan`` fits the bench's per-device costs to it for the
 next launch of that script (hgcli/plan/placement.py, ``_fit_to_rates``).

@@ -334,6 +334,8 @@ class Summary:
     fitted_to: str | None = None
     from_bench: bool = False
     rates_stored: bool = False
+    # the bench's figures were of each node's devices stepping together (Plan.bench_together)
+    bench_together: bool = False
 
     def __post_init__(self) -> None:
         # Typed once here, whoever built it (the metrics board, a report from a stored record).

@@ -221,4 +221,4 @@ class MetricsBoard:
                                        if r.benched_samples_per_s},
                        fitted_to=self.plan.fitted_to,
                        from_bench=any(r.benched_samples_per_s for r in self.plan.workers),
-                       rates_stored=rates_stored)
+                       rates_stored=rates_stored, bench_together=self.plan.bench_together)

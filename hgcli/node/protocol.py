@@ -63,6 +63,7 @@ class FrameType(str, enum.Enum):
     NOTE = "note"              # node/bench: {"node", "device", "message"}
     LISTENING = "listening"    # node/bench/link.py rank 0: {"port"} of its store
     LINK = "link"              # node/bench/link.py: the measurements
+    TOGETHER = "together"      # node/bench/together.py: {"node", "devices": {device: TogetherProfile}}
     SHIP = "ship"              # remote/ship.py's scripts: {"state": present|missing|shipped, "root"}
 
 

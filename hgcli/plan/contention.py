@@ -3,9 +3,10 @@
 An emulated device computes on the CPU for ``speed`` of each step (speed 1: a whole core) and sleeps
 the rest (hgcli/runtime/emulate.py). When a node's emulated devices ask for more than a small share
 of its cores, they wait for each other's cores and every measured figure of the job (samples/s, the
-share of the ideal) holds that contention, which real GPUs do not have. hgtrain does not model it
-away; it says so, so that a reader knows what the figures mean and how to avoid it (declare lower
-speeds, or fewer devices per node, in the cluster file).
+share of the ideal) holds that contention, which real GPUs do not have. The prediction holds it too
+when the bench ran the node's devices together (``Plan.bench_together``, docs/bench.md); the ideal
+never does. hgtrain says so, so that a reader knows what the figures mean and how to avoid it
+(declare lower speeds, or fewer devices per node, in the cluster file).
 """
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ def contention_note(plan: Plan, inventory: Inventory) -> str | None:
             crowded.append(f"{node.name} ask {asked:.3g} of its {node.cpu_cores} cores")
     if not crowded:
         return None
+    where = ("in every measured figure and in the prediction (their bench ran them together), not in the ideal"
+             if plan.bench_together else "in every measured figure")
     return ("emulated devices on " + ", ".join(crowded) + " (speed 1 computes on a whole core): CPU "
-            "contention between their ranks is in every measured figure; declare lower speeds in the "
-            "cluster file to keep it small")
+            f"contention between their ranks is {where}; declare lower speeds in the cluster file to "
+            "keep it small")

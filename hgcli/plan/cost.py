@@ -53,7 +53,9 @@ class Device:
     ``noise`` = mean delay of a step / its noise-free time (hgcli.plan.placement.step_noise);
     ``benched`` = the largest batch its bench timed (0: costed from matmul figures); ``fitted``: the
     cost is fitted to a job's measured compute (placement._fit_to_rates), which had the node's CPU
-    contention and the group's synchronous step in it already."""
+    contention and the group's synchronous step in it already; ``together``: the cost is scaled to
+    the device's steps beside its node's other devices (placement._beside_neighbours), which had the
+    contention between them in it already."""
 
     node: int          # index in inventory node order
     device: DeviceName
@@ -65,6 +67,7 @@ class Device:
     noise: float = 0.0
     benched: int = 0
     fitted: bool = False
+    together: bool = False
 
     def time(self, batch: float) -> float:
         return self.a + self.c * batch
@@ -76,9 +79,9 @@ class Device:
 
 def _compute_cpu(d: Device, batch: float) -> float:
     """Seconds of a core an emulated device's step asks of its node (it computes ``speed`` of its
-    step and sleeps the rest); 0 for a fitted cost, whose measured step had its share of the node's
-    cores in it already (counting it again would crowd the node twice)."""
-    return 0.0 if d.fitted else d.speed * d.time(batch)
+    step and sleeps the rest); 0 for a fitted cost or one benched together, whose measured step had
+    its share of the node's cores in it already (counting it again would crowd the node twice)."""
+    return 0.0 if d.fitted or d.together else d.speed * d.time(batch)
 
 
 def _harmonic(n: int) -> float:

@@ -12,7 +12,7 @@ import dataclasses
 import math
 import re
 import statistics
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from ..errors import StateError, UsageError
 from ..schema.stages import (
@@ -58,8 +58,10 @@ def make_plan(inventory: Inventory, profiles: Profiles, job: JobSpec, rates: Scr
     model_bytes = float(model.parameters * model.bytes_per_parameter)
     node_names = [n.name for n in inventory.nodes]
     alone, skipped, kinds = _usable_devices(inventory, profiles, model_bytes)
-    devices = _fit_to_rates(alone, kinds, node_names, rates) if rates is not None else alone
+    together = _beside_neighbours(alone, kinds, node_names, profiles)
+    devices = _fit_to_rates(together, kinds, node_names, rates) if rates is not None else together
     fitted_to = rates.job_id if rates is not None and any(d.fitted for d in devices) else None
+    bench_together = any(d.together for d in devices)
     if not devices:
         why = _summarise(skipped) if skipped else "the profiles list no devices"
         raise UsageError(f"no usable devices to plan on ({why}); run 'hgtrain bench' again")
@@ -95,8 +97,11 @@ def make_plan(inventory: Inventory, profiles: Profiles, job: JobSpec, rates: Scr
     predicted[Ideal.IDEAL] = sum(b / d.time(b) for d, b in zip(alone, batches))
     if fitted_to is not None:
         reason += f"; device costs fitted to this script's compute measured in job {fitted_to}"
-    return _build_plan(chosen, devices, batches, node_names, predicted, global_batch, inventory.cluster,
+    elif bench_together:
+        reason += "; device costs from each node's devices benched together, their contention included"
+    plan = _build_plan(chosen, devices, batches, node_names, predicted, global_batch, inventory.cluster,
                        reason, model, overlap=plan_overlap(job), wire=job.wire, fitted_to=fitted_to)
+    return dataclasses.replace(plan, bench_together=bench_together)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -198,6 +203,53 @@ def _usable_devices(inventory: Inventory, profiles: Profiles,
     return devices, skipped, kinds
 
 
+def _beside_neighbours(devices: list[Device], kinds: list[list[int]], node_names: list[str],
+                       profiles: Profiles) -> list[Device]:
+    """Each kind's cost scaled to what its members measured stepping beside the other devices of
+    their node (``DeviceProfile.together``, docs/bench.md): a member's factor is, per phase, the
+    mean step of its window over its alone line's time at that batch, the median over phases; the
+    kind's the median of its members' (like devices keep one cost), at least 1 (running beside
+    others never makes a device faster; a lower figure is the bench's noise). The whole line
+    a + c * b is scaled, as a fit to measured rates scales it: a core shared with the neighbours
+    stretches a step's fixed cost and its per-sample work alike. The steps' noise is theirs too
+    (per phase, the window's mean step over its fastest, less one; the median over phases, then over
+    the kind): a step that lost its core to a neighbour is late, and a synchronous group waits for
+    its latest member (cost.straggle). Kinds without together figures (one-device nodes, profiles
+    from before them) keep their alone cost."""
+    together = {(p.node, p.device): p.together for p in profiles.devices if p.together is not None}
+
+    def measure(d: Device) -> tuple[float, float | None] | None:
+        measured = together.get((node_names[d.node], d.device))
+        phases = [s for s in (measured.steps if measured else ()) if s.batch_size > 0 and s.mean_s > 0]
+        if not phases:
+            return None
+        return (statistics.median(s.mean_s / d.time(s.batch_size) for s in phases),
+                statistics.median(max(0.0, s.mean_s / s.seconds.min - 1.0) if s.seconds.min > 0 else 0.0
+                                  for s in phases))
+
+    return _scaled_kinds(devices, kinds, measure, at_least=1.0, together=True)
+
+
+def _scaled_kinds(devices: list[Device], kinds: list[list[int]],
+                  measure: Callable[[Device], tuple[float, float | None] | None], *, at_least: float = 0.0,
+                  together: bool = False, fitted: bool = False) -> list[Device]:
+    """Each kind with a member ``measure`` gives (factor, noise or None) for: its line a + c * b
+    scaled by the median of its members' factors (at least ``at_least``), its noise the median of the
+    noises given (else its own), marked ``together`` or ``fitted``; other kinds as they are."""
+    out = list(devices)
+    for kind in kinds:
+        found = [m for m in (measure(devices[i]) for i in kind) if m is not None]
+        if not found:
+            continue
+        f = max(at_least, statistics.median(factor for factor, _ in found))
+        noises = [noise for _, noise in found if noise is not None]
+        for i in kind:
+            d = devices[i]
+            out[i] = dataclasses.replace(d, a=d.a * f, c=d.c * f, noise=statistics.median(noises) if noises else d.noise,
+                                         together=together or d.together, fitted=fitted or d.fitted)
+    return out
+
+
 def _fit_to_rates(devices: list[Device], kinds: list[list[int]], node_names: list[str],
                   rates: ScriptRates) -> list[Device]:
     """Each kind's cost scaled so that its measured rates come out: a member's factor is its measured
@@ -207,26 +259,14 @@ def _fit_to_rates(devices: list[Device], kinds: list[list[int]], node_names: lis
     fixed cost alike, and one point cannot tell them apart. The measured noise (how uneven its steps
     were) replaces the bench's. Kinds without a measured member keep the bench's cost."""
     measured = {(r.node, r.device): r for r in rates.rates if r.samples_per_s > 0 and r.batch_size > 0}
-    out = list(devices)
-    for kind in kinds:
-        factors, noises = [], []
-        for i in kind:
-            d = devices[i]
-            r = measured.get((node_names[d.node], d.device))
-            if r is not None:
-                factors.append(r.batch_size / r.samples_per_s / d.time(r.batch_size))
-                if r.noise is not None:
-                    noises.append(r.noise)
-        if factors:
-            f = statistics.median(factors)
-            # Steps measured in training replace the bench's spread: a straggling device (another job's
-            # bursts, a data loader behind every few steps) makes a synchronous group wait.
-            noise = statistics.median(noises) if noises else None
-            for i in kind:
-                d = devices[i]
-                out[i] = dataclasses.replace(d, a=d.a * f, c=d.c * f, noise=d.noise if noise is None else noise,
-                                             fitted=True)
-    return out
+
+    def measure(d: Device) -> tuple[float, float | None] | None:
+        r = measured.get((node_names[d.node], d.device))
+        # Steps measured in training replace the bench's spread: a straggling device (another job's
+        # bursts, a data loader behind every few steps) makes a synchronous group wait.
+        return None if r is None else (r.batch_size / r.samples_per_s / d.time(r.batch_size), r.noise)
+
+    return _scaled_kinds(devices, kinds, measure, fitted=True)
 
 
 def _timed(p: DeviceProfile) -> list[StepSample]:

@@ -54,14 +54,15 @@ def render_profiles(profiles: Profiles, console: Console) -> None:
     devices = Table(title="Devices", title_justify="left")
     for col, justify in (("node", "left"), ("device", "left"), ("name", "left"), ("fp32 TFLOP/s", "right"),
                          ("bf16/fp16 TFLOP/s", "right"), ("mem GB/s", "right"), ("h2d GB/s", "right"),
-                         ("step ms (batch)", "right"), ("peak MiB (max batch)", "right"), ("status", "left")):
+                         ("step ms (batch)", "right"), ("together ms (batch)", "right"),
+                         ("peak MiB (max batch)", "right"), ("status", "left")):
         devices.add_column(col, justify=cast(JustifyMethod, justify))
     for d in profiles.devices:
         name = f"{escape(d.name)} [yellow]EMULATED x{d.speed:g}[/]" if d.emulated else escape(d.name)
         half = "/".join(_fmt(d.matmul_tflops.get(k)) for k in ("bf16", "fp16") if k in d.matmul_tflops)
         largest = d.steps[-1] if d.steps else None
         devices.add_row(escape(d.node), d.device, name, _fmt(d.matmul_tflops.get("fp32")), half or "-",
-                        _fmt(d.mem_bandwidth_gbs), _fmt(d.h2d_bandwidth_gbs), _steps(d),
+                        _fmt(d.mem_bandwidth_gbs), _fmt(d.h2d_bandwidth_gbs), _steps(d), _together(d),
                         str(largest.memory_mib) if largest and largest.memory_mib is not None else "-",
                         _status(d.error))
     console.print(devices)
@@ -77,12 +78,20 @@ def render_profiles(profiles: Profiles, console: Console) -> None:
     if profiles.model is not None:
         console.print(f"model {escape(profiles.model.name)}: {profiles.model.parameters:,} parameters; "
                       "figures are medians of repeated runs (spread in --json)")
+    if any(d.together for d in profiles.devices):
+        console.print("together: the mean step while every device of the node stepped at once, as they will "
+                      "train; the plan's costs come from it, the ideal from the step alone")
     if any(d.emulated for d in profiles.devices):
         console.print("[yellow]EMULATED[/]: measured on the node's CPU, then scaled by the declared speed")
 
 
 def _steps(d: DeviceProfile) -> str:
     return ", ".join(f"{s.seconds.median * 1000:.3g} ({s.batch_size})" for s in d.steps) or "-"
+
+
+def _together(d: DeviceProfile) -> str:
+    steps = d.together.steps if d.together else ()
+    return ", ".join(f"{s.mean_s * 1000:.3g} ({s.batch_size})" for s in steps) or "-"
 
 
 def _status(error: str | None) -> str:

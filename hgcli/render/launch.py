@@ -125,7 +125,8 @@ def prediction_source_line(s: Summary) -> str | None:
         return f"the prediction is fitted to the compute this script measured in job {s.fitted_to}"
     if not s.from_bench:
         return None
-    line = "the prediction came from the bench's model, each device timed alone, not from this script's run"
+    timed = "each node's devices timed together" if s.bench_together else "each device timed alone"
+    line = f"the prediction came from the bench's model, {timed}, not from this script's run"
     if s.rates_stored:
         line += "; the next launch of this script plans from the compute this job measured"
     return line
@@ -139,7 +140,7 @@ def device_line(s: Summary) -> str:
         benched = s.device_benched.get(rank)
         parts.append(f"rank {rank} {rate_text(rate)}" + ("" if benched is None else
                      f" of {rate_text(benched)}{ratio_text(rate, benched)}"))
-    against = "the plan's (fitted)" if s.fitted_to else "the bench"
+    against = "the plan's (fitted)" if s.fitted_to else "the bench (devices together)" if s.bench_together else "the bench"
     return f"per device, samples/s of compute (waits left out) against {against}: " + ", ".join(parts)
 
 

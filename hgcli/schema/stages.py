@@ -323,6 +323,25 @@ class GroupSyncProfile:
 
 
 @dataclass(frozen=True)
+class TogetherStep:
+    """A device's training steps at one batch while every device of its node stepped at once, each
+    in its own process, over one common window (hgcli/node/bench/together.py)."""
+
+    batch_size: int
+    seconds: Measurement           # wall seconds of each step wholly inside the window
+    mean_s: float                  # the window's mean step: what throughput follows
+
+
+@dataclass(frozen=True)
+class TogetherProfile:
+    """How a device steps beside its neighbours, as it will train: the contention for the node's
+    CPU, caches and buses is in these figures and not in ``DeviceProfile.steps`` (alone)."""
+
+    devices: int                   # devices of the node that stepped at once, this one included
+    steps: tuple[TogetherStep, ...]
+
+
+@dataclass(frozen=True)
 class DeviceProfile:
     node: str
     device: Device                 # "gpu0", "gpu1", ... or "cpu"
@@ -339,6 +358,10 @@ class DeviceProfile:
     driver_version: str | None = None
     exchange: ExchangeProfile | None = None   # PS push cost on this device's node (with --model)
     group_sync: GroupSyncProfile | None = None   # emulated nodes: their devices' synchronous step
+    # Nodes of two or more devices: this device's steps with all of them stepping at once. Additive:
+    # None in profiles of one-device nodes, of a together bench that failed, and of older benches
+    # (the planner then costs the device from ``steps`` alone, as before).
+    together: TogetherProfile | None = None
 
     def __post_init__(self) -> None:
         _settle(self, device=_device(self.device), matmul_tflops=frozen_map(self.matmul_tflops))
@@ -518,6 +541,9 @@ class Plan:
     # The job whose measured compute rates fitted the devices' costs (ScriptRates.job_id); None: the
     # costs are the bench's alone, of the model it timed (``model``).
     fitted_to: str | None = None
+    # The devices' costs include their nodes' contention as measured with every device of a node
+    # stepping at once (DeviceProfile.together); False: alone figures (older profiles, one device).
+    bench_together: bool = False
 
     def __post_init__(self) -> None:
         predicted = self.predicted_samples_per_s

@@ -107,6 +107,9 @@ def test_cli_bench_default_local_cluster_quick(capsys):
     if cluster.nodes[0].emulate is not None:
         assert [d.name for d in profiles.devices] == list(cluster.nodes[0].emulate.devices)
         assert all(d.emulated for d in profiles.devices)
+        # and benched together, as the main job trains them (docs/bench.md, "Devices together")
+        assert all(d.together is not None and d.together.devices == len(profiles.devices) and d.together.steps
+                   for d in profiles.devices)
 
 
 # The controller itself must run without torch (a laptop driving remote GPU nodes): block the import

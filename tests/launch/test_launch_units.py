@@ -232,6 +232,16 @@ def test_the_summary_says_what_the_prediction_came_from_and_keeps_each_workers_m
     assert "the prediction is fitted to the compute this script measured in job hg-1" in fitted
     assert any(line.startswith("per device, samples/s of compute (waits left out) against the plan's (fitted)")
                for line in fitted)
+    # A plan from a bench of each node's devices together says so, and so does its per-device line.
+    together = MetricsBoard(dataclasses.replace(plan, bench_together=True))
+    for t in range(3):
+        together.add(0, {"step": t, "samples": 10, "time": 100.0 + t})
+    together.add(0, {"event": "finish", "samples": 30, "steps": 4, "compute_samples_per_s": 40.0})
+    lines = summary_lines(together.summary(elapsed_s=3.0))
+    assert ("the prediction came from the bench's model, each node's devices timed together, not from this "
+            "script's run") in lines
+    assert ("per device, samples/s of compute (waits left out) against the bench (devices together): "
+            "rank 0 40 of 50 (80%)") in lines
 
 
 def test_the_controller_side_of_launch_never_imports_torch():

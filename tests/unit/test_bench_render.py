@@ -6,7 +6,8 @@ import io
 from rich.console import Console
 
 from hgcli.bench.cluster import BenchEvent, failure_summary
-from hgcli.schema.stages import DeviceProfile, LinkProfile, Measurement, ModelSpec, Profiles, StepSample
+from hgcli.schema.stages import (DeviceProfile, LinkProfile, Measurement, ModelSpec, Profiles, StepSample,
+                                 TogetherProfile, TogetherStep)
 from hgcli.render.bench import BenchProgress, render_profiles
 
 M = Measurement(2.5, 2.0, 3.0, 5)
@@ -37,6 +38,17 @@ def test_tables_mark_emulated_devices_and_show_errors():
     assert "4 (16)" in text                      # step time in ms at batch 16
     assert "200" in text                         # link latency in µs
     assert "669,706 parameters" in text
+
+
+def test_a_device_benched_together_shows_its_mean_step_beside_the_others():
+    profiles = sample()
+    assert "together:" not in rendered(profiles)
+    together = TogetherProfile(2, (TogetherStep(16, Measurement(0.011, 0.009, 0.02, 8), 0.0125),))
+    first = profiles.devices[0]
+    text = rendered(Profiles(cluster="c", devices=(DeviceProfile(
+        first.node, first.device, first.name, True, 0.25, 15360, steps=first.steps, together=together),)))
+    assert "12.5 (16)" in text                   # the together window's mean step, ms at batch 16
+    assert "together: the mean step while every device of the node stepped at once" in text
 
 
 def test_failure_summary_counts_devices_and_links():

@@ -21,7 +21,7 @@ from .modelspec import LoadedModel
 from .timing import WALL, Clock, summarize, time_repeats
 
 if TYPE_CHECKING:
-    from ...runtime.emulate import StableSpeed
+    from ...runtime.emulate import Emulator, StableSpeed
 
 MIB = 1 << 20
 
@@ -68,18 +68,20 @@ def step_samples(torch: Any, loaded: LoadedModel, device: Any, batch_sizes: tupl
 
 
 @contextlib.contextmanager
-def runtime_hooks(model: Any, optimizer: Any, *, default_batch: int) -> Iterator[Callable[..., None]]:
+def runtime_hooks(model: Any, optimizer: Any, *, default_batch: int,
+                  emulator: Emulator | None = None) -> Iterator[Callable[..., None]]:
     """Attach the runtime's per-step machinery to ``model`` and ``optimizer`` as a one-rank group
     without PS would (runtime/engine.py: sample counting and the step hooks; no DDP and no
-    collective in a group of one; accumulate 1, so every step takes the optimizer), with an
-    emulator of speed 1 (bookkeeping, no pause). Yields the metrics line emitter, writing to /dev/null like a pipe nobody slows."""
+    collective in a group of one; accumulate 1, so every step takes the optimizer), with
+    ``emulator`` (default: speed 1, bookkeeping and no pause; the step bench pauses on its own
+    clock). Yields the metrics line emitter, writing to /dev/null like a pipe nobody slows."""
     from ...runtime.emulate import Emulator
     from ...runtime.engine import GroupEngine, GroupSpec
     from ...runtime.metrics import MetricsSink
 
     fd = os.open(os.devnull, os.O_WRONLY)
     sink = MetricsSink(fd, {"rank": 0, "group": 0, "role": "worker"})
-    sync = GroupEngine(model=model, optimizer=optimizer, emulator=Emulator(1.0), metrics=sink, timeout_s=60.0,
+    sync = GroupEngine(model=model, optimizer=optimizer, emulator=emulator or Emulator(1.0), metrics=sink, timeout_s=60.0,
                        spec=GroupSpec(rank=0, group_id=0, ranks=(0,), pg=None, batches=(default_batch,),
                                       default_batch=default_batch))
     sync.start()
