@@ -36,7 +36,7 @@ def main() -> int:
     opt = recipe.make_optimizer(model, args)
     sched = recipe.make_scheduler(opt, args, steps_per_epoch=len(loader))
     scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
-    model, opt = ctx.wrap(model, opt, max_grad_norm=args.clip)
+    model, opt = ctx.wrap(model, opt, max_grad_norm=args.clip, scheduler=sched)
     step = 0
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)

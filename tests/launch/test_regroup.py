@@ -91,8 +91,9 @@ def test_a_regrouped_job_goes_back_to_allreduce_from_its_first_groups_snapshot(h
 def test_a_job_regrouped_after_its_first_epoch_trains_the_epochs_left(hg, tmp_path):
     # The bundled ResNet (--quick: 32 steps of 2 x 32 images an epoch, 3 epochs): its snapshots are at
     # epoch ends, so the re-grouped attempt resumes in a later epoch and its loop first passes over
-    # the epochs the restored data position has done, with its step count still 0.
-    _, events = regrouped_run(hg, tmp_path, back_after="100000", every=32, script=("hgcli.examples.train", "--quick"))
+    # the epochs the restored data position has done, with its step count still 0. Its LR schedule
+    # (warm-up, cosine) continues from the snapshot's step.
+    out, events = regrouped_run(hg, tmp_path, back_after="100000", every=32, script=("hgcli.examples.train", "--quick"))
     started = next(e for e in events if e["event"] == "job_started")
     assert [e["new_strategy"] for e in events if e["event"] == "regrouped"] == ["ps"]
     resumed = [e["step"] for e in events if e["event"] == "resumed" and e["source"] == "snapshot"]
@@ -101,3 +102,4 @@ def test_a_job_regrouped_after_its_first_epoch_trains_the_epochs_left(hg, tmp_pa
     metrics = [json.loads(m) for m in (hg.job_dir(started["job_id"]) / "metrics.jsonl").read_text().splitlines()]
     finished = {m["rank"]: m["samples"] for m in metrics if m.get("event") == "finish"}
     assert set(finished) == {0, 1} and sum(finished.values()) == 2048 * 3 - resumed[0] * 64, finished
+    assert events[-1]["summary"]["accuracy"] >= 0.7, out[-3000:]     # --quick's target
