@@ -49,10 +49,10 @@ def main() -> int:
             sched.step()
             report.step(step, loss, len(x))
             step += 1
-            if step == args.max_steps:
+            if step == args.max_steps > 0:
                 break
         report.evaluate(model, test_set, step, epoch)
-        if step == args.max_steps:
+        if step == args.max_steps > 0:
             break
     torch.distributed.destroy_process_group()
     report.final(model, test_set)

@@ -36,7 +36,7 @@ def main() -> int:
     opt = recipe.make_optimizer(model, args)
     sched = recipe.make_scheduler(opt, args, steps_per_epoch=len(loader))
     scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
-    model, opt = ctx.wrap(model, opt, max_grad_norm=args.clip)
+    model, opt = ctx.wrap(model, opt, max_grad_norm=args.clip, scheduler=sched)
     step = 0
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
@@ -51,10 +51,10 @@ def main() -> int:
             sched.step()
             report.step(step, loss, len(x))
             step += 1
-            if step == args.max_steps:
+            if step == args.max_steps > 0:
                 break
         report.evaluate(model, test_set, step, epoch)
-        if step == args.max_steps:
+        if step == args.max_steps > 0:
             break
     ctx.finish()
     report.final(model, test_set)

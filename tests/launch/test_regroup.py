@@ -25,17 +25,18 @@ emulate = { devices = ["NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-40GB"], speed 
 """
 
 
-def regrouped_run(hg, tmp_path, *, back_after: str, every: int, epochs: int) -> tuple[str, list[dict]]:
-    """The example MLP launched --json on the two like devices, re-grouped after 4 s and back after
-    ``back_after`` s (forced); its stdout and events, once it succeeded."""
+def regrouped_run(hg, tmp_path, *, back_after: str, every: int, epochs: int = 0,
+                  script: tuple[str, ...] = ()) -> tuple[str, list[dict]]:
+    """The example MLP (or ``script``) launched --json on the two like devices, re-grouped after 4 s
+    and back after ``back_after`` s (forced); its stdout and events, once it succeeded."""
     ctoml = tmp_path / "cluster.toml"
     ctoml.write_text(CLUSTER)
     ctoml.chmod(0o600)
     env = hg.env(HGTRAIN_TEST_REGROUP_AFTER="4", HGTRAIN_TEST_REGROUP_BACK_AFTER=back_after,
                  HGTRAIN_BENCH_MODEL="hgcli.examples.models:example@32,64,96")
-    code, out, err = hg.run("-c", str(ctoml), "--json", "--checkpoint-every", str(every), "--", PY, "-m",
-                            "hgcli.examples.train_mlp", "--epochs", str(epochs), "--hidden", "256",
-                            "--eval-every", "1000", env=env, timeout=600)
+    script = script or ("hgcli.examples.train_mlp", "--epochs", str(epochs), "--hidden", "256", "--eval-every", "1000")
+    code, out, err = hg.run("-c", str(ctoml), "--json", "--checkpoint-every", str(every), "--", PY, "-m", *script,
+                            env=env, timeout=600)
     assert code == 0, err[-3000:]
     return out, [json.loads(line) for line in out.splitlines()]
 
@@ -85,3 +86,20 @@ def test_a_regrouped_job_goes_back_to_allreduce_from_its_first_groups_snapshot(h
     logs = [(hg.job_dir(started["job_id"]) / f"rank{r}.log").read_text() for r in (0, 1)]
     assert all(re.search(rf"resumed from the snapshot of step {resumed[1]}\b", log) for log in logs)
     assert attempt_pids(started["job_id"]) == []
+
+
+def test_a_job_regrouped_after_its_first_epoch_trains_the_epochs_left(hg, tmp_path):
+    # The bundled ResNet (--quick: 32 steps of 2 x 32 images an epoch, 3 epochs): its snapshots are at
+    # epoch ends, so the re-grouped attempt resumes in a later epoch and its loop first passes over
+    # the epochs the restored data position has done, with its step count still 0. Its LR schedule
+    # (warm-up, cosine) continues from the snapshot's step.
+    out, events = regrouped_run(hg, tmp_path, back_after="100000", every=32, script=("hgcli.examples.train", "--quick"))
+    started = next(e for e in events if e["event"] == "job_started")
+    assert [e["new_strategy"] for e in events if e["event"] == "regrouped"] == ["ps"]
+    resumed = [e["step"] for e in events if e["event"] == "resumed" and e["source"] == "snapshot"]
+    assert len(resumed) == 1 and resumed[0] % 32 == 0 and 32 <= resumed[0] < 96, resumed
+    # The attempt's workers train what is left of the 3 epochs (only the last attempt finishes).
+    metrics = [json.loads(m) for m in (hg.job_dir(started["job_id"]) / "metrics.jsonl").read_text().splitlines()]
+    finished = {m["rank"]: m["samples"] for m in metrics if m.get("event") == "finish"}
+    assert set(finished) == {0, 1} and sum(finished.values()) == 2048 * 3 - resumed[0] * 64, finished
+    assert events[-1]["summary"]["accuracy"] >= 0.7, out[-3000:]     # --quick's target
