@@ -332,8 +332,21 @@ def _run(request: LaunchRequest, plan: Plan, job_id: str, env: dict[str, str], m
         for t in attempt.transports.values():
             t.close()
     plan, board = attempt.plan, attempt.board
+    untrained = untrained_restart(number, outcome.state, attempt.trained())
+    if untrained is not None:
+        emit(Notice(job_id, None, untrained))
     stored = outcome.state is JobState.SUCCEEDED and _store_rates(request, plan, job_id, board, emit)
     return _finish(book, board, emit, outcome, started, request.detach, rates_stored=stored)
+
+
+def untrained_restart(attempt: int, state: JobState, trained: int) -> str | None:
+    """What to say of a restarted attempt that succeeded without training a sample: its script's loop
+    ended before its first batch, and the job's success would otherwise hide it."""
+    if attempt == 0 or state is not JobState.SUCCEEDED or trained > 0:
+        return None
+    return (f"attempt {attempt} resumed and ended without training a sample: the script's loop stopped "
+            f"before its first batch (a stop on a step count the loop keeps itself, which is 0 again "
+            f"after a resume? docs/runtime.md, \"Data position and resume\")")
 
 
 def _store_rates(request: LaunchRequest, plan: Plan, job_id: str, board: MetricsBoard,
@@ -401,8 +414,12 @@ class _Attempt:
         """Note where the failed attempt's training got to, before the next one resumes."""
         if outcome.resumed is not None:
             self._started_from = outcome.resumed.samples or 0
-        trained = self.board.samples_total() - self._trained_before
+        trained = self.trained()
         self.reached = self._started_from + trained if trained > 0 or self._started_from else None
+
+    def trained(self) -> int:
+        """The samples the ranks reported since this attempt began."""
+        return self.board.samples_total() - self._trained_before
 
     def regroup(self, number: int, outcome: Outcome, reason: str) -> Outcome | None:
         """``--nnodes MIN:MAX`` before restart ``number``: the nodes that answer (elastic.py), and a

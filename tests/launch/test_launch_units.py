@@ -312,3 +312,14 @@ def test_a_plan_without_per_group_predictions_still_loads():
     assert data["predicted_group_samples_per_s"] == {}
     del data["predicted_group_samples_per_s"]          # a plan file written before the field
     assert from_dict(Plan, data) == plan
+
+
+def test_a_restarted_attempt_that_trained_nothing_is_told_and_others_are_not():
+    from hgcli.launch.launcher import untrained_restart
+    from hgcli.schema.states import JobState
+    note = untrained_restart(1, JobState.SUCCEEDED, 0)
+    assert note is not None and note.startswith("attempt 1 resumed and ended without training a sample")
+    assert "Data position and resume" in note
+    assert untrained_restart(0, JobState.SUCCEEDED, 0) is None        # a first attempt: nothing resumed
+    assert untrained_restart(2, JobState.SUCCEEDED, 64) is None       # it trained
+    assert untrained_restart(1, JobState.FAILED, 0) is None           # the failure says it already
