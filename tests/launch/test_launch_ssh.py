@@ -42,18 +42,20 @@ def sessions(hosts) -> int:
 
 
 HELLO = """
-import json, os, socket, sys, time
+import json, os, sys, time
+from datetime import timedelta
 print(json.dumps({k: os.environ.get(k) for k in ('RANK', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT', 'HOME')}))
 print(json.dumps(sys.argv[1:]))
-addr = (os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']))
-# rank 0's agent serves the job's store there: every rank, on every host, reaches it at MASTER_ADDR
-for _ in range(600):
-    try:
-        socket.create_connection(addr, timeout=30).close()
-        break
-    except ConnectionRefusedError:
-        time.sleep(0.1)
+# rank 0's agent serves the job's store at MASTER_ADDR: every rank, on every host, reaches it there as a
+# torch.distributed client does. Rank 0 stays until all have (as a rendezvous keeps it): its node's
+# agent, and with it the store, ends when its last rank does.
+from torch.distributed import TCPStore
+store = TCPStore(os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']), is_master=False,
+                 timeout=timedelta(seconds=60))
+store.add('reached', 1)
 print('reached the store')
+while os.environ['RANK'] == '0' and store.add('reached', 0) < int(os.environ['WORLD_SIZE']):
+    time.sleep(0.05)
 """
 
 ARGS = ["$HOME", "a b", "it's", 'say "hi"', "; echo pwned", "`id`", "$(id)", "*", "x\ny", "\\", ""]
