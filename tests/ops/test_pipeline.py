@@ -13,7 +13,7 @@ import pytest
 
 from hgcli import state
 from hgcli.cli import main
-from hgcli.config.cluster import default_cluster
+from hgcli.config.cluster import default_cluster, load_cluster
 from hgcli.schema.stages import PLAN_NEEDS, Inventory, JobSpec, NodeInfo, Plan, Profiles, PythonRuntime, Strategy, from_dict, to_dict
 from hgcli.errors import NodePythonError
 from hgcli.plan.pipeline import (INVENTORY_MAX_AGE_S, inventory_unusable, prepare_plan, profiles_unusable,
@@ -34,6 +34,16 @@ def one_batch_size_bench(monkeypatch):
     monkeypatch.setattr(modelspec, "DEFAULT_SPEC", "example@8")
 
 
+@pytest.fixture
+def one_node(tmp_path):
+    """A cluster of this machine's CPU alone: one device bench, no group, together or link bench (the
+    embedded cluster's four emulated devices take all of those). Which stages run and what is stored do
+    not depend on the cluster; the embedded one is planned in tests/launch/test_launch_training.py."""
+    path = tmp_path / "cluster.toml"
+    path.write_text('[[nodes]]\nname = "local"\nhost = "localhost"\n')
+    return path
+
+
 class Stages:
     def __init__(self) -> None:
         self.events: list[tuple[str, str]] = []
@@ -45,8 +55,8 @@ class Stages:
         return any(s == stage and m.startswith(start) for s, m in self.events)
 
 
-def test_fresh_cluster_in_one_step_then_reuse_then_stale_profiles_rebenched():
-    cluster = default_cluster()
+def test_fresh_cluster_in_one_step_then_reuse_then_stale_profiles_rebenched(one_node):
+    cluster = load_cluster(one_node)
     first = Stages()
     plan = prepare_plan(cluster, JobSpec(), quick=True, on_stage=first)
     assert first.said("probe", "probing") and first.said("bench", "benching (quick): no stored profiles")
@@ -61,9 +71,9 @@ def test_fresh_cluster_in_one_step_then_reuse_then_stale_profiles_rebenched():
     assert load_profiles(cluster.fingerprint()).measured_at == measured_at          # not benched again
     assert to_dict(again) == to_dict(plan)
 
-    # The stored profiles describe another device than the one probed now: stale, benched again.
+    # The stored profiles were measured under another torch than the one probed now: stale, benched again.
     profiles = load_profiles(cluster.fingerprint())
-    first_device = dataclasses.replace(profiles.devices[0], name="a device this node does not have")
+    first_device = dataclasses.replace(profiles.devices[0], torch_version="1.0.0")
     store_profiles(dataclasses.replace(profiles, devices=(first_device, *profiles.devices[1:])))
     third = Stages()
     prepare_plan(cluster, JobSpec(), quick=True, on_stage=third)
@@ -72,21 +82,21 @@ def test_fresh_cluster_in_one_step_then_reuse_then_stale_profiles_rebenched():
     assert load_profiles(cluster.fingerprint()).measured_at > measured_at
 
 
-def test_plan_command_shows_stages_on_stderr_and_only_json_on_stdout(capsys):
-    assert main(["plan", "--json"]) == 0
+def test_plan_command_shows_stages_on_stderr_and_only_json_on_stdout(one_node, capsys):
+    assert main(["plan", "-c", str(one_node), "--json"]) == 0
     out, err = capsys.readouterr()
     plan = from_dict(Plan, json.loads(out))
-    assert plan.cluster == default_cluster().fingerprint()
+    assert plan.cluster == load_cluster(one_node).fingerprint()
     assert err == ""                     # --json: nothing but the plan, stages are human output
-    assert main(["plan"]) == 0
+    assert main(["plan", "-c", str(one_node)]) == 0
     out, err = capsys.readouterr()
     assert "probe  using stored inventory" in err and "bench  using stored profiles" in err
     assert "plan   allreduce" in err or "plan   hybrid" in err or "plan   ps" in err
     assert "why:" in out
 
 
-def test_corrupt_stored_profiles_are_benched_again():
-    cluster = default_cluster()
+def test_corrupt_stored_profiles_are_benched_again(one_node):
+    cluster = load_cluster(one_node)
     prepare_plan(cluster, JobSpec(), quick=True)
     path = state.cluster_dir(cluster.fingerprint()) / "profiles.json"
     path.write_text('{"cluster": 3}')
