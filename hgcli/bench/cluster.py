@@ -151,11 +151,13 @@ def _bench_node(cluster: Cluster, node: NodeSpec, info: NodeInfo | None, quick: 
                 # The fastest speed's bench also times a synchronous step of all the node's emulated
                 # devices (node/bench/group.py): with batches proportional to speed, every member's
                 # step lasts about what the fastest one's does; the node's figure is on every profile.
+                # The PS exchange is the node's CPU and RPC stack at any declared speed: timed once, with
+                # the first speed, and given to every profile like the group's figure.
                 group = len(emulated) if speed == speeds[-1] and len(emulated) > 1 else 0
                 bases[speed] = _bench_device(transport, node, replace(base_target, speed=speed), quick,
-                                             spec, emit, group_ranks=group)
-            node_group = bases[speeds[-1]][0].group_sync
-            bases = {k: (replace(p, group_sync=node_group), n) for k, (p, n) in bases.items()}
+                                             spec, emit, group_ranks=group, exchange=speed == speeds[0])
+            node_group, node_exchange = bases[speeds[-1]][0].group_sync, bases[speeds[0]][0].exchange
+            bases = {k: (replace(p, group_sync=node_group, exchange=node_exchange), n) for k, (p, n) in bases.items()}
             for t in emulated:
                 base, parameters = bases[t.speed if t.speed is not None else 1.0]
                 measured.append((emulated_profile(base, t), parameters))
@@ -195,8 +197,10 @@ def emulated_profile(base: DeviceProfile, target: DeviceTarget) -> DeviceProfile
 
 
 def _bench_device(transport: Transport, node: NodeSpec, target: DeviceTarget, quick: bool, spec: str,
-                  emit: OnEvent, group_ranks: int = 0) -> tuple[DeviceProfile, int | None]:
+                  emit: OnEvent, group_ranks: int = 0, exchange: bool = True) -> tuple[DeviceProfile, int | None]:
     args = ["--node", node.name, *target.args(), "--model", spec, "--lifeline"] + (["--quick"] if quick else [])
+    if not exchange:
+        args.append("--no-exchange")
     if group_ranks:
         args += ["--group-ranks", str(group_ranks)]
     deadline = time.monotonic() + DEVICE_TIMEOUT_S[quick]

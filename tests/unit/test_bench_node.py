@@ -100,7 +100,7 @@ def test_group_ranks_time_a_synchronous_step_of_the_nodes_emulated_devices():
     and synchronous: the all-reduce's time and the CPU ratio are the node's figures; a real device's
     bench does not measure them."""
     frames = run_node_bench("--device", "gpu0", "--emulate-speed", "0.1", "--model", "mlp@8,16,32",
-                            "--group-ranks", "3")
+                            "--group-ranks", "3", "--no-exchange")
     p = profile_of(frames)
     (model,) = [f for f in frames if f["type"] == "model"]
     g = p.group_sync
@@ -149,7 +149,10 @@ def test_step_over_emulated_memory_is_out_of_memory_and_keeps_smaller_batches():
     # because the accounting counts tensor storages, not timing.
     peaks = {s.batch_size: s.memory_mib for s in profile_of(cpu_bench()).steps}
     assert peaks[64] < peaks[256]
-    p = profile_of(run_node_bench("--device", "gpu0", "--emulate-speed", "1", "--memory-mib", str(peaks[64])))
+    # --no-exchange: the node's PS exchange was timed with another of its devices (bench/cluster.py)
+    p = profile_of(run_node_bench("--device", "gpu0", "--emulate-speed", "1", "--memory-mib", str(peaks[64]),
+                                  "--no-exchange"))
+    assert p.exchange is None and profile_of(slow_emulated_bench()).exchange is not None
     assert [s.batch_size for s in p.steps] == [4, 16, 64]
     assert p.error.startswith("out of memory at batch 256")
     assert f"the emulated device has {peaks[64]} MiB" in p.error

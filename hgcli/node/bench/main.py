@@ -98,6 +98,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="smaller sizes, fewer repeats")
     p.add_argument("--model", default=modelspec.DEFAULT_SPEC, help="model spec to time (docs/bench.md)")
     p.add_argument("--lifeline", action="store_true", help="exit when stdin reaches EOF")
+    p.add_argument("--no-exchange", action="store_true",
+                   help="skip the parameter-server exchange (the node's, measured with another device)")
     p.add_argument("--group-ranks", type=int, default=0,
                    help="emulated devices on this node: also time their synchronous step (groupbench)")
     args = p.parse_args(argv)
@@ -202,7 +204,7 @@ def measure(torch: Any, args: argparse.Namespace, target: Target, results: Resul
     results.model_parameters = sum(p.numel() for p in loaded.model.parameters())
     # The PS exchange is the node's (its CPU and RPC stack), not the device's: measured once per
     # node, with its first device (emulated devices of a node share one measurement, bench.py).
-    if target.emulated or args.device in ("cpu", "gpu0"):
+    if (target.emulated or args.device in ("cpu", "gpu0")) and not args.no_exchange:
         progress("parameter-server exchange")
         try:
             results.exchange = exchangebench.measure_exchange(
