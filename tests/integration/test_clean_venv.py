@@ -64,9 +64,10 @@ def test_main_job_runs_in_a_fresh_venv_with_only_the_declared_dependencies(tmp_p
     # The README's main command, run from outside the checkout so that `-m` imports the installed copy,
     # with a hybrid plan: parameter-server ranks, so torch.distributed.rpc (and with it numpy) must run
     # (on the emulated cluster `auto` now keeps the synchronous all-reduce, where RPC never starts).
-    # --quick: the example's small run; what is tested is the environment, not the accuracy figure.
+    # Ten steps of the example's small run (pushes to the PS, an evaluation at the end): what is tested
+    # is the environment, not the accuracy figure (tests/launch/test_launch_training.py trains it).
     done = subprocess.run([str(venv / "bin" / "hgtrain"), "launch", "--strategy", "hybrid", "--",
-                           str(py), "-m", "hgcli.examples.train", "--quick"],
+                           str(py), "-m", "hgcli.examples.train", "--quick", "--max-steps", "10"],
                           capture_output=True, text=True, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
                           timeout=1200)
     out = done.stdout + done.stderr
