@@ -80,7 +80,8 @@ def stop(job_dir: Path) -> StoppedFrame:
         if me is not None:
             procs.send_signal(me, signal.SIGTERM)
         deadline = time.monotonic() + grace + AGENT_EXTRA_WAIT_S
-        while agent_alive(record) and time.monotonic() < deadline:
+        # A stopped agent (SIGSTOP) does not act on SIGTERM until continued: not waited for.
+        while agent_alive(record) and time.monotonic() < deadline and not (me is not None and _stopped(me.pid)):
             time.sleep(0.05)
         if agent_alive(record):
             agent = "not responding"
@@ -91,6 +92,11 @@ def stop(job_dir: Path) -> StoppedFrame:
         _mark_stopped(job_dir, record)
     return {"type": FrameType.STOPPED, "job_id": record.get("job_id"), "node": record.get("node"), "agent": agent,
             "killed": killed, "left": left, "state": (read_record(job_dir) or record).get("state")}
+
+
+def _stopped(pid: int) -> bool:
+    st = procs.proc_stat(pid)
+    return st is not None and st.is_stopped
 
 
 def _kill_leftovers(record: dict[str, Any], grace: float) -> list[int]:

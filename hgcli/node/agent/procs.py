@@ -33,6 +33,11 @@ class ProcStat:
     def is_zombie(self) -> bool:
         return self.state in ("Z", "X")
 
+    @property
+    def is_stopped(self) -> bool:
+        """Stopped by a signal (SIGSTOP, SIGTSTP) or a tracer: it acts on nothing until continued."""
+        return self.state in ("T", "t")
+
 
 def boot_id() -> str:
     try:
