@@ -96,6 +96,20 @@ def refuse_unrunnable(plan: Plan, inventory: Inventory) -> None:
                               f"{OR_ANOTHER_PYTHON}. Nothing was started")
 
 
+def refuse_before_bench(strategy: Strategy, inventory: Inventory) -> None:
+    """``--strategy hybrid`` or ``ps`` where no node's Python can run a PS plan's ranks: refused before
+    the bench, which would time every device for a plan that cannot start. Where some nodes can, the
+    plan decides where its ranks go and refuse_unrunnable checks them."""
+    if strategy not in (Strategy.HYBRID, Strategy.PS):
+        return
+    nodes = [n.name for n in inventory.succeeded]
+    needs = PLAN_NEEDS[strategy]
+    if nodes and all(runtime_problems(inventory, [n], needs) for n in nodes):
+        raise NodePythonError(f"the {strategy.value} plan's ranks cannot run: "
+                              f"{'; '.join(runtime_problems(inventory, nodes, needs))}{OR_ANOTHER_PYTHON}. "
+                              "Nothing was started")
+
+
 def refuse_unrunnable_plan_file(plan: Plan, cluster: Cluster, on_stage: OnStage | None = None) -> None:
     """``launch --plan``: the stored inventory, when there is one, decides whether the plan's ranks can
     run; a refusal is checked by probing again first (the module may have been installed since)."""
@@ -244,6 +258,7 @@ def prepare_plan(cluster: Cluster, job: JobSpec, *, quick: bool = True, skip_fai
 
     say = on_stage or _quiet
     inventory = ensure_inventory(cluster, skip_failed=skip_failed, on_stage=say)
+    refuse_before_bench(job.strategy, inventory)
     profiles = ensure_profiles(cluster, inventory, quick=quick, skip_failed=skip_failed, on_stage=say)
     rates = script_rates(cluster.fingerprint(), profiles, script, say) if script else None
     say("plan", f"planning ({job.strategy.value})")

@@ -74,6 +74,7 @@ def test_plan_and_launch_refuse_a_hybrid_plan_before_anything_starts(hg, no_nump
     planned = hgtrain(hg, "plan", "-c", str(path), "--strategy", "hybrid", timeout=900)
     assert planned.returncode == 2 and planned.stdout == "", planned.stderr
     refusal(planned.stderr, python)
+    assert "benching" not in planned.stderr      # no node can run it: refused before the bench
     code, out, err = hg.run("-c", str(path), "--strategy", "hybrid", "--", str(python), "-c", "print('ran')")
     assert code == 2, err
     refusal(err, python)

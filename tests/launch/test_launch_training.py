@@ -59,10 +59,12 @@ def test_unmodified_torchrun_style_script_under_allreduce(hg, tmp_path):
 
 
 def test_main_job_probes_benches_plans_and_trains_on_the_embedded_cluster(hg, tmp_path):
-    """The README's main command, with no cluster file: probe -> bench -> plan -> launch -> summary."""
+    """The README's main command, with no cluster file: probe -> bench -> plan -> launch -> summary.
+    Its bench times two batch sizes ($HGTRAIN_BENCH_MODEL): every quick size of the embedded cluster is
+    benched in tests/integration/test_bench_local.py."""
     pytest.importorskip("hgcli.plan.pipeline")
     code, out, err = hg.run("--json", "--", PY, "-m", "hgcli.examples.train", "--epochs", "1",
-                            "--max-steps", "30", timeout=900)
+                            "--max-steps", "30", env=hg.env(HGTRAIN_BENCH_MODEL="example@16,64"), timeout=900)
     events = [json.loads(line) for line in out.splitlines()]
     assert code == 0, err + out[-3000:]
     stages = [e["stage"] for e in events if e["event"] == "stage"]
