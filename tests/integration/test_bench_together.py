@@ -42,13 +42,14 @@ def test_two_devices_sharing_one_core_step_about_half_as_fast_together_and_the_p
     path.write_text(ONE_NODE)
     cluster = load_cluster(path)
     inventory = inventory_of(cluster)
-    profiles = bench_cluster(cluster, inventory, quick=True, model_spec="example-mlp")
+    profiles = bench_cluster(cluster, inventory, quick=True, model_spec="mlp@64,256")
     assert [d.error for d in profiles.devices] == [None, None]
     for d in profiles.devices:
         t = d.together
         assert t is not None and t.devices == 2
         alone = {s.batch_size: s.seconds.median for s in d.steps}
-        # Two phases at the two largest benched sizes (the MLP's steps are all under 0.1 s).
+        # Two phases at the two benched sizes (the MLP's steps are under 0.1 s; a few ms: steps well
+        # under the scheduler's time slice can run whole between the other's, and wait less).
         assert [s.batch_size for s in t.steps] == sorted(alone)[-2:]
         for s in t.steps:
             assert s.seconds.repeats >= STEPS[True]
