@@ -54,10 +54,10 @@ def wanted(transport: str, environ: Mapping[str, str], job_id: str | None = None
     found = allocation(environ, job_id)
     if transport == "srun" and found is None:
         if not (job_id or environ.get(JOB_ID)):
-            raise UsageError("--transport srun: not inside a Slurm allocation (SLURM_JOB_ID is not set); "
-                             "run hgtrain under sbatch or salloc, or use --transport ssh")
-        raise UsageError("--transport srun: srun is not on PATH; add Slurm's bin directory to PATH "
-                         "or use --transport ssh")
+            raise UsageError("transport srun: not inside a Slurm allocation (SLURM_JOB_ID is not set); "
+                             "run hgtrain under sbatch or salloc, or use the ssh transport")
+        raise UsageError("transport srun: srun is not on PATH; add Slurm's bin directory to PATH "
+                         "or use the ssh transport")
     return found
 
 
@@ -73,7 +73,7 @@ def members(settings: SrunSettings, environ: Mapping[str, str]) -> dict[str, int
         lists = job_nodelists(settings)
     if not lists:
         raise UsageError(f"Slurm job {settings.job_id} is not running (squeue does not know it): its "
-                         "nodes cannot be reached as job steps; use --transport ssh")
+                         "nodes cannot be reached as job steps; use the ssh transport")
     het = len(lists) > 1 or bool(het_nodelists(environ))
     return {host: (group if het else None) for group, nodelist in enumerate(lists)
             for host in expand_nodelist(nodelist)}
@@ -92,7 +92,7 @@ def reach_by_srun(cluster: Cluster, settings: SrunSettings, environ: Mapping[str
         if not required:
             return cluster
         node = outside[0]
-        raise UsageError(f"--transport srun: node {node.name!r} (host {node.host}) is not a node of Slurm "
+        raise UsageError(f"transport srun: node {node.name!r} (host {node.host}) is not a node of Slurm "
                          f"job {settings.job_id}; srun reaches only the allocation's nodes ({', '.join(sorted(groups))})")
     addresses = node_addresses(settings, [n.host for n in cluster.nodes])
     nodes = tuple(dataclasses.replace(n, hostname=addresses[n.host]) if addresses.get(n.host, n.host) != n.host

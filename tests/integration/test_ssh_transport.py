@@ -363,6 +363,11 @@ class SilentServer:
             self.conns.append(conn)
 
     def close(self) -> None:
+        # shutdown wakes the accept() blocked in the thread (close alone does not, on Linux)
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self.sock.close()
         for conn in self.conns:
             conn.close()

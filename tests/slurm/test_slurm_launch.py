@@ -281,5 +281,5 @@ def test_transport_srun_outside_an_allocation_is_one_line_and_exit_2(tmp_path):
                           text=True, env=env, timeout=60, cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "hgtrain: error: --transport srun: not inside a Slurm allocation (SLURM_JOB_ID is not set); "
-        "run hgtrain under sbatch or salloc, or use --transport ssh"]
+        "hgtrain: error: transport srun: not inside a Slurm allocation (SLURM_JOB_ID is not set); "
+        "run hgtrain under sbatch or salloc, or use the ssh transport"]
