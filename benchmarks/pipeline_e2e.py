@@ -314,6 +314,13 @@ def split(global_batch: int, weights: list[float]) -> list[int]:
     return out
 
 
+def adapt_line(m: dict) -> str:
+    """One adaptation of the run: a group's re-split (rebalance) or the job re-grouped (regroup)."""
+    if m.get("kind") == "regroup":
+        return f"attempt {m.get('attempt')}: re-grouped to {m.get('strategy')} {m.get('groups')}"
+    return f"group {m.get('group')} step {m.get('step')}: {m.get('before')} -> {m.get('batches')}"
+
+
 def pipeline(name: str, speeds: list[float], dyn: Dynamics, args: argparse.Namespace, script: Script,
              workdir: Path, cores: int, attempt: int = 0) -> dict[str, Any]:
     """probe -> bench -> launch (which plans from the stored profiles) in this scenario's own state dir;
@@ -346,7 +353,7 @@ def pipeline(name: str, speeds: list[float], dyn: Dynamics, args: argparse.Names
                if line.strip()]
     out = measure(metrics, cores)
     adapts = [m for m in metrics if m.get("event") == "adapt"]
-    out["adapts"] = [f"group {m['group']} step {m['step']}: {m['before']} -> {m['batches']}" for m in adapts]
+    out["adapts"] = [adapt_line(m) for m in adapts]
     strategy = plan["strategy"]
     predicted = plan["predicted_samples_per_s"]
     groups = plan["groups"]
