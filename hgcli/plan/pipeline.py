@@ -92,8 +92,12 @@ def refuse_unrunnable(plan: Plan, inventory: Inventory) -> None:
     needs = PLAN_NEEDS[Strategy.HYBRID if plan.ps_shards else Strategy.ALLREDUCE]
     problems = runtime_problems(inventory, [r.node for r in plan.ranks], needs)
     if problems:
-        raise NodePythonError(f"the {plan.strategy.value} plan's ranks cannot run: {'; '.join(problems)}"
-                              f"{OR_ANOTHER_PYTHON}. Nothing was started")
+        raise _cannot_run(plan.strategy, problems)
+
+
+def _cannot_run(strategy: Strategy, problems: list[str]) -> NodePythonError:
+    return NodePythonError(f"the {strategy.value} plan's ranks cannot run: {'; '.join(problems)}"
+                           f"{OR_ANOTHER_PYTHON}. Nothing was started")
 
 
 def refuse_before_bench(strategy: Strategy, inventory: Inventory) -> None:
@@ -102,12 +106,9 @@ def refuse_before_bench(strategy: Strategy, inventory: Inventory) -> None:
     plan decides where its ranks go and refuse_unrunnable checks them."""
     if strategy not in (Strategy.HYBRID, Strategy.PS):
         return
-    nodes = [n.name for n in inventory.succeeded]
-    needs = PLAN_NEEDS[strategy]
-    if nodes and all(runtime_problems(inventory, [n], needs) for n in nodes):
-        raise NodePythonError(f"the {strategy.value} plan's ranks cannot run: "
-                              f"{'; '.join(runtime_problems(inventory, nodes, needs))}{OR_ANOTHER_PYTHON}. "
-                              "Nothing was started")
+    per_node = [runtime_problems(inventory, [n.name], PLAN_NEEDS[strategy]) for n in inventory.succeeded]
+    if per_node and all(per_node):
+        raise _cannot_run(strategy, [p for problems in per_node for p in problems])
 
 
 def refuse_unrunnable_plan_file(plan: Plan, cluster: Cluster, on_stage: OnStage | None = None) -> None:

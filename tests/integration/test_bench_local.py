@@ -110,6 +110,9 @@ def test_cli_bench_default_local_cluster_quick(capsys):
         # and benched together, as the main job trains them (docs/bench.md, "Devices together")
         assert all(d.together is not None and d.together.devices == len(profiles.devices) and d.together.steps
                    for d in profiles.devices)
+        # the node's PS exchange, timed once (the embedded cluster declares two speeds) and on every profile
+        assert profiles.devices[0].exchange is not None
+        assert all(d.exchange == profiles.devices[0].exchange for d in profiles.devices)
 
 
 # The controller itself must run without torch (a laptop driving remote GPU nodes): block the import

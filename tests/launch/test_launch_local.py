@@ -6,7 +6,9 @@ import json
 import os
 import signal
 import sys
+import time
 
+from hgcli.node.agent.control import AGENT_EXTRA_WAIT_S
 from tests.agent.harness import rank_pids, job_pids, wait_until
 
 from .hg import assert_not_in_any_cmdline, cluster_toml, text_under
@@ -279,8 +281,13 @@ def test_silent_agent_is_lost_after_the_heartbeat_timeout(hg, tmp_path):
     """An agent that stops answering (SIGSTOP: like a link cut without FIN) is lost within the timeout."""
     run, agent = sleepers_and_agent_of_b(hg, tmp_path, grace="1", heartbeat_timeout="4")
     os.kill(agent, signal.SIGSTOP)
+    frozen = time.monotonic()
     try:
         assert run.finish() == 4, run.stderr
+        # the fresh --stop sees the agent stopped (state T) and does not wait the grace period and
+        # AGENT_EXTRA_WAIT_S for it to act on SIGTERM, which it cannot until continued (waited, the
+        # heartbeat timeout and that wait alone would take 4 + 1 + 15 s)
+        assert time.monotonic() - frozen < 1 + AGENT_EXTRA_WAIT_S, run.stderr
         cause = run.events()[-1]["root_cause"]
         assert cause["node"] == "b" and "nothing heard from its agent" in cause["reason"]
         # hgtrain's fresh `--stop` found the frozen agent not responding and stopped its ranks itself

@@ -17,7 +17,7 @@ from hgcli.config.cluster import default_cluster, load_cluster
 from hgcli.schema.stages import PLAN_NEEDS, Inventory, JobSpec, NodeInfo, Plan, Profiles, PythonRuntime, Strategy, from_dict, to_dict
 from hgcli.errors import NodePythonError
 from hgcli.plan.pipeline import (INVENTORY_MAX_AGE_S, inventory_unusable, prepare_plan, profiles_unusable,
-                                 refuse_unrunnable, runtime_problems)
+                                 refuse_before_bench, refuse_unrunnable, runtime_problems)
 from hgcli.bench.profiles import load_profiles, store_profiles
 
 pytestmark = pytest.mark.slow
@@ -175,6 +175,20 @@ def test_a_plan_is_refused_when_a_ranks_node_lacks_what_the_plan_imports():
     with pytest.raises(NodePythonError, match="node b: its Python /usr/bin/python3 lacks torch"):
         refuse_unrunnable(_plan_on("a", "b", ps=False), _nodes(a=EVERYTHING, b=no_torch))
     assert runtime_problems(_nodes(a=EVERYTHING, b=no_torch), ["a"], PLAN_NEEDS[Strategy.HYBRID]) == []
+
+
+def test_a_ps_strategy_no_node_can_run_is_refused_before_the_bench():
+    nowhere = _nodes(a=NO_NUMPY, b=NO_NUMPY)
+    for strategy in (Strategy.HYBRID, Strategy.PS):
+        with pytest.raises(NodePythonError) as caught:
+            refuse_before_bench(strategy, nowhere)
+        message = str(caught.value)
+        assert message.startswith(f"the {strategy.value} plan's ranks cannot run: node a: ") and "; node b: " in message
+    for strategy in (Strategy.AUTO, Strategy.ALLREDUCE):     # all-reduce ranks need no numpy
+        refuse_before_bench(strategy, nowhere)
+    # one node can: the plan decides where its ranks go (refuse_unrunnable checks them); unknown is not missing
+    refuse_before_bench(Strategy.HYBRID, _nodes(a=EVERYTHING, b=NO_NUMPY))
+    refuse_before_bench(Strategy.HYBRID, _nodes(a=None, b=NO_NUMPY))
 
 
 def test_profiles_with_a_failed_device_are_benched_again_unless_skipped(tmp_path):
