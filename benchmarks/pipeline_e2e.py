@@ -111,7 +111,7 @@ def _mlp_model(a: argparse.Namespace, workdir: Path) -> str:
 
 def _resnet_flags(a: argparse.Namespace) -> list[str]:
     return ["--epochs", str(a.epochs), "--lr", str(a.lr), "--train-size", str(a.train_size),
-            "--eval-samples", str(a.eval_samples), "--target", str(a.target)]
+            "--eval-samples", str(a.eval_samples), "--target", str(a.target), "--seed", str(a.seed)]
 
 
 # The ResNet as hgcli.examples.train runs it: under its --amp auto (bf16 autocast where the device has
@@ -172,6 +172,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="emulated speed = nominal x this: every device slower than the CPU, ranks mostly sleep")
     p.add_argument("--straggler", type=float, default=3.0, help="slowdown of the straggler of each step")
     p.add_argument("--straggler-seed", type=int, default=7)
+    p.add_argument("--seed", type=int, default=0,
+                   help="the ResNet's initial parameters and data order, both sides (its --seed)")
     p.add_argument("--slowdown", type=float, default=4.0, help="slowdown scenario: the device's factor")
     p.add_argument("--ideal-steps", type=int, help="steps of each ideal run; MLP 40 (--quick 20), ResNet 20 (10)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per command")

@@ -39,6 +39,8 @@ def parse_args(doc: str | None, argv: list[str] | None = None) -> argparse.Names
     parser.add_argument("--blocks", type=int, default=1, help="basic blocks per ResNet stage (3: ResNet-20)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads per rank (ranks of the emulated cluster share the CPU)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="the model's initial parameters and the training data's order (every rank the same)")
     parser.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: no limit)")
     parser.add_argument("--target", type=float, default=None, help=f"accuracy to state (default {TARGET})")
     parser.add_argument("--quick", action="store_true",

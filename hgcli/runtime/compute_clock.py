@@ -12,6 +12,8 @@ import statistics
 import time
 from typing import Iterable
 
+from .rebalance import steady_seconds
+
 NOISE_WINDOWS = 2048        # windows a member's compute_noise is taken over (the run's latest)
 # Windows of the `rates` record's recent figures: a straggler that recovers shows there within a
 # minute of steps, where the run's figures still carry its slow past (launch/adapt.py, the way back).
@@ -23,9 +25,10 @@ class ComputeClock:
     def __init__(self) -> None:
         self.windows = 0                  # accumulation windows (steps of the group) completed
         self.window_began = 0.0           # when the current window's first compute began
-        # This member's compute since the rebalancer's last check (sent with the next small all-reduce).
-        self.compute_s = 0.0
+        # This member's compute since the rebalancer's last check: samples, and each window's seconds
+        # per sample (``steady_s`` is sent with the next small all-reduce).
         self.computed = 0.0
+        self._since_check: list[float] = []
         # The run's compute (every window but the first, a warm-up) for the summary's per-device rate.
         self.compute_total_s = 0.0
         self.computed_total = 0.0
@@ -58,8 +61,9 @@ class ComputeClock:
     def window_done(self, seconds: float, samples: float) -> bool:
         """A window computed ``samples`` in ``seconds``; True when a ``rates`` record is due."""
         self.windows += 1
-        self.compute_s += seconds
         self.computed += samples
+        if seconds > 0 and samples > 0:
+            self._since_check.append(seconds / samples)
         if self.windows > 1:
             self.compute_total_s += seconds
             self.computed_total += samples
@@ -74,7 +78,14 @@ class ComputeClock:
 
     def reset_sums(self) -> None:
         """Every member starts its next sums now (the rebalancer read the ones sent before this step)."""
-        self.compute_s = self.computed = 0.0
+        self.computed = 0.0
+        self._since_check.clear()
+
+    @property
+    def steady_s(self) -> float:
+        """The seconds this member's samples since the last check take at its steady rate
+        (rebalance.steady_seconds: a window of contention does not move it)."""
+        return steady_seconds(self._since_check, self.computed)
 
     @property
     def compute_noise(self) -> float | None:

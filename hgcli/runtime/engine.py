@@ -244,7 +244,7 @@ class GroupEngine:
 
     def _start_small(self, mine: int, last: int, device: torch.device) -> None:
         split = self.spec.split
-        self.reduce.start(mine, (last, self.emulator.estimate(last), self.clock.compute_s, self.clock.computed,
+        self.reduce.start(mine, (last, self.emulator.estimate(last), self.clock.steady_s, self.clock.computed,
                                  split.next_step if split is not None else -1), device)
 
     def _unweight(self, fut: torch.futures.Future[list[torch.Tensor]],

@@ -9,17 +9,20 @@ small per-step all-reduce carries every member's sums, and every member runs the
 the same numbers, so they agree without another message:
 
 * every ``CHECK_EVERY`` steps (an accumulation window is one step here), each member's rate is its
-  samples over its compute seconds since the last check;
+  *steady* rate since the last check: the lower median of its windows' compute per sample (of four
+  windows, the second fastest). A member is slow by it only when most of its windows were: one
+  window of contention (another process's burst, a garbage collection, the step a random straggler
+  hit it) is not something a split can fix, since the next step's straggler is someone else;
 * the proposal splits the group's batch in proportion to the rates (at least one sample each, at
   most ``GROW_LIMIT`` x the plan's batch: the plan sized batches to the device's memory), and its
   predicted step is the slowest member's ``batch / rate``;
-* a proposal *qualifies* when that step is at least ``LARGE_GAIN`` shorter than the current split's,
-  or ``SMALL_GAIN`` shorter after ``SETTLED_CHECKS`` checks without a change;
-* it is taken only when two consecutive checks qualify and move samples the same way (the same
-  members gain): the new split is then cut from the rates of both windows together. One window of
-  contention (another process's burst, a garbage collection, a data loader's hiccup) proposes a
-  split that the next window does not confirm, so it moves nothing; a lasting change confirms
-  itself one check later;
+* a proposal *qualifies* when that step is at least ``SMALL_GAIN`` shorter than the current split's;
+* it is taken when the checks in a row that qualify and move samples the same way (the same members
+  gain) are two, each with a gain of at least ``LARGE_GAIN``, or ``SMALL_CHECKS`` of any gain; the
+  new split is then cut from those windows' rates together. A window whose proposal does not
+  qualify, or moves samples another way, starts the count again. Under random stragglers the
+  windows' proposals point every which way, so they move nothing; a lasting change confirms itself
+  one check later (a small one three);
 * the first check, and the check after a change, are skipped (the job's first steps, and the new
   sizes' first steps, are not what the members run at).
 
@@ -45,9 +48,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 CHECK_EVERY = 4            # steps between checks
-LARGE_GAIN = 0.20          # a proposal at least this much faster is taken at once ...
-SMALL_GAIN = 0.05          # ... one this much faster after SETTLED_CHECKS checks without a change
-SETTLED_CHECKS = 4
+LARGE_GAIN = 0.20          # a proposal this much faster is taken when two checks in a row agree ...
+SMALL_GAIN = 0.05          # ... one this much faster when SMALL_CHECKS do
+SMALL_CHECKS = 4
 GROW_LIMIT = 2.0           # no member above this multiple of its planned batch
 
 
@@ -151,46 +154,51 @@ class Rebalancer:
         self.split = split
         self.check_every = check_every
         self.caps = tuple(max(1, int(GROW_LIMIT * b)) for b in split.planned)
-        self._checks_since = 0
         # The first check is skipped too: its sums hold the job's first steps (warm-up, first batches).
         self._settle = True
-        # The last check's qualifying proposal: which way it moved samples, and its window's sums.
-        self._pending: tuple[tuple[int, ...], tuple[float, ...], tuple[float, ...]] | None = None
+        # The checks in a row whose proposals qualify and move samples the same way: that way, how
+        # many, the least gain among them, and their windows' sums.
+        self._run: tuple[tuple[int, ...], int, float, list[float], list[float]] | None = None
 
     def check(self, step: int, seconds: Sequence[float], samples: Sequence[float],
               next_steps: Sequence[float]) -> Change | None:
-        """At a check step: every member's compute seconds and samples since the last check, and the
-        next data step each one's source will yield (< 0: it follows no split)."""
+        """At a check step: every member's steady compute seconds (``steady_seconds``) and samples
+        since the last check, and the next data step each one's source will yield (< 0: it follows no
+        split)."""
         if min(next_steps) < 0:
             return None
         if self._settle:
             self._settle = False
             return None
-        self._checks_since += 1
         if min(seconds) <= 0 or min(samples) <= 0:
-            self._pending = None
+            self._run = None
             return None
         before = self.split.current
         proposal, step_before, step_after = self._propose(before, seconds, samples)
-        if not self._qualifies(step_before, step_after):
-            self._pending = None
+        if 1.0 - step_after / step_before < SMALL_GAIN:
+            self._run = None
             return None
         way = tuple((a > b) - (a < b) for a, b in zip(proposal, before))
-        pending, self._pending = self._pending, (way, tuple(seconds), tuple(samples))
-        if pending is None or pending[0] != way:
-            return None            # wait for the next window to confirm it
-        seconds = [a + b for a, b in zip(pending[1], seconds)]
-        samples = [a + b for a, b in zip(pending[2], samples)]
-        proposal, step_before, step_after = self._propose(before, seconds, samples)
+        gain = 1.0 - step_after / step_before
+        if self._run is None or self._run[0] != way:
+            self._run = (way, 0, 1.0, [0.0] * len(seconds), [0.0] * len(samples))
+        _, checks, least, run_seconds, run_samples = self._run
+        checks, least = checks + 1, min(least, gain)
+        run_seconds = [a + b for a, b in zip(run_seconds, seconds)]
+        run_samples = [a + b for a, b in zip(run_samples, samples)]
+        self._run = (way, checks, least, run_seconds, run_samples)
+        if checks < (2 if least >= LARGE_GAIN else SMALL_CHECKS):
+            return None
+        # The split is cut from the run's windows together.
+        proposal, step_before, step_after = self._propose(before, run_seconds, run_samples)
         if proposal == before or step_after >= step_before:
             return None
         from_step = int(max(next_steps))
         self.split.change(from_step, proposal)
-        self._checks_since = 0
         self._settle = True
-        self._pending = None
+        self._run = None
         return Change(step=step, from_step=from_step, before=before, after=proposal,
-                      rates=tuple(s / t for s, t in zip(samples, seconds)),
+                      rates=tuple(s / t for s, t in zip(run_samples, run_seconds)),
                       step_before_s=step_before, step_after_s=step_after)
 
     def _propose(self, before: tuple[int, ...], seconds: Sequence[float],
@@ -201,6 +209,9 @@ class Rebalancer:
         return (proposal, max(b / r for b, r in zip(before, rates)),
                 max(b / r for b, r in zip(proposal, rates)))
 
-    def _qualifies(self, step_before: float, step_after: float) -> bool:
-        gain = 1.0 - step_after / step_before      # how much shorter the slowest step gets
-        return gain >= LARGE_GAIN or (gain >= SMALL_GAIN and self._checks_since >= SETTLED_CHECKS)
+
+def steady_seconds(per_sample: Sequence[float], samples: float) -> float:
+    """The seconds a member's ``samples`` since the last check take at its steady rate: the lower
+    median of its windows' per-sample compute (of four windows, the second fastest)."""
+    ordered = sorted(per_sample)
+    return samples * ordered[(len(ordered) - 1) // 2] if ordered else 0.0

@@ -12,6 +12,7 @@ from hgcli.config.cluster import load_cluster
 from hgcli.local.plans import emulated_plan
 from hgcli.plan.check import PlanProblem, check_plan
 from hgcli.plan.slowdowns import with_slowdowns
+from hgcli.runtime.compute_clock import ComputeClock
 from hgcli.runtime.data import epoch_order, shard_batches, step_slice
 from hgcli.runtime.emulate import Emulator
 from hgcli.runtime.rebalance import GroupSplit, Rebalancer, split_by_rate
@@ -80,10 +81,48 @@ def test_noise_never_moves_a_batch_and_small_gains_wait_until_settled():
     assert split.current == (50, 50)
     rb = Rebalancer(GroupSplit(0, [10, 10]))
     feed(rb, [1.0, 1.0])
-    # A lasting 15% difference (a 7% shorter step): it qualifies after SETTLED_CHECKS checks, and is
-    # taken at the next.
-    outcomes = [feed(rb, [1.0, 0.85]) for _ in range(5)]
-    assert outcomes[:4] == [None] * 4 and outcomes[4] is not None and outcomes[4].after == (11, 9)
+    # A lasting 15% difference (a 7% shorter step) is taken at the SMALL_CHECKS-th check in a row.
+    outcomes = [feed(rb, [1.0, 0.85]) for _ in range(4)]
+    assert outcomes[:3] == [None] * 3 and outcomes[3] is not None and outcomes[3].after == (11, 9)
+
+
+def test_a_large_window_then_a_small_one_is_not_two_large_ones():
+    rb = Rebalancer(GroupSplit(0, [50, 50]))
+    feed(rb, [1.0, 1.0])
+    # One window of heavy contention, then one 8% apart the same way: pooled they would propose a
+    # large gain, but only one window had it; it needs SMALL_CHECKS windows like any small gain.
+    assert feed(rb, [1.0, 0.35]) is None
+    assert feed(rb, [1.0, 0.92]) is None
+    assert feed(rb, [1.0, 0.92]) is None
+    assert feed(rb, [1.0, 1.0]) is None          # the difference went away: the count starts again
+    assert rb.split.current == (50, 50)
+
+
+def clock_check(rb: Rebalancer, clocks: list[ComputeClock], per_sample: list[list[float]]):
+    """Each member computes a window per entry of its list (seconds per sample), then the check."""
+    for clock, windows in zip(clocks, per_sample):
+        for t in windows:
+            batch = rb.split.current[clocks.index(clock)]
+            clock.window_done(t * batch, batch)
+    change = rb.check(0, [c.steady_s for c in clocks], [c.computed for c in clocks], [0] * len(clocks))
+    for c in clocks:
+        c.reset_sums()
+    return change
+
+
+def test_a_straggler_that_hits_a_member_on_some_steps_moves_nothing_a_lasting_slowdown_does():
+    rb = Rebalancer(GroupSplit(0, [54, 54]))
+    clocks = [ComputeClock(), ComputeClock()]
+    clock_check(rb, clocks, [[0.01] * 4] * 2)
+    # A random straggler (3x) that hit member 1 on two steps of each of two windows in a row: its
+    # mean rate halved in both (so the windows' sums proposed ~36/72 twice), its steady rate did not.
+    for _ in range(2):
+        assert clock_check(rb, clocks, [[0.01] * 4, [0.01, 0.03, 0.01, 0.03]]) is None
+    assert rb.split.current == (54, 54)
+    # Member 1 4x slower on every step: re-split at the second window.
+    assert clock_check(rb, clocks, [[0.01] * 4, [0.04] * 4]) is None
+    change = clock_check(rb, clocks, [[0.01] * 4, [0.04] * 4])
+    assert change is not None and change.after == (86, 22) and change.rates == pytest.approx((100.0, 25.0))
 
 
 def test_a_member_without_a_data_source_on_the_split_keeps_the_group_on_the_plan():
