@@ -40,6 +40,7 @@ from ..node.agent.spec import DEFAULT_JOBS_ROOT, AgentSpec
 from ..remote.fanout import NodeResult, fanout, open_transport
 from ..remote.transport import Transport, node_module_argv
 from .agentlink import INBOX_BYTES, AgentLink, Heartbeat, Inbound
+from ..plan.slowdowns import with_slowdowns
 from .elastic import below_min, change_reason, choose_nodes, plan_nodes, ps_layout, reachable, replan
 
 # PS checkpoints by default once a minute: cheap next to a minute of training, and bounds the work a
@@ -216,8 +217,6 @@ def _plan(request: LaunchRequest, emit: Callable[[Event], None], job_id: str) ->
         from ..plan.pipeline import refuse_unrunnable_plan_file
 
         refuse_unrunnable_plan_file(plan, cluster, on_stage)
-    from ..plan.slowdowns import with_slowdowns
-
     return with_slowdowns(plan, cluster)
 
 
@@ -323,6 +322,9 @@ def _run(request: LaunchRequest, plan: Plan, job_id: str, env: dict[str, str], m
                 else:
                     break
                 number += 1
+                # An emulated slowdown is the device's: the restarted ranks meet it as long after the
+                # job's launch as declared (plan/slowdowns.py), not after their own start.
+                attempt.plan = with_slowdowns(attempt.plan, request.cluster, time.time() - record.started_at)
                 book.update(restarts=book.record.restarts + (reason,), state=JobState.STARTING,
                             ranks=_fresh_ranks(attempt.plan), plan=attempt.plan)
                 outcome = attempt.run(number, reason)

@@ -26,11 +26,11 @@ emulate = { devices = ["NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-40GB"], speed 
 
 
 def regrouped_run(hg, tmp_path, *, back_after: str, every: int, epochs: int = 0,
-                  script: tuple[str, ...] = ()) -> tuple[str, list[dict]]:
+                  script: tuple[str, ...] = (), cluster: str = CLUSTER) -> tuple[str, list[dict]]:
     """The example MLP (or ``script``) launched --json on the two like devices, re-grouped after 4 s
     and back after ``back_after`` s (forced); its stdout and events, once it succeeded."""
     ctoml = tmp_path / "cluster.toml"
-    ctoml.write_text(CLUSTER)
+    ctoml.write_text(cluster)
     ctoml.chmod(0o600)
     env = hg.env(HGTRAIN_TEST_REGROUP_AFTER="4", HGTRAIN_TEST_REGROUP_BACK_AFTER=back_after,
                  HGTRAIN_BENCH_MODEL="hgcli.examples.models:example@32,64,96")
@@ -43,7 +43,10 @@ def regrouped_run(hg, tmp_path, *, back_after: str, every: int, epochs: int = 0,
 
 def test_a_regrouped_job_resumes_its_snapshot_under_a_ps_and_finishes(hg, tmp_path):
     # Not back within the run: on these like devices the planner would choose all-reduce again.
-    out, events = regrouped_run(hg, tmp_path, back_after="100000", every=300, epochs=20)
+    # Device 1 slows down an hour after the launch (never, in this test): the re-grouped attempt's
+    # rank meets it as long after the launch, not an hour after its own start.
+    slowed = CLUSTER.replace("memory_mib = [40960, 40960] }", "memory_mib = [40960, 40960], slowdown = [[1, 3600, 2]] }")
+    out, events = regrouped_run(hg, tmp_path, back_after="100000", every=300, epochs=20, cluster=slowed)
     started = next(e for e in events if e["event"] == "job_started")
     assert started["strategy"] == "allreduce"
     regrouped = [e for e in events if e["event"] == "regrouped"]
@@ -58,6 +61,8 @@ def test_a_regrouped_job_resumes_its_snapshot_under_a_ps_and_finishes(hg, tmp_pa
     assert record["state"] == "succeeded" and len(record["restarts"]) == 1
     assert record["restarts"][0].startswith("re-grouping: ")
     assert record["plan"]["strategy"] == "ps" and any(r["role"] == "ps" for r in record["plan"]["ranks"])
+    slowdown = next(r["slowdown"] for r in record["plan"]["ranks"] if r["device"] == "gpu1")
+    assert len(slowdown) == 1 and 3000 < slowdown[0]["after_s"] <= 3600 - 4, slowdown
     ended = events[-1]
     assert ended["event"] == "job_ended" and ended["summary"]["accuracy"] >= 0.92
     # every rank of the second attempt began where the snapshot was

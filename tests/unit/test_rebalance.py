@@ -197,6 +197,11 @@ def test_cluster_slowdowns_reach_the_plan_ranks_and_leave_the_fingerprint_alone(
     out = with_slowdowns(plan, b)
     assert out.ranks[0].slowdown == () and out.ranks[1].slowdown == b.nodes[0].emulate.slowdown
     assert with_slowdowns(plan, a) == plan
+    # Ranks restarted 30 s into the job: the slowdown in force is theirs from the start, the
+    # recovery comes 10 s later; restarted after both, only the recovery holds.
+    assert with_slowdowns(plan, b, elapsed_s=30.0).ranks[1].slowdown == (Slowdown(1, 0.0, 4.0), Slowdown(1, 10.0, 1.0))
+    assert with_slowdowns(plan, b, elapsed_s=50.0).ranks[1].slowdown == (Slowdown(1, 0.0, 1.0),)
+    assert with_slowdowns(plan, b, elapsed_s=5.0).ranks[1].slowdown == (Slowdown(1, 15.0, 4.0), Slowdown(1, 35.0, 1.0))
     bad = replace(out, ranks=(out.ranks[0], replace(out.ranks[1], slowdown=(Slowdown(1, 5.0, 0.5),))))
     with pytest.raises(PlanProblem, match="factor"):
         check_plan(bad)
