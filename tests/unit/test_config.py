@@ -6,6 +6,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hgcli.config.cluster import (
-    DEFAULT_EMULATION, cluster_from_slurm, default_cluster, load_cluster, load_hostfile, load_node_source,
+    DEFAULT_EMULATION, cluster_from_slurm, sized_to_cores, default_cluster, load_cluster, load_hostfile, load_node_source,
 )
 from hgcli.errors import EXIT_USAGE, ConfigError
 from hgcli.schema.stages import EmulateSpec, HostKeyPolicy
@@ -507,11 +508,21 @@ def test_node_source_choice(tmp_path):
 def test_default_cluster_emulates_without_nvidia_smi(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     node, = default_cluster().nodes
-    assert node.is_local and node.emulate == DEFAULT_EMULATION
+    assert node.is_local and node.emulate == sized_to_cores(DEFAULT_EMULATION)
     fake = tmp_path / "nvidia-smi"
     fake.write_text("#!/bin/sh\n")
     fake.chmod(0o755)
     assert default_cluster().nodes[0].emulate is None
+
+
+def test_the_embedded_clusters_devices_ask_at_most_half_the_cores():
+    # Speed s computes s of each step on the CPU: the default set asks 2.5 cores at its declared speeds.
+    assert sized_to_cores(DEFAULT_EMULATION, cores=2).speed == (0.4, 0.4, 0.1, 0.1)
+    assert sized_to_cores(DEFAULT_EMULATION, cores=4).speed == (0.8, 0.8, 0.2, 0.2)
+    assert sized_to_cores(DEFAULT_EMULATION, cores=8) == DEFAULT_EMULATION
+    two = replace(DEFAULT_EMULATION, devices=DEFAULT_EMULATION.devices[:2], speed=(1.0, 1.0),
+                  memory_mib=DEFAULT_EMULATION.memory_mib[:2])
+    assert sized_to_cores(two, cores=2).speed == (0.5, 0.5) and sized_to_cores(two, cores=2).devices == two.devices
 
 
 def test_nproc_per_node_sizes_the_embedded_cluster_and_slurm_nodes_only(monkeypatch, tmp_path):
@@ -519,7 +530,8 @@ def test_nproc_per_node_sizes_the_embedded_cluster_and_slurm_nodes_only(monkeypa
     node, = load_node_source(environ={}, nproc_per_node=2).nodes
     assert node.emulate is not None and node.gpus is None
     assert node.emulate.devices == (DEFAULT_EMULATION.devices[0],) * 2
-    assert node.emulate.speed == (1.0, 1.0) and node.emulate.memory_mib == (DEFAULT_EMULATION.memory_mib[0],) * 2
+    assert node.emulate.speed == sized_to_cores(replace(DEFAULT_EMULATION, speed=(1.0, 1.0))).speed
+    assert node.emulate.memory_mib == (DEFAULT_EMULATION.memory_mib[0],) * 2
     assert default_cluster(2).fingerprint() not in (default_cluster().fingerprint(), default_cluster(3).fingerprint())
     fake = tmp_path / "nvidia-smi"                         # GPUs: the first N of them
     fake.write_text("#!/bin/sh\n")
