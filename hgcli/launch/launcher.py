@@ -38,9 +38,9 @@ from .spec import (
 from ..schema.stages import Cluster, JobRecord, JobSpec, JobState, NodeSpec, Plan, RankRecord, Role, to_json
 from ..node.agent.spec import DEFAULT_JOBS_ROOT, AgentSpec
 from ..remote.fanout import NodeResult, fanout, open_transport
+from ..plan.slowdowns import with_slowdowns
 from ..remote.transport import Transport, node_module_argv
 from .agentlink import INBOX_BYTES, AgentLink, Heartbeat, Inbound
-from ..plan.slowdowns import with_slowdowns
 from .elastic import below_min, change_reason, choose_nodes, plan_nodes, ps_layout, reachable, replan
 
 # PS checkpoints by default once a minute: cheap next to a minute of training, and bounds the work a

@@ -39,7 +39,7 @@ def since(slowdowns: tuple[Slowdown, ...], elapsed_s: float) -> tuple[Slowdown, 
     force then from its start, the later ones that much sooner."""
     if elapsed_s <= 0:
         return slowdowns
-    ordered = sorted(slowdowns, key=lambda s: s.after_s)
+    ordered = sorted(slowdowns, key=lambda s: (s.after_s, s.factor))     # as the emulator orders them
     passed = [s for s in ordered if s.after_s <= elapsed_s]
     return ((replace(passed[-1], after_s=0.0),) if passed else ()) + tuple(
         replace(s, after_s=s.after_s - elapsed_s) for s in ordered if s.after_s > elapsed_s)

@@ -18,6 +18,7 @@ NOISE_WINDOWS = 2048        # windows a member's compute_noise is taken over (th
 # Windows of the `rates` record's recent figures: a straggler that recovers shows there within a
 # minute of steps, where the run's figures still carry its slow past (launch/adapt.py, the way back).
 RECENT_WINDOWS = 64
+SINCE_CHECK_WINDOWS = 64   # windows steady_s is taken over at most (a rebalancer checks every 4)
 RATES_EVERY_S = 5.0         # between two `rates` records (the launcher's re-grouping reads them)
 
 
@@ -26,9 +27,10 @@ class ComputeClock:
         self.windows = 0                  # accumulation windows (steps of the group) completed
         self.window_began = 0.0           # when the current window's first compute began
         # This member's compute since the rebalancer's last check: samples, and each window's seconds
-        # per sample (``steady_s`` is sent with the next small all-reduce).
+        # per sample (``steady_s`` is sent with the next small all-reduce). A rebalancer clears them
+        # every few windows; without one (--no-adapt) nobody does, so only the latest are kept.
         self.computed = 0.0
-        self._since_check: list[float] = []
+        self._since_check: collections.deque[float] = collections.deque(maxlen=SINCE_CHECK_WINDOWS)
         # The run's compute (every window but the first, a warm-up) for the summary's per-device rate.
         self.compute_total_s = 0.0
         self.computed_total = 0.0

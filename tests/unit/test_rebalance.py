@@ -110,6 +110,17 @@ def clock_check(rb: Rebalancer, clocks: list[ComputeClock], per_sample: list[lis
     return change
 
 
+def test_a_clock_nobody_checks_gives_its_recent_steady_rate():
+    # --no-adapt: no rebalancer clears the sums; the figure sent each step is of the latest windows
+    # (a bounded list: not one entry per step of the run sorted every step).
+    clock = ComputeClock()
+    for _ in range(10_000):
+        clock.window_done(0.03 * 8, 8)
+    for _ in range(100):
+        clock.window_done(0.01 * 8, 8)
+    assert clock.steady_s / clock.computed == pytest.approx(0.01)
+
+
 def test_a_straggler_that_hits_a_member_on_some_steps_moves_nothing_a_lasting_slowdown_does():
     rb = Rebalancer(GroupSplit(0, [54, 54]))
     clocks = [ComputeClock(), ComputeClock()]
