@@ -150,16 +150,18 @@ def test_a_group_rebalances_its_loaders_when_a_member_slows_down(tmp_path, adapt
     events = [m for m in result.metrics if m.get("event") == "adapt"]
     # Each finish record carries the member's compute rate over the run (the summary's per-device line).
     rate = {m["rank"]: m["compute_samples_per_s"] for m in result.metrics if m.get("event") == "finish"}
-    assert rate[0] > 2 * rate[1] > 0, rate
+    # 4x slower compute, but the fixed cost of a step is shared with the other half of a loaded
+    # machine: 1.5x is a difference no emulation noise makes.
+    assert rate[0] > 1.5 * rate[1] > 0, rate
     if adapt == "0":
         assert sizes == [batch] * len(sizes) and events == []
         return
     assert events and all(e["rank"] == 0 and e["ranks"] == [0, 1] for e in events), events
     first = events[0]
     assert first["before"] == [16, 16] and sum(first["batches"]) == 32 and first["batches"][1] < batch
-    # The split follows the rates the event reports (how far depends on the machine's load: a slowed
-    # member's fixed cost per step is slowed too, so its rate at 16 is 2.5-4x below member 0's).
-    assert first["rates"][0] > 2 * first["rates"][1]
+    # The split follows the rates the event reports (how far depends on the machine's load: on a
+    # quiet machine member 1's rate at 16 is 2.5-4x below member 0's, under a parallel test run ~2x).
+    assert first["rates"][0] > 1.5 * first["rates"][1], first
     assert abs(first["batches"][1] - 32 * first["rates"][1] / sum(first["rates"])) <= 1
     # Sizes change exactly at the data step each event names; a change decided at the last step
     # starts after the data ends.
