@@ -213,7 +213,7 @@ class ShardServer:
             staleness = self.version - adm.base[group]
             delay = adm.damping_delay(group, self.version)
             scale = (samples / self.global_batch if self.global_batch else 1.0) / max(1, delay)
-            update_s, stepped = self.held.step(grad, scale, samples, hyper)
+            update_s = self.held.step(grad, scale, hyper)
             if buffers is not None:
                 self.held.move_buffers(group, buffers, samples)
             self.version += 1
@@ -222,10 +222,10 @@ class ShardServer:
                 self.data_positions[group] = dict(data_position)
             self._trace("push", group=group, clock=adm.clock[group], base=adm.base[group],
                         version=self.version, staleness=staleness, delay=delay, samples=samples, scale=scale,
-                        stepped=stepped, clocks=dict(adm.clock), active=sorted(adm.active),
+                        clocks=dict(adm.clock), active=sorted(adm.active),
                         lr=[h.get("lr") for h in hyper], update_s=update_s)
             self.metrics.emit(event="ps_push", shard=self.shard, group=group, version=self.version,
-                              staleness=staleness, delay=delay, scale=scale, stepped=stepped, update_s=update_s)
+                              staleness=staleness, delay=delay, scale=scale, update_s=update_s)
             if self.coordinator:
                 self._request(group, fut)
             else:
@@ -242,8 +242,6 @@ class ShardServer:
             self.admission.heard(group)
             if self.admission.done(group):
                 self._trace("done", group=group, clock=self.admission.clock[group])
-                if not self.admission.active:
-                    self._flush()
                 self._release()
             if not self.admission.active:
                 self.all_done.set()
@@ -275,14 +273,6 @@ class ShardServer:
             if (group, fut) in self.finishing:
                 self.finishing.remove((group, fut))
                 self.deliver(group, fut, (False, self.version, None, None))
-
-    def _flush(self) -> None:
-        """Every group is done: step on the pushes gathered short of a global batch, before the
-        final parameters go out."""
-        while self.readers:
-            self.cv.wait()
-        if self.held.flush():
-            self._trace("flush", version=self.version)
 
     def _request(self, group: int, fut: Future) -> None:
         if self.coordinator:

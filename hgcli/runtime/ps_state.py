@@ -33,17 +33,6 @@ class ShardState:
         self.opt: torch.optim.Optimizer | None = None
         self.opt_spec: dict[str, Any] | None = None
         self.update_s = 0.0                              # time in optimizer steps (and their scaling)
-        # Optimizers that normalise the gradient's scale away (Adam, AdamW, RMSprop, ...) take a full
-        # step whatever a push's weight, so stepping per push would move the parameters once per
-        # push, G times per global batch with G groups. For them (every class but SGD's, whose step
-        # is linear in the weight) pushes are gathered until they hold a global batch of samples,
-        # then one step on their weighted mean: a hybrid takes synchronous DDP's number of steps, on
-        # a gradient over as many samples (docs/runtime-reference.md, Update rule).
-        self.gathers = False
-        self.gathered: torch.Tensor | None = None        # sum of weight * push since the last step
-        self.gathered_weight = 0.0
-        self.gathered_samples = 0.0
-        self.last_hyper: optim.Hyperparameters | None = None
         # Shard 0 only, for models with buffers: the shared buffers (what answers carry) and, per
         # group, the buffers of its latest answer (what its pushed buffers moved on from).
         self.buffers: torch.Tensor | None = None
@@ -59,9 +48,6 @@ class ShardState:
             p.grad = g
         self.master, self.grad, self.params, self.segments = master, grad, params, segments
         self.opt, self.opt_spec, self.opt_impl = opt, opt_spec, impl
-        self.gathers = self.global_batch > 0 and not isinstance(opt, torch.optim.SGD)
-        self.gathered = torch.zeros_like(master) if self.gathers else None
-        self.gathered_weight = self.gathered_samples = 0.0
 
     def check_resumed(self, segments: tuple[Segment, ...], opt_spec: dict[str, Any],
                       buffers: torch.Tensor | None) -> None:
@@ -89,58 +75,21 @@ class ShardState:
             raise TrainingError(f"PS shard {self.shard}: group {group} pushed {grad.numel()} values to a "
                                 f"shard of {self.grad.numel()}")
 
-    def step(self, grad: torch.Tensor, scale: float, samples: float, hyper: optim.Hyperparameters
-             ) -> tuple[float, bool]:
-        """Apply a push of ``samples`` samples: one optimizer step on ``grad`` times ``scale`` with the
-        worker's ``hyper``, or (``gathers``) ``grad`` added with weight ``scale`` to what was gathered
-        and one step on the weighted mean once a global batch of samples is in. Its seconds, and
-        whether the parameters moved."""
+    def step(self, grad: torch.Tensor, scale: float, hyper: optim.Hyperparameters) -> float:
+        """One optimizer step on ``grad`` times ``scale`` with the worker's ``hyper``; its seconds."""
+        assert self.params is not None and self.opt is not None and self.opt_spec is not None
         assert self.grad is not None
         t0 = time.perf_counter()
-        self.last_hyper = hyper
-        stepped = True
-        if not self.gathers:
-            if grad is not self.grad:    # in process; over the channel the push arrived in place
-                self.grad.copy_(grad)    # widened: fp32 master copy and optimizer state, whatever the wire
-            if scale != 1.0:
-                self.grad.mul_(scale)
-            self._step(hyper)
-        else:
-            assert self.gathered is not None
-            self.gathered.add_(grad, alpha=scale)       # widened too
-            self.gathered_weight += scale
-            self.gathered_samples += samples
-            stepped = self.gathered_samples >= self.global_batch * (1 - 1e-9)
-            if stepped:
-                self._step_gathered(hyper)
-        update_s = time.perf_counter() - t0
-        self.update_s += update_s
-        return update_s, stepped
-
-    def flush(self) -> bool:
-        """Step on what was gathered short of a global batch (the last pushes of a run), as DDP
-        steps on a last short batch; whether there was any."""
-        if not self.gathers or not self.gathered_samples or self.last_hyper is None:
-            return False
-        t0 = time.perf_counter()
-        self._step_gathered(self.last_hyper)
-        self.update_s += time.perf_counter() - t0
-        return True
-
-    def _step_gathered(self, hyper: optim.Hyperparameters) -> None:
-        assert self.grad is not None and self.gathered is not None
-        # The weighted mean of the gathered gradients; all-zero weights (pushes without samples)
-        # leave the sum as it is.
-        torch.mul(self.gathered, 1.0 / self.gathered_weight if self.gathered_weight else 1.0, out=self.grad)
-        self.gathered.zero_()
-        self.gathered_weight = self.gathered_samples = 0.0
-        self._step(hyper)
-
-    def _step(self, hyper: optim.Hyperparameters) -> None:
-        assert self.params is not None and self.opt is not None and self.opt_spec is not None
+        if grad is not self.grad:    # in process; over the channel the push arrived in place
+            self.grad.copy_(grad)    # widened: fp32 master copy and optimizer state, whatever the wire
+        if scale != 1.0:
+            self.grad.mul_(scale)
         optim.apply_hyperparameters(self.opt, optim.normalise_spec(self.opt_spec, len(self.params))["groups"],
                                     hyper)
         self.opt.step()
+        update_s = time.perf_counter() - t0
+        self.update_s += update_s
+        return update_s
 
     def buffers_copy(self) -> torch.Tensor | None:
         # A copy: the answer is serialised later, on an RPC thread, while pushes may replace the average.
@@ -173,9 +122,6 @@ class ShardState:
                                  "data_positions": taken["data_positions"]}
         if taken["buffers"] is not None:
             state["buffers"] = taken["buffers"]
-        if self.gathered is not None and self.gathered_samples:
-            state["gathered"] = {"sum": self.gathered.clone(), "weight": self.gathered_weight,
-                                 "samples": self.gathered_samples, "hyper": copy.deepcopy(self.last_hyper)}
         return state
 
     def load(self, data: Mapping[str, Any]) -> None:
@@ -187,9 +133,4 @@ class ShardState:
         # rule no longer needs: groups are answered the buffers again when they pull.
         self.buffers = data.get("buffers")
         self.answered_buffers = {}
-        gathered = data.get("gathered")
-        if gathered is not None and self.gathered is not None:
-            self.gathered.copy_(gathered["sum"])
-            self.gathered_weight, self.gathered_samples = gathered["weight"], gathered["samples"]
-            self.last_hyper = gathered["hyper"]
 

@@ -265,63 +265,6 @@ def test_overlap_damps_only_the_staleness_beyond_the_groups_own_push_in_flight()
         server.close()
 
 
-def test_adamw_takes_one_step_per_global_batch_of_pushed_samples_on_their_weighted_mean():
-    """Global batch 4, groups of 3 and 1 samples, AdamW: a push short of a global batch moves
-    nothing; the push that completes it steps once on the samples-weighted mean of the two
-    gradients, as AdamW on the union batch would; the last groups' finish steps on what is left.
-    (Stepping per push, as SGD does, would take two AdamW steps of full size per global batch.)"""
-    spec = {"name": "AdamW", "kwargs": {"lr": 0.1, "weight_decay": 0.0}}
-    server = ShardServer(shard=0, ps_ranks=[9], group_ids=[0, 1], staleness_bound=1, global_batch=4,
-                         timeout_s=60, metrics=MetricsSink(None, {}))
-    ref = torch.zeros(2, requires_grad=True)
-    ref_opt = torch.optim.AdamW([ref], lr=0.1, weight_decay=0.0)
-
-    def ref_step(grad):
-        ref.grad = grad.clone()
-        ref_opt.step()
-
-    try:
-        server.seed(0, torch.zeros(2), [Segment(0, 2, None)], spec)
-        for g in (0, 1):
-            server.pull(g).wait()
-        g0, g1 = torch.tensor([1.0, -2.0]), torch.tensor([-3.0, 0.5])
-        server.push(0, g0.clone(), 3.0, [{"lr": 0.1}])
-        assert torch.equal(server.params[0], torch.zeros(2)) and server.version == 1
-        server.push(1, g1.clone(), 1.0, [{"lr": 0.1}])
-        ref_step((3 * g0 + g1) / 4)
-        torch.testing.assert_close(server.params[0], ref.detach())
-        server.push(0, g1.clone(), 3.0, [{"lr": 0.1}])        # gathered, then flushed at the end
-        torch.testing.assert_close(server.params[0], ref.detach())
-        server.finish(1, 10)
-        done, version, final, _ = server.finish(0, 10).wait()
-        ref_step(g1)
-        assert done and version == 3
-        torch.testing.assert_close(final, ref.detach())
-    finally:
-        server.close()
-
-
-def test_gathered_pushes_survive_a_checkpoint(tmp_path):
-    """A checkpoint taken between pushes of one global batch holds what was gathered: a shard
-    loaded from it steps as the original does."""
-    from hgcli.runtime.ps_state import ShardState
-
-    spec = {"name": "AdamW", "kwargs": {"lr": 0.1}}
-    a = ShardState(shard=0, shards=1, global_batch=4, accumulate={})
-    a.install(torch.zeros(3), (Segment(0, 3, None),), spec)
-    a.step(torch.tensor([1.0, 2.0, 3.0]), 0.5, 2, [{"lr": 0.1}])
-    state = a.snapshot({"data_positions": {}, "buffers": None})
-    b = ShardState(shard=0, shards=1, global_batch=4, accumulate={})
-    b.load(state)
-    for s in (a, b):
-        assert s.step(torch.tensor([-1.0, 0.0, 4.0]), 0.5, 2, [{"lr": 0.1}])[1]
-    assert torch.equal(a.master, b.master) and not torch.equal(a.master, torch.zeros(3))
-    fresh = ShardState(shard=0, shards=1, global_batch=4, accumulate={})
-    fresh.install(torch.zeros(3), (Segment(0, 3, None),), spec)
-    fresh.step(torch.tensor([-1.0, 0.0, 4.0]), 0.5, 2, [{"lr": 0.1}])
-    assert fresh.gathered_samples == 2 and torch.equal(fresh.master, torch.zeros(3))   # short: no step
-
-
 def test_overlap_needs_a_bound_of_at_least_the_groups():
     with pytest.raises(TrainingError, match="below groups = 2: with overlap"):
         ShardServer(shard=0, ps_ranks=[3], group_ids=[0, 1], staleness_bound=1, global_batch=0,
