@@ -4,7 +4,7 @@ The ResNet example at the length ``pipeline_e2e.py --quick`` trains it (3 epochs
 global batch 128, AdamW at 5e-3). That length ends mid-way up the learning curve, where the initial
 parameters and the data order alone move the final accuracy by several points, so one run per side
 cannot tell a 1-point difference. Here every seed (``--seed``: the same initial parameters and data
-order on both sides) trains four ways:
+order on both sides) trains six ways:
 
   ddp-prop     torchrun DDP (benchmarks/ddp_resnet_emulated.py, the pipeline benchmark's twin) at
                batches 51/51/13/13, every rank at speed 1: the aggregation is synchronous, so the
@@ -13,14 +13,23 @@ order on both sides) trains four ways:
                groups of two (51/51 and 13/13) through a PS, the second group 4x slower, so its
                updates arrive as stale as on that mix;
   ddp-uniform  the twin at 32/32/32/32;
-  allreduce    ``python -m hgcli.local --speeds 1,1,1,1 --strategy allreduce --batch 32``: one group.
+  allreduce    ``python -m hgcli.local --speeds 1,1,1,1 --strategy allreduce --batch 32``: one group;
+  ddp-prop3    the twin at 64/32/16/16 (pipeline_e2e's ``three`` mix, 1/0.5/0.25/0.25);
+  hybrid3      ``python -m hgcli.local --speeds 1,0.5,0.25,0.25 --strategy hybrid --batch 64``: three
+               groups (64, 32 and 16/16) through a PS, 2x and 4x slower than the first.
 
 This measures the aggregation, not the pipeline: the plan is fixed (no bench, no launcher, no
 rebalancing) so that every seed trains the same split; pipeline_e2e.py measures the pipeline.
-Goals: each hgtrain mean within 1 point of its DDP mean (the means over seeds; the standard error
-of the seed-paired difference is printed beside it). Readable table, then one JSON line.
+Goals: each hgtrain mean at most 1 point below its DDP mean (the means over seeds; the standard
+error of the seed-paired difference is printed beside it): ending higher is not a miss. Readable
+table, then one JSON line.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/accuracy_seeds.py            (5 seeds, about 12 minutes)
+    PYTHONPATH=. .venv/bin/python benchmarks/accuracy_seeds.py            (10 seeds, about 40 minutes)
+    ... --ways hybrid,ddp-prop                                            (one pair)
+
+Five seeds are too few: the hybrid's difference from DDP moves by up to 8 points from seed to seed
+(it is asynchronous: the same seed does not give the same run), and five seeds once put its mean
+2.3 points below DDP where ten put it 0.2 below (benchmarks/RESULTS.md).
 """
 from __future__ import annotations
 
@@ -44,8 +53,10 @@ WAYS: dict[str, tuple[tuple[str, str] | None, str]] = {
     "hybrid": (("1,1,0.25,0.25", "hybrid"), "51"),
     "ddp-uniform": (None, "32,32,32,32"),
     "allreduce": (("1,1,1,1", "allreduce"), "32"),
+    "ddp-prop3": (None, "64,32,16,16"),
+    "hybrid3": (("1,0.5,0.25,0.25", "hybrid"), "64"),
 }
-PAIRS = (("hybrid", "ddp-prop"), ("allreduce", "ddp-uniform"))
+PAIRS = (("hybrid", "ddp-prop"), ("allreduce", "ddp-uniform"), ("hybrid3", "ddp-prop3"))
 
 
 def train(way: str, seed: int, workdir: Path, timeout: float) -> float:
@@ -69,7 +80,7 @@ def train(way: str, seed: int, workdir: Path, timeout: float) -> float:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1")
+    p.add_argument("--seeds", type=int, default=10, help="seeds 0..N-1")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
     p.add_argument("--ways", default=",".join(WAYS), help=f"which of {', '.join(WAYS)} to train (default all)")
     args = p.parse_args()
@@ -95,9 +106,9 @@ def main() -> int:
         mean = statistics.fmean(paired)
         se = statistics.stdev(paired) / len(paired) ** 0.5 if len(paired) > 1 else None
         diffs[f"{ours}_minus_{theirs}_points"] = {"mean": mean, "se": se, "per_seed": paired}
-        goals[f"{ours}_mean_within_{GOAL_POINTS:g}_point_of_{theirs}"] = abs(mean) <= GOAL_POINTS
+        goals[f"{ours}_mean_at_most_{GOAL_POINTS:g}_point_below_{theirs}"] = mean >= -GOAL_POINTS
         print(f"{ours} - {theirs}: {mean:+.2f} points (standard error {se if se is None else round(se, 2)}; "
-              f"goal within {GOAL_POINTS:g})")
+              f"goal at most {GOAL_POINTS:g} below)")
     print("spread over seeds (points): " + ", ".join(f"{w} {s:.1f}" for w, s in spread.items()))
     print(json.dumps({"benchmark": "accuracy_seeds", "flags": FLAGS, "seeds": args.seeds, "accuracy": acc,
                       "spread_points": spread, "differences": diffs, "goals": goals}))
