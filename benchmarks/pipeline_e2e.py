@@ -19,7 +19,9 @@ and HGTRAIN_EMULATE_SEED, the same rule on both sides), ``slowdown`` (static spe
 ``emulate.slowdown`` for the pipeline, E2E_SLOWDOWN for the DDP twin, from the same second of each
 rank's life). The dynamic scenarios are where launch's rebalancing (on by default) has work.
 
-Per run: steady samples/s (every worker stepping), its share of the ideal, time to the target
+Per run: the job's samples/s (every worker's samples over the time from the first step to the last;
+beside it "running", the rate while every worker stepped, which a PS job whose groups finish apart
+exceeds), its share of the ideal, time to the target
 accuracy, final accuracy, the share of the ranks' time that was real compute, and for the pipeline
 the plan's prediction against the measurement. The ideal is MEASURED: each distinct device alone
 (one rank, no PS, ``hgcli.local`` on the same script, runtime and emulation) at a few batch sizes,
@@ -208,7 +210,7 @@ def time_to_target(metrics: list[dict[str, Any]], final: dict[str, Any]) -> floa
     return min(reached) - begun if reached and begun is not None else None
 
 
-def measure(metrics: list[dict[str, Any]], cores: int) -> dict[str, Any]:
+def measure(metrics: list[dict[str, Any]], cores: int, useful: int | None = None) -> dict[str, Any]:
     """Steady samples/s (while every worker stepped, each rank's first step left out as warm-up),
     accuracy, and where the ranks' time went."""
     steps = [m for m in metrics if "step" in m and "samples" in m and "event" not in m]
@@ -228,8 +230,16 @@ def measure(metrics: list[dict[str, Any]], cores: int) -> dict[str, Any]:
     fins = [m for m in metrics if m.get("event") == "finish"]
     compute = sum(m["compute_s"] for m in fins)
     slept = sum(m["emulated_sleep_s"] for m in fins)
+    # The job's rate: the samples it was to train (``useful``; else every step's) less each rank's
+    # first step, over the time from the first rank's first step to the last rank's last; steps a
+    # restarted attempt redid cost time, not samples. Not the window in which every worker stepped
+    # ("running"): groups with a PS run the same steps each at its own pace, and that window leaves
+    # out the time after the first group finished its share while the others still trained.
+    opening = sum(min((m for m in steps if m["rank"] == r), key=lambda m: m["time"])["samples"] for r in by_rank)
+    total = useful if useful is not None else sum(m["samples"] for m in steps)
     return {
-        "samples_per_s": inside / (t1 - t0),
+        "samples_per_s": (total - opening) / (last - first),
+        "running_samples_per_s": inside / (t1 - t0),
         "train_s": last - first,
         "time_to_target_s": time_to_target(metrics, final[0]) if final else None,
         "final_accuracy": final[0]["accuracy"] if final else None,
@@ -238,6 +248,11 @@ def measure(metrics: list[dict[str, Any]], cores: int) -> dict[str, Any]:
         # CPU the workers' steps asked of the machine: small means little contention between ranks
         "cpu_load_share": compute / ((last - first) * cores) if last > first else None,
     }
+
+
+def useful_samples(args: argparse.Namespace) -> int:
+    """The samples a job trains: its epochs over the script's training set."""
+    return args.epochs * SCRIPTS[args.script].train_samples(args)
 
 
 def run(argv: list[str], env: dict[str, str], log: Path, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -367,7 +382,7 @@ def pipeline(name: str, speeds: list[float], dyn: Dynamics, args: argparse.Names
     plan = record["plan"]
     metrics = [json.loads(line) for line in (job / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
                if line.strip()]
-    out = measure(metrics, cores)
+    out = measure(metrics, cores, useful_samples(args))
     adapts = [m for m in metrics if m.get("event") == "adapt"]
     out["adapts"] = [adapt_line(m) for m in adapts]
     strategy = plan["strategy"]
@@ -405,7 +420,7 @@ def ddp(speeds: list[float], batches: list[int], dyn: Dynamics, args: argparse.N
         raise SystemExit(f"torchrun exit {proc.returncode}: see {workdir / 'torchrun.log'}")
     metrics = [json.loads(line) for f in sorted(metrics_dir.glob("rank*.jsonl"))
                for line in f.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return {**measure(metrics, cores), "batches": batches}
+    return {**measure(metrics, cores, useful_samples(args)), "batches": batches}
 
 
 def scenario(name: str, args: argparse.Namespace, script: Script, workdir: Path, cores: int,
@@ -501,14 +516,14 @@ def report(args: argparse.Namespace, results: dict[str, Any], alone: dict[float,
           f"than this machine's CPU: ranks compute briefly and sleep the rest of each step); {cores} cores")
     print("ideal, each device alone through the runtime and its emulation (best batch): " + ", ".join(
         f"speed {s:g} {a['samples_per_s']:.0f} samples/s at batch {a['best_batch']}" for s, a in sorted(alone.items())))
-    head = (f"{'scenario':12} {'run':12} {'samples/s':>9} {'x ideal':>7} {'t->target':>9} {'final acc':>9} "
+    head = (f"{'scenario':12} {'run':12} {'samples/s':>9} {'running':>7} {'x ideal':>7} {'t->target':>9} {'final acc':>9} "
             f"{'predicted':>9} {'error':>7} {'compute':>7} {'cpu load':>8}  plan / batches")
     print(head)
     for name, r in results.items():
         for kind, x in r["runs"].items():
             plan = (f"{x['strategy']} {x['layout']} PS {x['ps']} batches {x['batches']}" if kind == "pipeline"
                     else f"batches {x['batches']}")
-            print(f"{name:12} {kind:12} {x['samples_per_s']:9.0f} {x['x_ideal']:7.2f} "
+            print(f"{name:12} {kind:12} {x['samples_per_s']:9.0f} {x['running_samples_per_s']:7.0f} {x['x_ideal']:7.2f} "
                   f"{_fmt(x['time_to_target_s'], '9.1f', 'not reached'):>9} {_fmt(x['final_accuracy'], '9.4f'):>9} "
                   f"{_fmt(x.get('predicted'), '9.0f'):>9} {_fmt(x.get('error'), '+7.1%'):>7} "
                   f"{_fmt(x['compute_share'], '7.2f'):>7} {_fmt(x['cpu_load_share'], '8.2f'):>8}  {plan}")
@@ -520,7 +535,10 @@ def report(args: argparse.Namespace, results: dict[str, Any], alone: dict[float,
             print(f"{'':12} rebalanced | {line}")
         for line in r["runs"]["pipeline"]["summary"]:
             print(f"{'':12} launch summary | {line}")
-    print("compute: real compute / (compute + emulated sleep) of the workers; cpu load: the workers' compute "
+    print("samples/s: the job's, every worker's samples over the time from the first step to the last; running: "
+          "while every worker stepped (a PS job's groups run the same steps each at its own pace: the first to "
+          "finish waits while the others train). "
+          "compute: real compute / (compute + emulated sleep) of the workers; cpu load: the workers' compute "
           f"over the run's wall time x {cores} cores (small: emulated ranks barely contend for the CPU). "
           "Figures from a shared machine are noisy: one run per scenario.")
     ratios, goals = ratios_and_goals(results)

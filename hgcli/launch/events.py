@@ -336,6 +336,10 @@ class Summary:
     rates_stored: bool = False
     # the bench's figures were of each node's devices stepping together (Plan.bench_together)
     bench_together: bool = False
+    # group -> seconds from its first worker's first step to its last worker's last step: groups
+    # with a PS run the same steps each at its own pace, so one whose share of each step is small
+    # for its speed finishes early and waits while the others train
+    group_spans: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Typed once here, whoever built it (the metrics board, a report from a stored record).

@@ -10,7 +10,7 @@ from __future__ import annotations
 import collections
 import math
 import time
-from typing import Any
+from typing import Any, Sequence
 
 from .events import BoardView, GroupView, Summary
 from ..schema.stages import Plan
@@ -202,16 +202,35 @@ class MetricsBoard:
         with ``recent``, the samples/s and noise of its last steps."""
         return dict(self._live_recent if recent else self._live)
 
+    def _training_rate(self, ranks: list[int]) -> float | None:
+        """Samples per second of the job's training: every worker's samples after its first step,
+        over the time from the first worker's first step to the last worker's last step. Not the
+        sum of the groups' rates, which counts a group that finished its share early as if it
+        still trained."""
+        span = self._span(ranks)
+        done = sum(self._total[r] - self._first[r][1] for r in ranks if r in self._first)
+        return done / span if span else None
+
+    def _span(self, ranks: Sequence[int]) -> float | None:
+        """Seconds from the first of ``ranks``' first steps to the last of their last steps."""
+        stepped = [r for r in ranks if r in self._first]
+        if not stepped:
+            return None
+        return max(self._last[r] for r in stepped) - min(self._first[r][0] for r in stepped)
+
     def summary(self, elapsed_s: float, rates_stored: bool = False) -> Summary:
-        groups = {}
+        groups, spans = {}, {}
         for group, ranks in self._groups().items():
-            rate = self._sum([self._job_rate(r) for r in ranks])
+            rate, span = self._sum([self._job_rate(r) for r in ranks]), self._span(ranks)
             if rate is not None:
                 groups[group] = rate
+            if span is not None:
+                spans[group] = span
         predicted, ideal = predictions(self.plan)
         group_predicted, derived = group_predictions(self.plan)
         return Summary(elapsed_s=elapsed_s, samples=self.samples_total(),
-                       samples_per_s=sum(groups.values()) if groups else None,
+                       samples_per_s=self._training_rate([r for g in self._groups().values() for r in g])
+                       if groups else None, group_spans=spans,
                        predicted_samples_per_s=predicted, ideal_samples_per_s=ideal,
                        accuracy=self.accuracy, groups=groups, strategy=self.plan.strategy,
                        predictions=dict(self.plan.predicted_samples_per_s),

@@ -95,6 +95,9 @@ def summary_lines(s: Summary) -> list[str]:
                      f"{ratio_text(s.samples_per_s, s.ideal_samples_per_s)}")
         if len(s.groups) > 1:
             lines.append(group_line(s))
+        apart = spans_line(s)
+        if apart:
+            lines.append(apart)
         source = prediction_source_line(s)
         if source:
             lines.append(source)
@@ -117,6 +120,25 @@ def group_line(s: Summary) -> str:
                      f" of {rate_text(predicted)} predicted{ratio_text(rate, predicted)}"))
     how = " (predicted: the plan's total split by each group's samples per step)" if s.group_predicted_derived else ""
     return "per group: " + ", ".join(parts) + how
+
+
+# Groups whose training spans differ by more than this share of the longest are reported: below it,
+# start-up and the last step's skew.
+SPANS_APART = 0.1
+
+
+def spans_line(s: Summary) -> str | None:
+    """Groups that finished apart: each runs the same steps at its own pace, so a group whose share
+    of each step is small for its speed finishes first and waits; the throughput above counts the
+    whole time, the per-group rates each group's own."""
+    if len(s.group_spans) < 2:
+        return None
+    longest = max(s.group_spans.values())
+    if longest <= 0 or longest - min(s.group_spans.values()) <= SPANS_APART * longest:
+        return None
+    parts = ", ".join(f"group {g} {span:.0f} s" for g, span in s.group_spans.items())
+    return (f"groups finished apart (training time {parts}): each group runs the same steps at its own "
+            f"pace, and one whose share of each step was small for its speed waited for the others at the end")
 
 
 def prediction_source_line(s: Summary) -> str | None:

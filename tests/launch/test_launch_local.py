@@ -54,8 +54,11 @@ def test_hybrid_job_on_two_nodes_runs_to_completion_with_tagged_logs_files_and_r
     assert kinds.count("rank_started") == 3 and kinds.count("rank_exited") == 3
     ended = events[-1]
     assert ended["state"] == "succeeded" and ended["exit_code"] == 0 and ended["root_cause"] is None
-    # 3 ranks x 2 steps x 16 samples; rates from each rank's own stamps (1 s apart): 16/s per rank
-    assert ended["summary"]["samples"] == 96 and ended["summary"]["samples_per_s"] == 48.0
+    # 3 ranks x 2 steps x 16 samples; rates from each rank's own stamps (1 s apart): 16/s per rank.
+    # The job's throughput: the 48 samples after each rank's first step over the 3 s from the first
+    # rank's first stamp to the last rank's last (rank r stamps 1000 + r and 1001 + r).
+    assert ended["summary"]["samples"] == 96 and ended["summary"]["samples_per_s"] == 16.0
+    assert ended["summary"]["group_spans"] == {"0": 2.0, "1": 1.0}
     assert ended["summary"]["groups"] == {"0": 32.0, "1": 16.0} and ended["summary"]["predicted_samples_per_s"] == 40.0
     logs = [e for e in events if e["event"] == "log"]
     for rank, node, local in ((0, "a", 0), (1, "a", 1), (2, "b", 0)):

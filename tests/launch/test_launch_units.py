@@ -179,6 +179,15 @@ def test_metrics_board_rates_come_from_the_ranks_own_clock():
     summary = board.summary(elapsed_s=7.0)
     assert summary.samples == 110 and summary.accuracy == 0.9
     assert summary.groups == {"0": pytest.approx(20.0), "1": pytest.approx(5.0)}
+    # The job's throughput counts the time group 1 no longer trained: 85 samples after each
+    # worker's first step over the 4 s from the first step to the last, not 20 + 5.
+    assert summary.samples_per_s == pytest.approx(85 / 4)
+    assert summary.group_spans == {"0": 4.0, "1": 1.0}
+    from hgcli.render.launch import summary_lines
+
+    assert ("groups finished apart (training time group 0 4 s, group 1 1 s): each group runs the same steps "
+            "at its own pace, and one whose share of each step was small for its speed waited for the others "
+            "at the end") in summary_lines(summary)
 
 
 def test_the_summary_sets_each_devices_measured_compute_rate_against_its_bench():
