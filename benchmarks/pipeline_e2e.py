@@ -211,8 +211,8 @@ def time_to_target(metrics: list[dict[str, Any]], final: dict[str, Any]) -> floa
 
 
 def measure(metrics: list[dict[str, Any]], cores: int, useful: int | None = None) -> dict[str, Any]:
-    """Steady samples/s (while every worker stepped, each rank's first step left out as warm-up),
-    accuracy, and where the ranks' time went."""
+    """The job's samples/s and the running one (while every worker stepped; each rank's first step
+    left out as warm-up in both), accuracy, and where the ranks' time went."""
     steps = [m for m in metrics if "step" in m and "samples" in m and "event" not in m]
     by_rank: dict[int, list[float]] = {}
     for m in steps:
