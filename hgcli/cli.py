@@ -361,6 +361,9 @@ def launch_sink(*, as_json: bool, ranks: frozenset[int] | None, raw: bool = Fals
               show_default=True, help="Strategy to plan for (without --plan).")
 @click.option("--global-batch", type=click.IntRange(min=1), default=None,
               help="Samples per step over all workers (without --plan).")
+@click.option("--ps", "ps_ranks", type=click.IntRange(min=1), default=None,
+              help="Number of parameter-server ranks of a hybrid or ps plan (without --plan). "
+                   "Default: chosen by the cost model.")
 @click.option("--env", "env", multiple=True, metavar="NAME[=VALUE]", callback=_checked(_env_entry),
               help="Set a variable on every rank (repeatable; beats --env-file); a bare NAME forwards "
                    "this machine's value.")
@@ -398,8 +401,8 @@ def launch_sink(*, as_json: bool, ranks: frozenset[int] | None, raw: bool = Fals
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def launch(ctx: click.Context, cluster_file: Path | None, nproc_per_node: int | None, plan_file: Path | None,
-           strategy: str, global_batch: int | None, env: tuple[str, ...], env_file: Path | None,
-           secret_env: tuple[str, ...], ranks: str | None, detach: bool, grace_s: float,
+           strategy: str, global_batch: int | None, ps_ranks: int | None, env: tuple[str, ...],
+           env_file: Path | None, secret_env: tuple[str, ...], ranks: str | None, detach: bool, grace_s: float,
            heartbeat_timeout_s: float, restarts: int, nnodes: str | None, checkpoint_every: int,
            checkpoint_seconds: float, tensorboard: Path | None, adapt: bool, as_json: bool, raw: bool,
            command: tuple[str, ...]) -> None:
@@ -424,7 +427,8 @@ def launch(ctx: click.Context, cluster_file: Path | None, nproc_per_node: int | 
                        tensorboard=tensorboard)
     request = LaunchRequest(
         cluster=cluster, command=command, plan_file=plan_file,
-        job=JobSpec(strategy=Strategy(strategy), global_batch=global_batch), env=env, env_file=env_file,
+        job=JobSpec(strategy=Strategy(strategy), global_batch=global_batch, ps_ranks=ps_ranks), env=env,
+        env_file=env_file,
         secret_env=secret_env, detach=detach, grace_s=grace_s, heartbeat_timeout_s=heartbeat_timeout_s, restarts=restarts,
         checkpoint_every=checkpoint_every, checkpoint_seconds=checkpoint_seconds,
         console_may_skip=sys.stdout.isatty() and not as_json, tensorboard=tensorboard, adapt=adapt,
