@@ -332,3 +332,27 @@ def test_a_restarted_attempt_that_trained_nothing_is_told_and_others_are_not():
     assert untrained_restart(0, JobState.SUCCEEDED, 0) is None        # a first attempt: nothing resumed
     assert untrained_restart(2, JobState.SUCCEEDED, 64) is None       # it trained
     assert untrained_restart(1, JobState.FAILED, 0) is None           # the failure says it already
+
+
+def test_launch_passes_strategy_global_batch_and_ps_to_the_planner(monkeypatch):
+    """`hgtrain launch --strategy hybrid --global-batch 64 --ps 2` plans as `hgtrain plan` would
+    with those flags: the request's job carries them (elastic re-plans and re-grouping reuse it)."""
+    from click.testing import CliRunner
+
+    import hgcli.launch.launcher as launcher
+    from hgcli.cli import cli
+    from hgcli.schema.stages import Strategy
+
+    seen = []
+
+    def fake_launch(request, sink):
+        seen.append(request)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(launcher, "launch", fake_launch)
+    result = CliRunner().invoke(cli, ["launch", "--nproc-per-node", "2", "--strategy", "hybrid",
+                                      "--global-batch", "64", "--ps", "2", "--", "python", "x.py"])
+    assert result.exit_code == 0, result.output
+    job = seen[0].job
+    assert (job.strategy, job.global_batch, job.ps_ranks) == (Strategy.HYBRID, 64, 2)
+    assert CliRunner().invoke(cli, ["launch", "--ps", "0", "--", "python", "x.py"]).exit_code == 2
