@@ -125,33 +125,48 @@ class Metric:
 
 @dataclass(frozen=True)
 class Adapted:
-    """A group re-split its batch as its members' speeds changed (runtime/rebalance.py; the leader's
-    ``adapt`` metric, checked against the plan): from data step ``data_step`` on, ``ranks`` take
-    ``batches`` instead of ``before``."""
+    """A batch re-split as measured speeds changed. ``kind`` "rebalance": a group re-split its batch
+    among its members (runtime/rebalance.py; the leader's ``adapt`` metric): from data step
+    ``data_step`` on, ``ranks`` take ``batches`` instead of ``before``. ``kind`` "shares": the PS's
+    shard 0 re-split the global batch across groups (runtime/group_shares.py): ``groups`` take
+    ``batches`` (each group's total) instead of ``before``; ``group`` is -1 and ``ranks`` empty."""
 
     job_id: str
     group: int
-    step: int                      # the group's step that decided it
+    step: int                      # the group's step (shares: shard 0's check) that decided it
     data_step: int
     ranks: tuple[int, ...]
     before: tuple[int, ...]
     batches: tuple[int, ...]
-    rates: tuple[float, ...]       # each member's measured samples per compute second
-    step_before_s: float           # the slowest member's step at the old split, predicted from them
+    rates: tuple[float, ...]       # each member's (group's) measured samples per compute second
+    step_before_s: float           # the slowest member's (group's) step at the old split, predicted
     step_after_s: float
+    kind: str = "rebalance"
+    groups: tuple[int, ...] = ()
 
     @classmethod
     def parse(cls, job_id: str, rank: int, data: dict[str, Any],
-              groups: dict[int, tuple[int, ...]]) -> "Adapted | None":
+              groups: dict[int, tuple[int, ...]], coordinator: int | None = None) -> "Adapted | None":
         """The event in a rank's metric record ``data``, or None when it is not one a group's leader
-        could have sent (a rank's records are untrusted: only numbers that fit the plan pass)."""
-        if data.get("event") != "adapt" or data.get("kind") != "rebalance":
+        (or, for shares, the PS's shard 0, rank ``coordinator``) could have sent (a rank's records
+        are untrusted: only numbers that fit the plan pass)."""
+        kind = data.get("kind")
+        if data.get("event") != "adapt" or kind not in ("rebalance", "shares"):
             return None
-        group, ranks = data.get("group"), data.get("ranks")
-        if not (_is_int(group) and group in groups and isinstance(ranks, list)
-                and tuple(ranks) == groups[group] and ranks[:1] == [rank]):
-            return None
-        n = len(ranks)
+        group: Any
+        ranks: Any
+        if kind == "shares":
+            ids = data.get("groups")
+            if not (rank == coordinator and isinstance(ids, list) and all(_is_int(g) for g in ids)
+                    and sorted(ids) == sorted(groups) and len(ids) > 1):
+                return None
+            n, group, ranks = len(ids), -1, []
+        else:
+            group, ranks = data.get("group"), data.get("ranks")
+            if not (_is_int(group) and group in groups and isinstance(ranks, list)
+                    and tuple(ranks) == groups[group] and ranks[:1] == [rank]):
+                return None
+            n, ids = len(ranks), []
         before, after, rates = data.get("before"), data.get("batches"), data.get("rates")
         lists = (before, after, rates)
         if not all(isinstance(v, list) and len(v) == n for v in lists):
@@ -164,10 +179,10 @@ class Adapted:
         if not (all(_is_number(v) and float(v or 0) >= 0 for v in numbers)
                 and _is_int(numbers[0]) and _is_int(numbers[1])):
             return None
-        return cls(job_id=job_id, group=int(group), step=int(data["step"]), data_step=int(data["data_step"]),
+        return cls(job_id=job_id, group=group, step=int(data["step"]), data_step=int(data["data_step"]),
                    ranks=tuple(ranks), before=tuple(before), batches=tuple(after),
                    rates=tuple(float(r) for r in rates), step_before_s=float(data["step_before_s"]),
-                   step_after_s=float(data["step_after_s"]))
+                   step_after_s=float(data["step_after_s"]), kind=str(kind), groups=tuple(ids))
 
 
 def _is_int(v: object) -> bool:

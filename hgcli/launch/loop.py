@@ -279,7 +279,8 @@ class JobController:
         self.board.add(rank, data)
         self.metrics_seen = True
         self.emit(Metric(self.job_id, rank, node, role, data))
-        adapted = Adapted.parse(self.job_id, rank, data, self.group_ranks)
+        adapted = Adapted.parse(self.job_id, rank, data, self.group_ranks,
+                                self.plan.ps_shards[0] if self.plan.ps_shards else None)
         if adapted is not None:
             self.emit(adapted)
         resumed = Resumed.parse(self.job_id, self.attempt, rank, self.first_worker, data, self.reached,

@@ -76,6 +76,7 @@ class Series:
         self._start: float | None = None
         self._job_second = -1
         self._groups = {g.id: tuple(g.ranks) for g in plan.groups}
+        self._coordinator = plan.ps_shards[0] if plan.ps_shards else None
         self._batches_drawn: set[int] = set()      # groups whose plan batches have a point
 
     @property
@@ -107,7 +108,7 @@ class Series:
             group = str(data.get("group"))
             if group in self._members and group != "-":
                 out.append(Point(group_run(group), "staleness", staleness, version, at))
-        adapted = Adapted.parse("", rank, data, self._groups)
+        adapted = Adapted.parse("", rank, data, self._groups, self._coordinator)
         if adapted is not None:
             out += self._adapted(adapted, at)
         before, after = number(data.get("predicted_before")), number(data.get("predicted_after"))
@@ -125,13 +126,17 @@ class Series:
         return out
 
     def _adapted(self, event: Adapted, at: float) -> list[Point]:
+        gain = 1.0 - event.step_after_s / event.step_before_s if event.step_before_s > 0 else 0.0
+        if event.kind == "shares":
+            # The groups' shares of the global batch: a mark on the job's time line (as a
+            # re-grouping's), its value the predicted gain.
+            return [Point("job", "adapt", gain, max(0, int(at - self._start)), at)]
         out = []
         if event.group not in self._batches_drawn:
             self._batches_drawn.add(event.group)
             out += [Point(f"rank{r}", "batch", float(b), 0, at) for r, b in zip(event.ranks, event.before)]
         step = min(int(LARGEST) - 1, event.data_step)
         out += [Point(f"rank{r}", "batch", float(b), step, at) for r, b in zip(event.ranks, event.batches)]
-        gain = 1.0 - event.step_after_s / event.step_before_s if event.step_before_s > 0 else 0.0
         out.append(Point(group_run(str(event.group)), "adapt", gain, min(int(LARGEST) - 1, event.step), at))
         return out
 

@@ -190,6 +190,10 @@ def adapt_line(event: Adapted) -> str:
 
     batches = "/".join(map(str, event.before)) + " -> " + "/".join(map(str, event.batches))
     rates = "/".join(f"{r:,.0f}" for r in event.rates)
+    if event.kind == "shares":
+        return (f"[adapt] groups {'/'.join(map(str, event.groups))} from data step {event.data_step}: "
+                f"shares of the global batch {batches} (measured {rates} samples/s; slowest step "
+                f"{ms(event.step_before_s)} -> {ms(event.step_after_s)})")
     return (f"[adapt] group {event.group} at step {event.step}: batches {batches} of ranks "
             f"{'/'.join(map(str, event.ranks))} (measured {rates} samples/s; slowest step "
             f"{ms(event.step_before_s)} -> {ms(event.step_after_s)})")

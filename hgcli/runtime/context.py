@@ -24,6 +24,7 @@ from .engine import GroupEngine, GroupSpec, resolve_bucket_mb
 from .exchange import PSExchange
 from .metrics import MetricsSink
 from .position import DataPosition, fetch_restored
+from .group_shares import block_layout
 from .rebalance import GroupSplit
 from .sampler import RankBatchSampler, dataset_length, make_loader
 from . import snapshot
@@ -159,7 +160,7 @@ class Context:
                 group=engine.link, optimizer=optimizer, ps_ranks=self.plan.ps_shards,
                 first_worker=self.plan.workers[0].rank, metrics=self.metrics, timeout_s=self.env.timeout_s,
                 overlap=self.plan.overlap, wire=self.plan.wire, data_position=self._data.current,
-                frozen=engine.frozen)
+                frozen=engine.frozen, split=self._split)
         resume = self.env.snapshots.resume_step if self.env.snapshots is not None else None
         if resume is not None:
             # Before DDP's start broadcasts rank 0's parameters, and before the first group seeds
@@ -268,19 +269,18 @@ class Context:
         return [b or default for b in self._batches]
 
     def _group_split(self) -> GroupSplit | None:
-        """The group's re-splittable batches (rebalance.py), for a group of two or more whose members
-        are adjacent in the plan's worker order (the planner's plans always are) and have plan batches."""
-        ranks = self.group_plan.ranks
-        workers = [w.rank for w in self.plan.workers]
-        if len(ranks) < 2:
+        """The group's re-splittable batches (rebalance.py) when its members are adjacent in the
+        plan's worker order (the planner's plans always are) and have plan batches: for a group of two
+        or more (its members' split), and in a plan of several groups for every group (their shares
+        of the global batch, which the PS's shard 0 moves: group_shares.py)."""
+        layout = block_layout(self.plan)
+        if layout is None:
             return None
-        first = workers.index(ranks[0])
-        if tuple(workers[first:first + len(ranks)]) != tuple(ranks):
-            return None
-        planned = [self.plan.rank(r).batch_size for r in ranks]
-        if not all(planned):
-            return None
-        return GroupSplit(first, [int(b) for b in planned if b])
+        block = [g for g, _, _ in layout].index(self.group)
+        _, first, planned = layout[block]
+        if len(layout) > 1 and self.plan.ps_shards:
+            return GroupSplit(first, planned, block=block, totals=[sum(b) for _, _, b in layout])
+        return GroupSplit(first, planned) if len(planned) > 1 else None
 
     def _take_split(self, batch_size: int) -> GroupSplit | None:
         """The split, for the process's first data source when it cuts the plan's batches."""

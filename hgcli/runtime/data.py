@@ -55,20 +55,22 @@ def tail_shares(rest: int, batch_sizes: Sequence[int]) -> list[int]:
 
 
 def step_slice(n: int, batch_sizes: Sequence[int], index: int, step: int,
-               group: tuple[int, Sequence[int]] | None = None) -> tuple[int, int]:
+               group: tuple[int, int, Sequence[int]] | None = None) -> tuple[int, int]:
     """Positions ``[start, stop)`` in the epoch's order of worker ``index``'s batch at ``step``: the
     workers' slices of one step are adjacent, in worker order, and together one contiguous block.
 
-    ``group``: (the first worker of ``index``'s group, the group's current sizes), a re-split of the
-    group's batch (rebalance.py): the group's block of the step is the plan's, cut by these sizes.
-    A last partial step (``drop_last=False``) is cut by the plan's batches."""
+    ``group``: (the first worker of ``index``'s group, the group's offset in the step's block, the
+    group's current sizes), a re-split of the batch (rebalance.GroupSplit.cut): inside the group by
+    its members' speeds, across groups by shard 0's shares. The groups' parts of a block stay
+    adjacent in the plan's order, so every group cuts the same block. A last partial step
+    (``drop_last=False``) is cut by the plan's batches."""
     global_batch = sum(batch_sizes)
     base = step * global_batch
     rest = n - base
     sizes = list(batch_sizes) if rest >= global_batch else tail_shares(rest, batch_sizes)
     if group is not None and rest >= global_batch:
-        first, current = group
-        start = base + sum(sizes[:first]) + sum(current[:index - first])
+        first, offset, current = group
+        start = base + offset + sum(current[:index - first])
         return start, start + current[index - first]
     start = base + sum(sizes[:index])
     return start, start + sizes[index]
@@ -142,6 +144,6 @@ class ShardStream:
         self._resume = epoch * self.steps + step
 
 
-def group_sizes(split: GroupSplit | None, data_step: int) -> tuple[int, tuple[int, ...]] | None:
+def group_sizes(split: GroupSplit | None, data_step: int) -> tuple[int, int, tuple[int, ...]] | None:
     """``step_slice``'s ``group`` at ``data_step`` (None: the plan's batches)."""
-    return None if split is None else (split.first, split.sizes(data_step))
+    return None if split is None else split.cut(data_step)

@@ -34,6 +34,7 @@ from . import flat as flatten_
 from . import optim, transfer
 from .errors import TrainingError
 from .metrics import MetricsSink
+from .rebalance import GroupSplit
 from .shards import ELEMENTWISE, ShardLayout, plan_layout
 from .staging import Staging
 from ..schema.stages import Wire
@@ -41,8 +42,10 @@ from ..schema.stages import Wire
 FINISH_POLL_S = 5.0     # how long a leader's "finished?" call waits on the PS before asking again
 
 # What a PS shard answers over RPC: (version, True when its parameters follow over the channel (None
-# for an acknowledgement), the buffers (shard 0, when the model has synchronised buffers) or None).
-ShardAnswer = tuple[int, "bool | None", "torch.Tensor | None"]
+# for an acknowledgement), the buffers (shard 0, when the model has synchronised buffers) or None,
+# the groups' shares of the global batch by data step (shard 0 under --adapt, group_shares.py) or None).
+ShardAnswer = tuple[int, "bool | None", "torch.Tensor | None", "list[tuple[int, tuple[int, ...]]] | None"]
+SHARES_SENT = 4         # the newest schedule entries a leader's broadcast carries to its members
 Collective = Callable[[Callable[[], Any], str], Any]
 
 
@@ -64,9 +67,9 @@ class GroupState(Protocol):
         """The buffers the group synchronises (flat.synced_buffers)."""
         ...
 
-    def broadcast_state(self, version: int) -> int:
-        """The leader's parameters, synchronised buffers and ``version`` to the whole group; returns
-        the version every member now holds."""
+    def broadcast_state(self, version: int, words: Sequence[int] = ()) -> tuple[int, list[int]]:
+        """The leader's parameters, synchronised buffers, ``version`` and ``words`` (small integers)
+        to the whole group; returns the version and words every member now holds."""
         ...
 
     def broadcast_flag(self, flag: torch.Tensor) -> None:
@@ -82,7 +85,9 @@ class PSExchange:
     def __init__(self, *, group: GroupState, optimizer: torch.optim.Optimizer, ps_ranks: tuple[int, ...],
                  first_worker: int, metrics: MetricsSink, timeout_s: float, overlap: bool = False,
                  wire: Wire = Wire.FP32, data_position: Callable[[], dict[str, int] | None] | None = None,
-                 frozen: Sequence[torch.Tensor] = ()) -> None:
+                 frozen: Sequence[torch.Tensor] = (), split: GroupSplit | None = None) -> None:
+        """``split``: the group's batches by data step, whose shares across groups follow shard 0's
+        schedule (group_shares.py; None: the plan's shares)."""
         self.group = group
         self.opt = optimizer
         self.ps_ranks = ps_ranks
@@ -92,7 +97,9 @@ class PSExchange:
         self.overlap = overlap
         self.wire_dtype = torch.bfloat16 if Wire(wire) is Wire.BF16 else torch.float32   # Wire() checks it
         self.data_position = data_position
+        self.split = split if split is not None and len(split.planned_totals) > 1 else None
         self.version = 0
+        self._idle_since = time.perf_counter()            # the end of the last exchange (the pace)
         self.sync_s = 0.0
         params = group.params
         # Checked on every worker at wrap time, before anything reaches the PS: each rank fails with
@@ -130,7 +137,8 @@ class PSExchange:
         from . import ps
 
         if not self.is_leader:
-            self.version = self.group.broadcast_state(self.version)
+            self._broadcast()
+            self._idle_since = time.perf_counter()
             return
         staging = self._staging = Staging(self.layout, self.group.params, self.wire_dtype, self.group.device)
         if self.first_worker in self.group.ranks:
@@ -144,7 +152,8 @@ class PSExchange:
             self._wait_works(sends, "seed")
             staging.seeded(flat)
         self._load_answers(self._send(None))
-        self.version = self.group.broadcast_state(self.version)
+        self._broadcast()
+        self._idle_since = time.perf_counter()
 
     # --- a step ---------------------------------------------------------------------------------
     def step(self, grads: Sequence[torch.Tensor] | None, samples: float, buffers: torch.Tensor | None, *,
@@ -154,6 +163,7 @@ class PSExchange:
         its answer. ``allreduce_s``: what the group's all-reduce cost the step (the engine's), for its
         metrics."""
         t0 = time.perf_counter()
+        busy_s, self._idle_since = t0 - self._idle_since, t0
         if self.overlap:
             if self.is_leader:
                 assert grads is not None
@@ -161,7 +171,7 @@ class PSExchange:
                 # held) into the push buffer, which that exchange has sent; the answer is loaded
                 # before the next exchange may receive into the answer buffer.
                 answers = self._collect()
-                push = self._push_request(grads, samples, buffers)
+                push = self._push_request(grads, samples, buffers, busy_s)
                 if answers is not None:
                     self._load_answers(answers)
                     self._predict()
@@ -169,15 +179,16 @@ class PSExchange:
                 self._in_flight = self._pool.submit(self._send, push)
             t1 = time.perf_counter()
             if self._pushed:        # every member knows: the first push has no answer to hand over
-                self.version = self.group.broadcast_state(self.version)
+                self._broadcast()
             self._pushed = True
         else:
             if self.is_leader:
                 assert grads is not None
-                self._load_answers(self._send(self._push_request(grads, samples, buffers)))
+                self._load_answers(self._send(self._push_request(grads, samples, buffers, busy_s)))
             t1 = time.perf_counter()
-            self.version = self.group.broadcast_state(self.version)
+            self._broadcast()
         t2 = time.perf_counter()
+        self._idle_since = t2
         self.sync_s += t2 - t0
         self.metrics.emit(event="sync", group=self.group.group_id, version=self.version, samples=samples,
                           allreduce_s=allreduce_s, push_s=t1 - t0, broadcast_s=t2 - t1)
@@ -218,7 +229,7 @@ class PSExchange:
                     for r in self.ps_ranks]]
                 if all(done for done, *_ in answers):
                     flag[0] = 1
-                    final = [(v, follows, bufs) for _, v, follows, bufs in answers]
+                    final = [(v, follows, bufs, None) for _, v, follows, bufs in answers]
                     # The fp32 master copy, whatever the wire.
                     assert self._staging is not None
                     master = self._staging.final()
@@ -226,7 +237,7 @@ class PSExchange:
                     self._load_answers(final, source=master)
             self.group.broadcast_flag(flag)
             if flag[0]:
-                self.version = self.group.broadcast_state(self.version)
+                self._broadcast()
                 self._finished = True
                 return
 
@@ -235,21 +246,51 @@ class PSExchange:
         module, qualname = self._opt_class
         return optim.segment_spec(self.opt, module, qualname, [seg.group for seg in self.layout.segments[shard]])
 
-    def _push_request(self, grads: Sequence[torch.Tensor], samples: float,
-                      buffers: torch.Tensor | None) -> Callable[[int], tuple[Any, ...]]:
+    def _push_request(self, grads: Sequence[torch.Tensor], samples: float, buffers: torch.Tensor | None,
+                      busy_s: float) -> Callable[[int], tuple[Any, ...]]:
         """The push buffer filled with this step's gradients (the wire format), and the arguments of
         the push's control message to each shard, taken now on the training thread: the optimizer's
-        hyperparameters, the buffers (to shard 0), the data position and, under overlap, the version
-        of each shard's parameters the gradient was computed on."""
+        hyperparameters, the buffers (to shard 0), the data position, under overlap the version
+        of each shard's parameters the gradient was computed on, and (to shard 0, when the shares
+        across groups can move) the group's pace: ``busy_s``, the step's time outside the exchange."""
         assert self._staging is not None
         self._staging.fill(grads)
         hyper = optim.push_hyperparameters(self.opt, self._seeded)
         bufs = buffers.float().cpu() if buffers is not None else None
         pos = self.data_position() if self.data_position else None
         bases = list(self._shard_versions) if self.overlap else None
+        pace = self._pace(busy_s, samples, pos)
         gid = self.group.group_id
-        return lambda s: (gid, samples, hyper, bufs if s == 0 else None,
-                          pos, *((bases[s],) if bases is not None else ()))
+        return lambda s: (gid, samples, hyper, bufs if s == 0 else None, pos,
+                          bases[s] if bases is not None else None, pace if s == 0 else None)
+
+    def _pace(self, busy_s: float, samples: float, pos: dict[str, int] | None) -> tuple[float, float, int, int] | None:
+        """group_shares.Pace: the step's seconds outside the exchange, its samples, the next data step
+        the leader's data source yields and the data step training reached (None: no split to move)."""
+        if self.split is None:
+            return None
+        reached = int(pos["epoch"]) * int(pos.get("steps_per_epoch") or 0) + int(pos["step"]) if pos else 0
+        return (busy_s, float(samples), self.split.next_step, reached)
+
+    def _broadcast(self) -> None:
+        """The leader's parameters, buffers and version to the group, with the newest entries of the
+        shares' schedule, which every member's split takes."""
+        words: list[int] = []
+        split = self.split
+        if split is not None:
+            width = 1 + len(split.planned_totals)
+            entries = split.shares[-SHARES_SENT:]
+            words = [len(split.shares)] + [w for start, totals in entries for w in (start, *totals)]
+            words += [0] * (1 + SHARES_SENT * width - len(words))
+        self.version, heard = self.group.broadcast_state(self.version, words)
+        if split is not None and not self.is_leader and heard[0] > len(split.shares):
+            count, width = heard[0], 1 + len(split.planned_totals)
+            entries = [(heard[1 + k * width], tuple(heard[2 + k * width: 1 + (k + 1) * width]))
+                       for k in range(min(count, SHARES_SENT))]
+            # (More new entries than a broadcast carries cannot happen: shard 0 decides at most one per
+            # two checks, and every group hears an answer per push.)
+            for start, totals in entries[max(0, len(entries) - (count - len(split.shares))):]:
+                split.share(start, totals)
 
     def _predict(self) -> None:
         """Under overlap (leader, after loading an answer): the group's next gradient is computed
@@ -349,8 +390,12 @@ class PSExchange:
         """The answer buffer (or ``source``), every shard's parameters received, into the group's
         parameters."""
         assert self._staging is not None
-        self._shard_versions = [v for v, _, _ in answers]
+        self._shard_versions = [v for v, _, _, _ in answers]
         self.version = max(self._shard_versions)
+        shares = answers[0][3]
+        if self.split is not None and shares:
+            for start, totals in shares[len(self.split.shares):]:
+                self.split.share(int(start), totals)
         self._staging.load(source)
         buffers = answers[0][2]
         if buffers is not None and self.group.buffers:

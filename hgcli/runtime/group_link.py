@@ -25,21 +25,22 @@ class GroupLink:
         self.buffers = buffers
         self.device = device
 
-    def broadcast_state(self, version: int) -> int:
-        """The leader's parameters, synchronised buffers and ``version`` to the group, in one broadcast.
-        The version travels as the bytes of an int64 viewed in the vector's dtype: a broadcast copies
-        bytes, and no float type of the parameters (bf16 holds integers exactly only up to 256) could
-        carry it as a number."""
+    def broadcast_state(self, version: int, words: Sequence[int] = ()) -> tuple[int, list[int]]:
+        """The leader's parameters, synchronised buffers, ``version`` and ``words`` (small integers:
+        the shares' schedule, exchange.py) to the group, in one broadcast. The integers travel as the
+        bytes of int64s viewed in the vector's dtype: a broadcast copies bytes, and no float type of
+        the parameters (bf16 holds integers exactly only up to 256) could carry them as numbers."""
         if self.members <= 1:
-            return version
+            return version, list(words)
         params = flatten_.flatten(self.params, self.device)
         state = torch.cat([params, flatten_.flatten(self.buffers, self.device).to(params.dtype)])
-        word = torch.tensor([version], dtype=torch.int64, device=state.device).view(state.dtype)
+        word = torch.tensor([version, *words], dtype=torch.int64, device=state.device).view(state.dtype)
         whole = torch.cat([state, word])
         self.collective(lambda: dist.broadcast(whole, self.leader, group=self.pg), "broadcast")
         flatten_.load(self.params, whole[:params.numel()])
         flatten_.load(self.buffers, whole[params.numel(): state.numel()])
-        return int(whole[state.numel():].clone().view(torch.int64)[0])   # clone: aligned
+        heard = whole[state.numel():].clone().view(torch.int64).tolist()   # clone: aligned
+        return int(heard[0]), [int(w) for w in heard[1:]]
 
     def broadcast_flag(self, flag: torch.Tensor) -> None:
         if self.members > 1:

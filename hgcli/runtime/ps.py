@@ -62,6 +62,7 @@ from torch.futures import Future
 from . import optim
 from .env import RankEnv
 from .ps_admission import Admission
+from .group_shares import GroupShares, Pace, block_layout
 from .ps_checkpoints import ShardCheckpoints
 from .ps_state import ShardState
 from .shards import Segment
@@ -92,7 +93,7 @@ class ShardServer:
                  checkpoint_dir: Path | None = None, checkpoint_every: int = 0,
                  checkpoint_seconds: float = 0.0, trace: Path | None = None,
                  accumulate: Mapping[int, int] | None = None, overlap: bool = False,
-                 wire: Wire = Wire.FP32) -> None:
+                 wire: Wire = Wire.FP32, shares: GroupShares | None = None) -> None:
         self.shard = shard
         self.ps_ranks = list(ps_ranks)
         self.global_batch = global_batch
@@ -111,6 +112,8 @@ class ShardServer:
         # position.py): checkpointed with the parameters, answered to the group after a resume.
         self.data_positions: dict[int, dict[str, int]] = {}
         self.coordinator = shard == 0
+        # Shard 0's re-split of the global batch across groups (group_shares.py; None: the plan's).
+        self.shares = shares if self.coordinator else None
         self.admission = Admission(group_ids=group_ids, bound=staleness_bound, overlap=overlap,
                                    coordinator=self.coordinator)
         self.wire_dtype = torch.bfloat16 if Wire(wire) is Wire.BF16 else torch.float32   # Wire() checks it
@@ -196,12 +199,13 @@ class ShardServer:
 
     def push(self, group: int, grad: torch.Tensor, samples: float, hyper: optim.Hyperparameters,
              buffers: torch.Tensor | None = None, data_position: dict[str, int] | None = None,
-             base: int | None = None) -> Future:
+             base: int | None = None, pace: Pace | None = None) -> Future:
         """``hyper``: per parameter group, the values the worker's optimizer has now (its LR schedule);
         ``buffers`` (shard 0, models with buffers): the group's, averaged over its members;
         ``data_position``: the group's position in its data after this push; ``base``: the version
         of this shard's parameters the gradient was computed on (sent under overlap, where it is
-        older than the group's last answer); ``grad`` may arrive in the plan's wire format."""
+        older than the group's last answer); ``pace``: the group's step outside the exchange, for the
+        shares across groups (group_shares.py); ``grad`` may arrive in the plan's wire format."""
         fut: Future = Future()
         with self.cv:
             self.held.check_push(group, grad)
@@ -220,6 +224,10 @@ class ShardServer:
             adm.applied(group)
             if data_position is not None:
                 self.data_positions[group] = dict(data_position)
+            if self.shares is not None and pace is not None:
+                change = self.shares.note(group, pace)
+                if change is not None:
+                    self._shared(change)
             self._trace("push", group=group, clock=adm.clock[group], base=adm.base[group],
                         version=self.version, staleness=staleness, delay=delay, samples=samples, scale=scale,
                         clocks=dict(adm.clock), active=sorted(adm.active),
@@ -229,7 +237,7 @@ class ShardServer:
             if self.coordinator:
                 self._request(group, fut)
             else:
-                self.deliver(group, fut, (self.version, None, None))
+                self.deliver(group, fut, (self.version, None, None, None))
             schedule = self._checkpoint_due()
         if schedule is not None:
             self._schedule_everywhere(schedule)
@@ -303,7 +311,20 @@ class ShardServer:
         if self.trace_fh and master is not None:   # (a float64 sum: a debugging aid, slow on large models)
             self._trace("answer", group=group, version=self.version,
                         param_sum=float(master.to(self.wire_dtype).sum(dtype=torch.float64)))
-        self.deliver(group, fut, (self.version, PARAMS, buffers))
+        shares = self.shares.schedule() if self.shares is not None else None
+        self.deliver(group, fut, (self.version, PARAMS, buffers, shares))
+
+    def _shared(self, change: Any) -> None:
+        """The groups' shares of the global batch changed (group_shares.py): traced, and reported as
+        an ``adapt`` metric (the launcher's ``[adapt]`` line)."""
+        assert self.shares is not None
+        groups = list(self.shares.groups)
+        self._trace("shares", data_step=change.from_step, groups=groups, before=list(change.before),
+                    after=list(change.after))
+        self.metrics.emit(event="adapt", kind="shares", step=change.step, data_step=change.from_step,
+                          groups=groups, before=list(change.before), batches=list(change.after),
+                          rates=[round(r, 3) for r in change.rates], step_before_s=change.step_before_s,
+                          step_after_s=change.step_after_s)
 
     def payload(self, fields: tuple[Any, ...]) -> torch.dtype | None:
         """The type the parameters an answer's fields name travel in (PARAMS: the wire's; MASTER:
@@ -325,7 +346,8 @@ class ShardServer:
             # The writer copies the state outside the lock; until it has, steps wait (readers).
             self.readers += 1
             self.checkpoints.write(self.version, {"data_positions": copy.deepcopy(self.data_positions),
-                                                  "buffers": self.held.buffers_copy()})
+                                                  "buffers": self.held.buffers_copy(),
+                                                  "group_shares": self.shares.state_dict() if self.shares else None})
         return self.checkpoints.ahead(self.version, len(self.admission.clock))
 
     def _schedule_everywhere(self, version: int) -> None:
@@ -345,8 +367,11 @@ class ShardServer:
         self.admission.resumed(self.version)
         # Checkpoints written before data positions were recorded have none: groups start their epochs.
         self.data_positions = {int(g): dict(p) for g, p in data.get("data_positions", {}).items()}
+        if self.shares is not None:
+            self.shares.load_state_dict(data.get("group_shares"))
         self._trace("resume", version=self.version,
-                    data_positions={str(g): p for g, p in self.data_positions.items()})
+                    data_positions={str(g): p for g, p in self.data_positions.items()},
+                    shares=self.shares.schedule() if self.shares is not None else None)
         return self.version
 
     # --- main thread ---------------------------------------------------------------------------
@@ -400,8 +425,9 @@ def _pull(group: int) -> Future:
 
 @rpc.functions.async_execution
 def _push(group: int, samples: float, hyper: optim.Hyperparameters, buffers: torch.Tensor | None,
-          data_position: dict[str, int] | None = None, base: int | None = None) -> Future:
-    return _io().push(group, samples, hyper, buffers, data_position, base)
+          data_position: dict[str, int] | None = None, base: int | None = None,
+          pace: Pace | None = None) -> Future:
+    return _io().push(group, samples, hyper, buffers, data_position, base, pace)
 
 
 @rpc.functions.async_execution
@@ -424,6 +450,13 @@ def _data_position(group: int) -> dict[str, int] | None:
 
 def _schedule_checkpoint(version: int) -> None:
     _server().schedule_checkpoint(version)
+
+
+def _shares(plan: Any, adapt: bool) -> GroupShares | None:
+    """Shard 0's re-split across groups: under launch --adapt, for two or more groups whose shares
+    of a step's block can move (group_shares.block_layout)."""
+    layout = block_layout(plan) if adapt and len(plan.groups) > 1 else None
+    return GroupShares(layout) if layout else None
 
 
 def _server() -> ShardServer:
@@ -489,7 +522,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             timeout_s=env.timeout_s, metrics=metrics,
             checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
             checkpoint_seconds=args.checkpoint_seconds, trace=args.trace,
-            accumulate={g.id: g.accumulate for g in plan.groups}, overlap=plan.overlap, wire=plan.wire)
+            accumulate={g.id: g.accumulate for g in plan.groups}, overlap=plan.overlap, wire=plan.wire,
+            shares=_shares(plan, env.adapt))
         if resume:
             version = server.resume(args.resume_version)
             print(f"PS shard {shard}: " + (f"resumed from checkpoint version {version}"

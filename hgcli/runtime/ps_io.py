@@ -48,7 +48,7 @@ class ShardIO:
         return self._run(work)
 
     def push(self, group: int, samples: float, hyper: optim.Hyperparameters, buffers: torch.Tensor | None,
-             data_position: dict[str, int] | None, base: int | None) -> Future:
+             data_position: dict[str, int] | None, base: int | None, pace: Any = None) -> Future:
         def work() -> Any:
             leader, pg = self._peer(group)
             with self.server.staging:
@@ -56,7 +56,7 @@ class ShardIO:
                 if grad is None:
                     raise TrainingError(f"PS shard {self.server.shard}: push from group {group} before the seed")
                 transfer.recv(grad, leader, pg, self.server.wire_dtype, self.scratch)
-                return self.server.push(group, grad, samples, hyper, buffers, data_position, base)
+                return self.server.push(group, grad, samples, hyper, buffers, data_position, base, pace)
         return self._run(work)
 
     def _run(self, work: Any) -> Future:

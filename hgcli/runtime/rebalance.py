@@ -72,34 +72,92 @@ class GroupSplit:
 
     ``first``: the group's first member's index in the plan's worker order (the members follow it);
     ``planned``: the members' batches in the plan. The data source (sampler or ``ctx.shard``) asks
-    ``sizes(data_step)`` for every batch it hands out and records how far it has gone."""
+    ``cut(data_step)`` for every batch it hands out and records how far it has gone.
 
-    def __init__(self, first: int, planned: Sequence[int]) -> None:
+    Two schedules make the sizes. The members' split inside the group (``change``: this module's
+    rebalancer) and the group's share of each step's block (``share``: every group's total, in
+    block order, as the parameter servers' shard 0 re-splits the global batch across groups,
+    group_shares.py). ``block``: this group's place among ``totals``, the plan's group totals in the
+    order their workers come (default: this group alone). When the group's total is not what its
+    members' split sums to, the split's proportions are kept (``split_by_rate``)."""
+
+    def __init__(self, first: int, planned: Sequence[int], *, block: int = 0,
+                 totals: Sequence[int] | None = None) -> None:
         self.first = first
         self.planned = tuple(planned)
+        self.block = block
+        self.planned_totals = tuple(totals) if totals is not None else (sum(self.planned),)
+        if self.planned_totals[block] != sum(self.planned):
+            raise ValueError(f"group total {self.planned_totals[block]} is not its members' "
+                             f"{list(self.planned)}")
+        self.caps = tuple(max(1, int(GROW_LIMIT * b)) for b in self.planned)
         self._changes: list[tuple[int, tuple[int, ...]]] = []
+        self._shares: list[tuple[int, tuple[int, ...]]] = []
         self.next_step = -1        # the next data step the data source yields; -1: no source follows it
 
-    def sizes(self, data_step: int) -> tuple[int, ...]:
-        sizes = self.planned
-        for start, changed in self._changes:
+    @staticmethod
+    def _at(schedule: list[tuple[int, tuple[int, ...]]], data_step: int, default: tuple[int, ...]) -> tuple[int, ...]:
+        value = default
+        for start, changed in schedule:
             if data_step < start:
                 break
-            sizes = changed
-        return sizes
+            value = changed
+        return value
+
+    def totals(self, data_step: int) -> tuple[int, ...]:
+        """Every group's share of the step's block at ``data_step``, in block order."""
+        return self._at(self._shares, data_step, self.planned_totals)
+
+    def sizes(self, data_step: int) -> tuple[int, ...]:
+        inner = self._at(self._changes, data_step, self.planned)
+        total = self.totals(data_step)[self.block]
+        return inner if sum(inner) == total else split_by_rate(total, inner, self.caps)
+
+    def cut(self, data_step: int) -> tuple[int, int, tuple[int, ...]]:
+        """``data.step_slice``'s ``group``: (the first member's worker index, the group's offset in
+        the step's block, the members' sizes) at ``data_step``."""
+        return self.first, sum(self.totals(data_step)[:self.block]), self.sizes(data_step)
+
+    @property
+    def latest(self) -> int:
+        """The data step from which the newest change of either schedule applies (0: none)."""
+        return max([0] + [s for s, _ in self._changes] + [s for s, _ in self._shares])
 
     @property
     def current(self) -> tuple[int, ...]:
-        return self._changes[-1][1] if self._changes else self.planned
+        return self.sizes(self.latest)
+
+    @property
+    def schedule(self) -> list[tuple[int, tuple[int, ...]]]:
+        """The members' re-splits: (first data step, sizes)."""
+        return list(self._changes)
+
+    @property
+    def shares(self) -> list[tuple[int, tuple[int, ...]]]:
+        """The groups' re-splits across groups: (first data step, every group's total)."""
+        return list(self._shares)
 
     def change(self, from_step: int, sizes: Sequence[int]) -> None:
         sizes = tuple(sizes)
-        if sum(sizes) != sum(self.planned) or len(sizes) != len(self.planned):
+        total = self.totals(self.latest)[self.block]
+        if sum(sizes) != total or len(sizes) != len(self.planned) or min(sizes) < 1:
             raise ValueError(f"a re-split must keep the group's {len(self.planned)} members and "
-                             f"{sum(self.planned)} samples, got {list(sizes)}")
+                             f"{total} samples, got {list(sizes)}")
         if self._changes and from_step < self._changes[-1][0]:
             raise ValueError(f"changes come in data-step order: {from_step} < {self._changes[-1][0]}")
         self._changes.append((from_step, sizes))
+
+    def share(self, from_step: int, totals: Sequence[int]) -> None:
+        """Every group's share of the block from ``from_step`` (what shard 0 decided)."""
+        totals = tuple(int(t) for t in totals)
+        if len(totals) != len(self.planned_totals) or sum(totals) != sum(self.planned_totals):
+            raise ValueError(f"a re-split across groups must keep {len(self.planned_totals)} groups and "
+                             f"{sum(self.planned_totals)} samples, got {list(totals)}")
+        if not len(self.planned) <= totals[self.block] <= sum(self.caps):
+            raise ValueError(f"group share {totals[self.block]} outside {len(self.planned)}..{sum(self.caps)}")
+        if self._shares and from_step < self._shares[-1][0]:
+            raise ValueError(f"changes come in data-step order: {from_step} < {self._shares[-1][0]}")
+        self._shares.append((from_step, totals))
 
     def handed_out(self, data_step: int) -> None:
         """The data source yielded the batch of ``data_step``."""
@@ -110,11 +168,14 @@ class GroupSplit:
         self.next_step = max(self.next_step, 0)
 
 
-def split_by_rate(total: int, rates: Sequence[float], caps: Sequence[int]) -> tuple[int, ...]:
-    """``total`` samples in proportion to ``rates``, each member 1..cap, in integers that sum to it
-    (largest remainder, ties to the lower member; the same on every member)."""
+def split_by_rate(total: int, rates: Sequence[float], caps: Sequence[int],
+                  floors: Sequence[int] | None = None) -> tuple[int, ...]:
+    """``total`` samples in proportion to ``rates``, each member floor..cap (floor 1 unless
+    ``floors`` says), in integers that sum to it (largest remainder, ties to the lower member; the
+    same on every member)."""
     n = len(rates)
-    if total < n or sum(caps) < total:
+    low = list(floors) if floors is not None else [1] * n
+    if total < sum(low) or sum(caps) < total:
         raise ValueError(f"cannot split {total} samples over {n} members with caps {list(caps)}")
     shares = [0.0] * n
     free = list(range(n))
@@ -122,16 +183,16 @@ def split_by_rate(total: int, rates: Sequence[float], caps: Sequence[int]) -> tu
     while free:
         weight = sum(rates[i] for i in free)
         want = {i: left * rates[i] / weight for i in free}
-        pinned = [i for i in free if want[i] > caps[i]] or [i for i in free if want[i] < 1.0]
+        pinned = [i for i in free if want[i] > caps[i]] or [i for i in free if want[i] < low[i]]
         if not pinned:
             for i in free:
                 shares[i] = want[i]
             break
         for i in pinned:
-            shares[i] = float(caps[i]) if want[i] > caps[i] else 1.0
+            shares[i] = float(caps[i]) if want[i] > caps[i] else float(low[i])
             left -= shares[i]
         free = [i for i in free if i not in pinned]
-    sizes = [max(1, min(caps[i], math.floor(shares[i]))) for i in range(n)]
+    sizes = [max(low[i], min(caps[i], math.floor(shares[i]))) for i in range(n)]
     order = sorted(range(n), key=lambda i: (-(shares[i] - math.floor(shares[i])), i))
     k = 0
     while sum(sizes) < total:
@@ -141,7 +202,7 @@ def split_by_rate(total: int, rates: Sequence[float], caps: Sequence[int]) -> tu
         k += 1
     while sum(sizes) > total:
         i = order[-1 - (k % n)]
-        if sizes[i] > 1:
+        if sizes[i] > low[i]:
             sizes[i] -= 1
         k += 1
     return tuple(sizes)
@@ -150,10 +211,13 @@ def split_by_rate(total: int, rates: Sequence[float], caps: Sequence[int]) -> tu
 class Rebalancer:
     """The decision (module docstring); every member holds one and feeds it the same numbers."""
 
-    def __init__(self, split: GroupSplit, *, check_every: int = CHECK_EVERY) -> None:
+    def __init__(self, split: GroupSplit, *, check_every: int = CHECK_EVERY,
+                 floors: Sequence[int] | None = None) -> None:
+        """``floors``: each member's least batch (default 1; across groups, a group's members)."""
         self.split = split
         self.check_every = check_every
-        self.caps = tuple(max(1, int(GROW_LIMIT * b)) for b in split.planned)
+        self.caps = split.caps
+        self.floors = tuple(floors) if floors is not None else (1,) * len(split.planned)
         # The first check is skipped too: its sums hold the job's first steps (warm-up, first batches).
         self._settle = True
         # The checks in a row whose proposals qualify and move samples the same way: that way, how
@@ -205,7 +269,7 @@ class Rebalancer:
                  samples: Sequence[float]) -> tuple[tuple[int, ...], float, float]:
         """The split by these sums' rates, and the slowest member's step at the current split and at it."""
         rates = [s / t for s, t in zip(samples, seconds)]
-        proposal = split_by_rate(sum(before), rates, self.caps)
+        proposal = split_by_rate(sum(before), rates, self.caps, self.floors)
         return (proposal, max(b / r for b, r in zip(before, rates)),
                 max(b / r for b, r in zip(proposal, rates)))
 

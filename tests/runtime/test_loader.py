@@ -183,3 +183,43 @@ def test_a_members_finish_record_measures_how_uneven_its_steps_were(tmp_path):
                     extra_env={"HGTRAIN_ADAPT": "0", "HGTRAIN_EMULATE_STRAGGLER": "3", "HGTRAIN_EMULATE_SEED": "5"})
     noise = {m["rank"]: m["compute_noise"] for m in result.metrics if m.get("event") == "finish"}
     assert set(noise) == {0, 1} and all(0.5 < v < 3.0 for v in noise.values()), noise
+
+
+@pytest.mark.parametrize("adapt", ["1", "0"])
+def test_a_hybrid_job_moves_the_global_batch_to_the_group_that_is_faster_than_planned(tmp_path, adapt):
+    """The plan gives both groups 32 of the 64 samples a step, but group 1's device runs at a tenth
+    of the speed of each of group 0's two (emulated: its sleeps dominate its step, as compute would on
+    a slow GPU; the model is small enough that group 0's all-reduce does not): with HGTRAIN_ADAPT=1
+    the PS's shard 0 moves samples to group 0 from a data step no group had reached (adapt events of
+    kind "shares", from the PS rank), group 0's members re-cut their share, every step's batches
+    are still the epoch's block of 64 and every epoch's samples each once; with 0 the plan's shares
+    stay."""
+    n, seed, epochs = 64 * 24, 4, 2
+    plan = emulated_plan([[1.0, 1.0], [0.1]], [[16, 16], [32]], n_ps=1, staleness_bound=2)
+    result = run_ok(plan, script("loader_train.py", "--out", tmp_path, "--n", n, "--seed", seed,
+                                 "--epochs", epochs, "--workers", 1, "--mlp", 512), tmp_path,
+                    extra_env={"HGTRAIN_ADAPT": adapt})
+    trained = [steps(tmp_path, r) for r in range(3)]
+    assert [len(t) for t in trained] == [24 * epochs] * 3
+    for epoch in range(epochs):
+        perm = epoch_order(n, epoch, seed).tolist()
+        for k in range(24):
+            union = [i for t in trained for i in t[epoch * 24 + k]["indices"]]
+            assert union == perm[k * 64:(k + 1) * 64], (epoch, k)
+    group1 = [len(s["indices"]) for s in trained[2]]
+    events = [m for m in result.metrics if m.get("event") == "adapt" and m.get("kind") == "shares"]
+    if adapt == "0":
+        assert group1 == [32] * len(group1) and events == []
+        return
+    assert events and all(e["rank"] == plan.ps_shards[0] and e["groups"] == [0, 1] for e in events), events
+    first = events[0]
+    assert first["before"] == [32, 32] and sum(first["batches"]) == 64 and first["batches"][1] < 24, first
+    assert first["rates"][0] > 2 * first["rates"][1], first
+    # Group 1's batches change exactly at the data steps the events name.
+    assert group1[:first["data_step"]] == [32] * first["data_step"]
+    applied = [e for e in events if e["data_step"] < len(group1)]
+    for e, after in zip(applied, applied[1:] + [None]):
+        end = after["data_step"] if after else len(group1)
+        assert group1[e["data_step"]:end] == [e["batches"][1]] * (end - e["data_step"]), (e, group1)
+    # Group 0's members split its share (16/16 re-cut to the new total, or their own re-split).
+    assert all(len(a["indices"]) + len(b["indices"]) == 64 - c for a, b, c in zip(trained[0], trained[1], group1))

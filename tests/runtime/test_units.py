@@ -211,7 +211,7 @@ def _overlapped_schedule(server, groups, rng, speeds, pushes):
         ready = [g for g in range(groups) if in_flight[g].done()]
         assert ready, "every leader waits for an answer: deadlock"
         g = rng.choices(ready, weights=[speeds[x] for x in ready])[0]
-        answer, _, _ = in_flight[g].wait()
+        answer, _, _, _ = in_flight[g].wait()
         base = answer if held[g] is None else held[g]
         held[g] = answer
         seen.append(server.version - base)
@@ -277,10 +277,10 @@ def test_bf16_pushes_are_widened_and_answers_rounded_while_the_ps_keeps_fp32():
     try:
         start = torch.tensor([1.0 + 2 ** -12, 3.0, -2.0])      # 1 + 2^-12 is not a bf16 number
         server.seed(0, start.clone(), [Segment(0, 3, None)], {"name": "SGD", "kwargs": {"lr": 1.0}})
-        version, pulled, _ = server.pull(0).wait()
+        version, pulled, _, _ = server.pull(0).wait()
         assert pulled.dtype == torch.bfloat16 and torch.equal(pulled, start.to(torch.bfloat16))
         grad = torch.tensor([2 ** -13, 0.5, 0.25], dtype=torch.bfloat16)
-        _, answered, _ = server.push(0, grad, 1.0, [{"lr": 1.0}]).wait()
+        _, answered, _, _ = server.push(0, grad, 1.0, [{"lr": 1.0}]).wait()
         master = server.params[0]
         assert master.dtype == torch.float32
         assert torch.equal(master, start - grad.float())        # fp32 arithmetic on the master copy

@@ -146,7 +146,7 @@ def test_step_slices_of_a_re_split_group_cover_the_same_block():
     sizes, n = [3, 5, 4, 4], 64                 # group 0: workers 0-1, group 1: workers 2-3
     for step in range(n // 16):
         plan_cut = [step_slice(n, sizes, i, step) for i in range(4)]
-        cut = [step_slice(n, sizes, i, step, group=(2, (7, 1))) for i in (2, 3)]
+        cut = [step_slice(n, sizes, i, step, group=(2, 8, (7, 1))) for i in (2, 3)]
         assert cut[0][0] == plan_cut[2][0] and cut[1][1] == plan_cut[3][1]
         assert cut[0][1] - cut[0][0] == 7 and cut[1] == (cut[0][1], cut[0][1] + 1)
 
