@@ -122,6 +122,8 @@ class ShardState:
                                  "data_positions": taken["data_positions"]}
         if taken["buffers"] is not None:
             state["buffers"] = taken["buffers"]
+        if taken.get("group_shares") is not None:
+            state["group_shares"] = taken["group_shares"]     # shard 0's shares across groups
         return state
 
     def load(self, data: Mapping[str, Any]) -> None:

@@ -281,3 +281,43 @@ def test_ctx_shard_keeps_a_position_and_continues_from_a_restored_one():
         stream.load_state_dict({"epoch": 0, "step": 0, "steps_per_epoch": 5})
     with pytest.raises(ValueError, match="counts 4 steps per epoch"):
         ShardStream((x,), [3, 5], 1, epochs=2, seed=4).load_state_dict({"epoch": 0, "step": 0, "steps_per_epoch": 4})
+
+
+def test_shard_0_answers_the_groups_shares_and_keeps_them_in_its_checkpoints(tmp_path):
+    """Two groups of one, 32 samples each in the plan; group 1 computes 4x slower per sample: shard 0
+    moves the global batch to group 0, every answer carries the schedule, a checkpoint keeps it and a
+    resumed shard answers it again."""
+    from hgcli.local.plans import emulated_plan
+    from hgcli.runtime.group_shares import GroupShares, block_layout
+
+    LR = [{"lr": 0.1}]
+    plan = emulated_plan([[1.0], [1.0]], [[32], [32]], n_ps=1, staleness_bound=1)
+
+    def server():
+        return ShardServer(shard=0, ps_ranks=[2], group_ids=[0, 1], staleness_bound=1, global_batch=64,
+                           timeout_s=60, metrics=MetricsSink(None, {}), checkpoint_dir=tmp_path,
+                           checkpoint_every=2, shares=GroupShares(block_layout(plan)))
+
+    first = server()
+    answers = []
+    try:
+        first.seed(0, torch.zeros(3), [Segment(0, 3, None)], {"name": "SGD", "kwargs": {"lr": 0.1}})
+        first.pull(0), first.pull(1)
+        for k in range(16):
+            for g, per_sample in ((0, 0.001), (1, 0.004)):
+                total = first.shares.split.current[g]
+                answers.append(first.push(g, torch.ones(3), float(total), LR, None, None, None,
+                                          (per_sample * total, float(total), k + 1, k)))
+    finally:
+        first.close()
+    schedule = first.shares.schedule()
+    assert len(schedule) == 1 and schedule[0][1] == (51, 13), schedule
+    assert answers[-1].wait()[3] == schedule and answers[0].wait()[3] == []
+    version = 32
+    assert checkpoint.load(tmp_path, 0, version)["group_shares"]["schedule"] == [[schedule[0][0], [51, 13]]]
+    again = server()
+    try:
+        assert again.resume() == version and again.shares.schedule() == schedule
+        assert again.pull(0).wait()[3] == schedule
+    finally:
+        again.close()

@@ -97,3 +97,30 @@ def test_every_groups_sampler_cuts_its_share_of_the_same_block():
         splits[1].share(4, (48, 17))
     with pytest.raises(ValueError, match="outside 1..64"):
         splits[1].share(4, (64, 0))
+
+
+# --- the controller's side: shard 0's record -> one [adapt] line, a job mark ---------------------
+SHARES = {"time": 100.0, "rank": 4, "role": "ps", "event": "adapt", "kind": "shares", "step": 3, "data_step": 40,
+          "groups": [0, 1], "before": [32, 32], "batches": [51, 13], "rates": [3228.0, 790.4],
+          "step_before_s": 0.0405, "step_after_s": 0.0164}
+
+
+def test_a_shares_record_from_shard_0_becomes_one_console_line_and_a_job_mark():
+    from hgcli.launch.events import Adapted
+    from hgcli.launch.series import Series
+    from hgcli.render.launch import status_line
+
+    plan = emulated_plan([[1.0, 1.0], [1.0, 1.0]], [[8, 8], [16, 16]], n_ps=1)
+    groups = {g.id: tuple(g.ranks) for g in plan.groups}
+    event = Adapted.parse("j1", 4, SHARES, groups, coordinator=plan.ps_shards[0])
+    assert event is not None and event.kind == "shares" and event.groups == (0, 1) and event.group == -1
+    assert status_line(event) == ("[adapt] groups 0/1 from data step 40: shares of the global batch 32/32 -> "
+                                  "51/13 (measured 3,228/790 samples/s; slowest step 40 ms -> 16 ms)")
+    # Only shard 0 sends them, about the plan's groups, keeping the global batch.
+    for rank, bad in ((2, {}), (4, {"groups": [0, 2]}), (4, {"batches": [51, 14]}), (4, {"groups": [0]}),
+                      (4, {"groups": [0, True]})):
+        assert Adapted.parse("j1", rank, {**SHARES, **bad}, groups, coordinator=4) is None, bad
+    assert Adapted.parse("j1", 4, SHARES, groups) is None            # no PS: no shares
+    series = Series(plan)
+    marks = [p for p in series.add(4, SHARES) if p.tag == "adapt"]
+    assert [p.run for p in marks] == ["job"] and 0.5 < marks[0].value < 0.65
