@@ -346,9 +346,12 @@ def split(global_batch: int, weights: list[float]) -> list[int]:
 
 
 def adapt_line(m: dict) -> str:
-    """One adaptation of the run: a group's re-split (rebalance) or the job re-grouped (regroup)."""
+    """One adaptation of the run: a group's re-split (rebalance), the groups' shares of the global
+    batch (shares) or the job re-grouped (regroup)."""
     if m.get("kind") == "regroup":
         return f"attempt {m.get('attempt')}: re-grouped to {m.get('strategy')} {m.get('groups')}"
+    if m.get("kind") == "shares":
+        return f"shares of groups {m.get('groups')} from data step {m.get('data_step')}: {m.get('before')} -> {m.get('batches')}"
     return f"group {m.get('group')} step {m.get('step')}: {m.get('before')} -> {m.get('batches')}"
 
 

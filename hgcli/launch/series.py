@@ -130,7 +130,7 @@ class Series:
         if event.kind == "shares":
             # The groups' shares of the global batch: a mark on the job's time line (as a
             # re-grouping's), its value the predicted gain.
-            return [Point("job", "adapt", gain, max(0, int(at - self._start)), at)]
+            return [Point("job", "adapt", gain, max(0, int(at - (self._start or at))), at)]
         out = []
         if event.group not in self._batches_drawn:
             self._batches_drawn.add(event.group)

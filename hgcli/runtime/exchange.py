@@ -264,13 +264,16 @@ class PSExchange:
         return lambda s: (gid, samples, hyper, bufs if s == 0 else None, pos,
                           bases[s] if bases is not None else None, pace if s == 0 else None)
 
-    def _pace(self, busy_s: float, samples: float, pos: dict[str, int] | None) -> tuple[float, float, int, int] | None:
+    def _pace(self, busy_s: float, samples: float,
+              pos: dict[str, int] | None) -> tuple[float, float, int, int, int] | None:
         """group_shares.Pace: the step's seconds outside the exchange, its samples, the next data step
-        the leader's data source yields and the data step training reached (None: no split to move)."""
+        the leader's data source yields, the data step training reached and the one from which the
+        members' newest re-split applies (None: no split to move)."""
         if self.split is None:
             return None
         reached = int(pos["epoch"]) * int(pos.get("steps_per_epoch") or 0) + int(pos["step"]) if pos else 0
-        return (busy_s, float(samples), self.split.next_step, reached)
+        resplit = self.split.schedule[-1][0] if self.split.schedule else 0
+        return (busy_s, float(samples), self.split.next_step, reached, resplit)
 
     def _broadcast(self) -> None:
         """The leader's parameters, buffers and version to the group, with the newest entries of the

@@ -11,7 +11,12 @@ groups:
 * every push of a group's leader carries its **pace** (exchange.py): the seconds the group spent on
   the step outside its exchange with the PS (its compute, its all-reduce, its data; not the wait
   for an answer, which the staleness rule may hold back), the step's samples, the next data step
-  its data source will yield and the data step training has reached;
+  its data source will yield, the data step training has reached, and the data step from which
+  its members' newest re-split applies;
+* a group that re-splits among its members (rebalance.py) is about to change speed: its windows
+  from before that re-split applies are dropped, and a run of agreeing checks starts again. Both
+  rules reacting to one slowed device would otherwise move the block away from its group and,
+  once the group's own re-split had fixed it, back;
 * shard 0, which every push reaches, keeps each group's per-sample windows. When every group has
   pushed ``CHECK_EVERY`` times since the last check, the rebalancer's rule decides on the groups'
   totals as it does on a group's members (steady rates, a change only when checks in a row agree,
@@ -35,7 +40,8 @@ from typing import Any, Sequence
 from .rebalance import CHECK_EVERY, Change, GroupSplit, Rebalancer, steady_seconds
 
 MARGIN_STEPS = 4
-Pace = tuple[float, float, int, int]     # (busy seconds, samples, next data step (-1: none), data step reached)
+# (busy seconds, samples, next data step (-1: none), data step reached, data step of the members' newest re-split)
+Pace = tuple[float, float, int, int, int]
 Schedule = list[tuple[int, tuple[int, ...]]]
 
 
@@ -72,6 +78,7 @@ class GroupShares:
         self._samples: dict[int, float] = {g: 0.0 for g in self.groups}
         self._next: dict[int, int] = {g: -1 for g in self.groups}
         self._ahead: dict[int, int] = {g: 0 for g in self.groups}
+        self._resplit: dict[int, int] = {g: 0 for g in self.groups}
         self._checks = 0
 
     def note(self, group: int, pace: Pace) -> Change | None:
@@ -79,7 +86,12 @@ class GroupShares:
         if group not in self._per_sample:
             return None
         busy_s, samples, next_step, reached = float(pace[0]), float(pace[1]), int(pace[2]), int(pace[3])
-        if busy_s > 0 and samples > 0:
+        resplit = int(pace[4])
+        if resplit > self._resplit[group]:
+            self._resplit[group] = resplit
+            self._per_sample[group], self._samples[group] = [], 0.0
+            self.rebalancer.restart()
+        if busy_s > 0 and samples > 0 and reached >= resplit:
             self._per_sample[group].append(busy_s / samples)
             self._samples[group] += samples
         self._next[group] = next_step

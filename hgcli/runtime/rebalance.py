@@ -265,6 +265,11 @@ class Rebalancer:
                       rates=tuple(s / t for s, t in zip(run_samples, run_seconds)),
                       step_before_s=step_before, step_after_s=step_after)
 
+    def restart(self) -> None:
+        """Forget the checks in a row so far and skip the next one (what was measured no longer holds)."""
+        self._run = None
+        self._settle = True
+
     def _propose(self, before: tuple[int, ...], seconds: Sequence[float],
                  samples: Sequence[float]) -> tuple[tuple[int, ...], float, float]:
         """The split by these sums' rates, and the slowest member's step at the current split and at it."""

@@ -307,7 +307,7 @@ def test_shard_0_answers_the_groups_shares_and_keeps_them_in_its_checkpoints(tmp
             for g, per_sample in ((0, 0.001), (1, 0.004)):
                 total = first.shares.split.current[g]
                 answers.append(first.push(g, torch.ones(3), float(total), LR, None, None, None,
-                                          (per_sample * total, float(total), k + 1, k)))
+                                          (per_sample * total, float(total), k + 1, k, 0)))
     finally:
         first.close()
     schedule = first.shares.schedule()

@@ -26,7 +26,7 @@ def feed(shares, per_sample, steps=4, next_step=(10, 6), reached=(8, 5)):
     for _ in range(steps):
         for g, secs in enumerate(per_sample):
             total = shares.split.current[g]
-            change = shares.note(g, (secs * total, float(total), next_step[g], reached[g])) or change
+            change = shares.note(g, (secs * total, float(total), next_step[g], reached[g], 0)) or change
     return change
 
 
@@ -42,6 +42,25 @@ def test_shard_0_moves_the_batch_to_the_faster_group_after_two_checks_agree_past
     assert shares.schedule() == [(change.from_step, (51, 13))]
     # Steady rates at the new shares: nothing moves.
     assert feed(shares, [0.001, 0.004], steps=12) is None
+
+
+def test_a_group_re_splitting_among_its_members_restarts_the_count_and_its_old_windows_are_dropped():
+    """Group 0 slowed while its members' split was wrong; its members re-split from data step 12:
+    the windows it pushes before reaching step 12 do not count, and the checks start again."""
+    shares = GroupShares(layout())
+    feed(shares, [0.001, 0.004])                          # settled
+    feed(shares, [0.001, 0.004])                          # one check agrees
+    for k in range(8):                                    # group 0 slow, still at its old split
+        for g, secs in enumerate([0.010, 0.004]):
+            total = shares.split.current[g]
+            assert shares.note(g, (secs * total, float(total), 4 + k, 2 + k, 12 if g == 0 else 0)) is None
+    assert shares._per_sample[0] == []                    # nothing before step 12 counted
+    for k in range(8):                                    # at its new split: as fast as before
+        for g, secs in enumerate([0.001, 0.004]):
+            total = shares.split.current[g]
+            change = shares.note(g, (secs * total, float(total), 20 + k, 18 + k, 12 if g == 0 else 0))
+    assert change is None                                 # the restart's settling check, then one that agrees
+    assert feed(shares, [0.001, 0.004], next_step=(30, 29), reached=(28, 27)) is not None
 
 
 def test_a_group_that_hands_out_no_data_by_the_split_keeps_the_plans_shares():
