@@ -266,9 +266,8 @@ class Rebalancer:
                       step_before_s=step_before, step_after_s=step_after)
 
     def restart(self) -> None:
-        """Forget the checks in a row so far and skip the next one (what was measured no longer holds)."""
+        """Forget the checks in a row so far (what they measured no longer holds)."""
         self._run = None
-        self._settle = True
 
     def _propose(self, before: tuple[int, ...], seconds: Sequence[float],
                  samples: Sequence[float]) -> tuple[tuple[int, ...], float, float]:
