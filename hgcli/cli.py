@@ -394,8 +394,10 @@ def launch_sink(*, as_json: bool, ranks: frozenset[int] | None, raw: bool = Fals
               help="Write TensorBoard event files of the metrics to DIR/JOB while the job runs "
                    "(pip install 'hgtrain[tensorboard]').")
 @click.option("--adapt/--no-adapt", default=True, show_default=True,
-              help="Re-split each synchronous group's batch as its members' measured speeds change "
-                   "(ctx.sampler/ctx.loader/ctx.shard hand out the new sizes; the global batch is kept).")
+              help="Re-split each synchronous group's batch as its members' measured speeds change, and "
+                   "under a hybrid or ps plan the global batch across groups (ctx.sampler/ctx.loader/"
+                   "ctx.shard hand out the new sizes; the global batch is kept); re-group a job whose "
+                   "workers straggle.")
 @json_option
 @raw_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)

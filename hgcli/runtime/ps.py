@@ -65,6 +65,7 @@ from .ps_admission import Admission
 from .group_shares import GroupShares, Pace, block_layout
 from .ps_checkpoints import ShardCheckpoints
 from .ps_state import ShardState
+from .rebalance import Change
 from .shards import Segment
 from ..schema.stages import Wire
 from .errors import TrainingError
@@ -314,7 +315,7 @@ class ShardServer:
         shares = self.shares.schedule() if self.shares is not None else None
         self.deliver(group, fut, (self.version, PARAMS, buffers, shares))
 
-    def _shared(self, change: Any) -> None:
+    def _shared(self, change: Change) -> None:
         """The groups' shares of the global batch changed (group_shares.py): traced, and reported as
         an ``adapt`` metric (the launcher's ``[adapt]`` line)."""
         assert self.shares is not None

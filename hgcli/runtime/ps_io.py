@@ -17,6 +17,7 @@ from torch.futures import Future
 
 from . import optim, transfer
 from .errors import TrainingError
+from .group_shares import Pace
 from .groups import channel
 from .ps import MASTER, PARAMS, ShardServer
 from .shards import Segment
@@ -48,7 +49,7 @@ class ShardIO:
         return self._run(work)
 
     def push(self, group: int, samples: float, hyper: optim.Hyperparameters, buffers: torch.Tensor | None,
-             data_position: dict[str, int] | None, base: int | None, pace: Any = None) -> Future:
+             data_position: dict[str, int] | None, base: int | None, pace: Pace | None = None) -> Future:
         def work() -> Any:
             leader, pg = self._peer(group)
             with self.server.staging:
