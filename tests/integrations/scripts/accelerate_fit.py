@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from hgcli.integrations.accelerate import Hgtrain
 
-from regression import LR, data, end_process_group, net
+from regression import LR, data, net
 
 
 def main() -> None:
@@ -39,7 +39,6 @@ def main() -> None:
         record["params"] = [p.detach().flatten().tolist() for p in accelerator.unwrap_model(model).parameters()]
     out.mkdir(parents=True, exist_ok=True)
     (out / f"rank{accelerator.process_index}.json").write_text(json.dumps(record))
-    end_process_group()
 
 
 if __name__ == "__main__":

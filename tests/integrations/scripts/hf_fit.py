@@ -10,8 +10,6 @@ import torch
 import transformers
 from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
 
-from regression import end_process_group
-
 N, LENGTH, VOCAB = 256, 16, 64
 
 
@@ -64,7 +62,6 @@ def main() -> None:
         record["losses"] = [e["loss"] for e in trainer.state.log_history if "loss" in e]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"rank{rank}.json").write_text(json.dumps(record))
-    end_process_group()
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from regression import LR, data, end_process_group, net
+from regression import LR, data, net
 
 
 class Regression(pl.LightningModule):
@@ -65,7 +65,6 @@ def main() -> None:
         record["params"] = [p.detach().flatten().tolist() for p in model.parameters()]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"rank{rank}.json").write_text(json.dumps(record))
-    end_process_group()
 
 
 if __name__ == "__main__":

@@ -28,12 +28,3 @@ def one_process(steps: list[list[int]], accumulate: int = 1) -> list[torch.Tenso
             opt.step()
             opt.zero_grad()
     return [p.detach().flatten() for p in model.parameters()]
-
-
-def end_process_group() -> None:
-    """Destroy the default process group, if the framework left one, before the interpreter exits.
-    torch asks scripts to; a gloo group left to interpreter teardown can abort the process
-    ("terminate called without an active exception", SIGABRT), which once failed plain Lightning
-    DDP under torchrun after its training had finished."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
