@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddp_emulation import EmulatedRank
 from hgcli.examples.data import accuracy, make_dataset, make_model
-from hgcli.runtime.data import shard_batches
+from hgcli.runtime.data.blocks import shard_batches
 
 
 def main() -> int:

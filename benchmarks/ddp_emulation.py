@@ -15,7 +15,7 @@ Environment (set by pipeline_e2e.py; torchrun passes it to every rank):
 - ``E2E_SLOWDOWN`` (optional): ``RANK:AFTER_SECONDS:FACTOR``, that rank's device divided by FACTOR
   from AFTER_SECONDS after it started, as a cluster file's ``emulate.slowdown`` does to the runtime's.
 
-Emulation as in hgcli/runtime/engine.py: a step's compute (batch gather, forward, backward) ends
+Emulation as in hgcli/runtime/group/engine.py: a step's compute (batch gather, forward, backward) ends
 where the gradient exchange starts, which under DDP is the comm hook of the step's first bucket;
 the emulator sleeps there, then the step's all-reduce (``hg.weighted_ddp_hook``: the union-batch
 mean gradient, as the runtime's weighted all-reduce gives), any clipping and the optimizer run
@@ -26,7 +26,7 @@ does not wait for an artefact of emulating on one shared CPU that the runtime ha
 costs one small extra all-reduce per step that the runtime folds into its gradient's.
 """
 # No ``from __future__ import annotations``: DDP's register_comm_hook compares the hook's annotations
-# with dist.GradBucket and torch.futures.Future[torch.Tensor] as objects (hgcli/runtime/ddp.py).
+# with dist.GradBucket and torch.futures.Future[torch.Tensor] as objects (hgcli/runtime/group/ddp.py).
 import json
 import os
 import statistics

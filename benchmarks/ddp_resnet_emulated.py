@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader
 from ddp_emulation import EmulatedRank
 from hgcli.examples import recipe
 from hgcli.examples.resnet import resnet
-from hgcli.runtime.sampler import RankBatchSampler
+from hgcli.runtime.data.sampler import RankBatchSampler
 
 
 def main() -> int:

@@ -53,7 +53,7 @@ def worker(args: argparse.Namespace) -> int:
     import torch
 
     import hgcli.runtime as hg
-    from hgcli.runtime.ps import memory_kb
+    from hgcli.runtime.ps.server import memory_kb
 
     ctx = hg.init()
     per = args.parameters // TENSORS
@@ -234,7 +234,7 @@ def run_one(n: int, shards: int, wire: str, net: dict[str, Any], args: argparse.
     from hgcli.local.plans import emulated_plan
     from hgcli.local.run import run_plan
     from hgcli.runtime.env import ps_argv
-    from hgcli.runtime.shards import plan_layout
+    from hgcli.runtime.ps.shards import plan_layout
 
     plan = emulated_plan([[1.0]], [[1]], n_ps=shards, nodes=[["leader"]], ps_node="ps", wire=wire,
                          strategy=None)

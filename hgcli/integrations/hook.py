@@ -1,6 +1,6 @@
 """The DDP communication hook every integration registers on the DDP its framework built.
 
-It is ``hgcli.runtime.ddp.weighted_ddp_hook`` (each rank's bucket weighted by its batch: the union
+It is ``hgcli.runtime.group.ddp.weighted_ddp_hook`` (each rank's bucket weighted by its batch: the union
 batch's gradient) with device emulation's pacing in front: under emulation a bucket leaves when the
 emulated device would have computed it, so the all-reduce overlaps the stretched step as it would on
 a GPU (``Emulator.pace``). ``weighted=False`` keeps DDP's plain mean (a loss the framework already
@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..runtime.ddp import WeightedDDPState, weighted_ddp_hook
+from ..runtime.group.ddp import WeightedDDPState, weighted_ddp_hook
 from ..runtime.emulate import Emulator
 
 

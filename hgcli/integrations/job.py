@@ -22,8 +22,8 @@ from torch.utils.data import BatchSampler, DataLoader
 from ..runtime.emulate import Emulator
 from ..runtime.env import RankEnv
 from ..runtime.metrics import MetricsSink
-from ..runtime.rebalance import split_by_rate
-from ..runtime.sampler import RankBatchSampler
+from ..runtime.adapt.rebalance import split_by_rate
+from ..runtime.data.sampler import RankBatchSampler
 from ..schema import stages as m
 from .hook import PacedState
 

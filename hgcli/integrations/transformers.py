@@ -24,7 +24,7 @@ import transformers
 from torch.nn.parallel import DistributedDataParallel
 from transformers.trainer_pt_utils import BatchRebalanceSampler
 
-from ..runtime.sampler import RankBatchSampler
+from ..runtime.data.sampler import RankBatchSampler
 from .hook import paced_hook
 from .job import RankShare, StepMeter, batch_length
 

@@ -2,14 +2,14 @@
 straggle moves to a plan with asynchronous groups when the cost model, fitted to what the job
 measures, predicts a gain.
 
-Inside a group, the runtime rebalances the batch as speeds change (runtime/rebalance.py). What it
+Inside a group, the runtime rebalances the batch as speeds change (runtime/adapt/rebalance.py). What it
 cannot fix is noise: a synchronous step waits for the slowest member, and when a different worker
 is slow at every step, no split helps. Groups that exchange through parameter servers do not wait
 for each other. The planner prices that wait (``plan/cost.py``, ``straggle``) from each device's
 compute noise, but at launch it knows only the bench's, taken of each device alone.
 
 So while an all-reduce job runs, each worker reports its compute rate and noise so far every few
-seconds (``rates`` records, runtime/engine.py). From ``WARMUP_S`` of training on, every
+seconds (``rates`` records, runtime/group/engine.py). From ``WARMUP_S`` of training on, every
 ``CHECK_EVERY_S`` the launcher plans the same nodes again from the stored profiles, fitted to those
 rates (as the next launch of the script would be, bench/rates.py). When that plan has PS ranks and
 predicts at least ``GAIN`` more samples/s than all-reduce under the same rates, the job stops and

@@ -126,9 +126,9 @@ class Metric:
 @dataclass(frozen=True)
 class Adapted:
     """A batch re-split as measured speeds changed. ``kind`` "rebalance": a group re-split its batch
-    among its members (runtime/rebalance.py; the leader's ``adapt`` metric): from data step
+    among its members (runtime/adapt/rebalance.py; the leader's ``adapt`` metric): from data step
     ``data_step`` on, ``ranks`` take ``batches`` instead of ``before``. ``kind`` "shares": the PS's
-    shard 0 re-split the global batch across groups (runtime/group_shares.py): ``groups`` take
+    shard 0 re-split the global batch across groups (runtime/adapt/shares.py): ``groups`` take
     ``batches`` (each group's total) instead of ``before``; ``group`` is -1 and ``ranks`` empty."""
 
     job_id: str

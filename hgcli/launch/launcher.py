@@ -630,7 +630,7 @@ def _resume_version(plan: Plan, prepared: Mapping[str, _Prepared]) -> int | None
     listings = [p.checkpoints for p in prepared.values() if p.checkpoints]
     if not plan.ps_shards or not listings:
         return None
-    from ..runtime.checkpoint import complete_versions_of   # imports no torch
+    from ..runtime.ps.files import complete_versions_of   # imports no torch
 
     versions = complete_versions_of(listings, len(plan.ps_shards))
     return versions[0] if versions else None

@@ -427,7 +427,7 @@ class _ExchangeCosts(_CostBase):
         per_byte = max(0.0, measured.round_trip_s.median - measured.latency_s.median) / measured.bytes
         fixed = measured.latency_s.median * wait
         # one round trip to every shard at once; with several shards the runtime then pulls from the
-        # others (hgcli/runtime/exchange.py): a second round trip, without the PS update.
+        # others (hgcli/runtime/exchange/gradient.py): a second round trip, without the PS update.
         software = (fixed + per_byte * share) * (2 if shards > 1 else 1)
         remote = any(q != leader for q in node_share)
         return software + (self._wire_s(leader, node_share) if remote else 0.0)

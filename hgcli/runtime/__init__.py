@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .context import Context, init
-    from .ddp import WeightedDDPState, weighted_ddp_hook
+    from .group.ddp import WeightedDDPState, weighted_ddp_hook
     from .errors import TrainingError
 
 __all__ = ["Context", "TrainingError", "WeightedDDPState", "init", "weighted_ddp_hook"]
@@ -24,7 +24,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(context, name)
     if name in ("weighted_ddp_hook", "WeightedDDPState"):
-        from . import ddp
+        from .group import ddp
 
         return getattr(ddp, name)
     if name == "TrainingError":

@@ -15,18 +15,18 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..schema import stages as m
-from .data import ShardStream
+from .data.blocks import ShardStream
 from .emulate import Emulator
 from .env import RankEnv
 from .errors import TrainingError
 from .groups import group_backend, init_distributed, shutdown
-from .engine import GroupEngine, GroupSpec, resolve_bucket_mb
-from .exchange import PSExchange
+from .group.engine import GroupEngine, GroupSpec, resolve_bucket_mb
+from .exchange.gradient import PSExchange
 from .metrics import MetricsSink
-from .position import DataPosition, fetch_restored
-from .group_shares import block_layout
-from .rebalance import GroupSplit
-from .sampler import RankBatchSampler, dataset_length, make_loader
+from .exchange.position import DataPosition, fetch_restored
+from .adapt.shares import block_layout
+from .adapt.rebalance import GroupSplit
+from .data.sampler import RankBatchSampler, dataset_length, make_loader
 from . import snapshot
 from .snapshot import Snapshotter, snapshot_path
 
@@ -269,10 +269,10 @@ class Context:
         return [b or default for b in self._batches]
 
     def _group_split(self) -> GroupSplit | None:
-        """The group's re-splittable batches (rebalance.py) when its members are adjacent in the
+        """The group's re-splittable batches (adapt/rebalance.py) when its members are adjacent in the
         plan's worker order (the planner's plans always are) and have plan batches: for a group of two
         or more (its members' split), and in a plan of several groups for every group (their shares
-        of the global batch, which the PS's shard 0 moves: group_shares.py)."""
+        of the global batch, which the PS's shard 0 moves: adapt/shares.py)."""
         layout = block_layout(self.plan)
         if layout is None:
             return None
@@ -351,7 +351,7 @@ class Context:
                 pg = self._pgs.get(self.group)
                 have = torch.zeros(len(ranks), dtype=torch.int64, device=self.device)
                 have[ranks.index(self.rank)] = int(state is not None)
-                engine.collective(lambda: dist.all_reduce(have, group=pg), "all-reduce")
+                engine.link.collective(lambda: dist.all_reduce(have, group=pg), "all-reduce")
                 holders = [r for r, h in zip(ranks, have.tolist()) if h]
                 if not holders:
                     raise TrainingError(f"rank {self.rank}: no rank of group {self.group} has the snapshot of step "
@@ -359,7 +359,7 @@ class Context:
                 if len(holders) < len(ranks):
                     box = [state if self.rank == holders[0] else None]
                     where = self.device if self.device.type == "cuda" else None
-                    engine.collective(lambda: dist.broadcast_object_list(box, src=holders[0], group=pg,
+                    engine.link.collective(lambda: dist.broadcast_object_list(box, src=holders[0], group=pg,
                                                                          device=where), "broadcast")
                     state = box[0]
             if state is None:
@@ -387,7 +387,7 @@ class Context:
             pos = fetch_restored(rank=self.rank, leader=self.group_plan.ranks[0], group_id=self.group,
                                  n_members=len(self.group_plan.ranks), pg=self._pgs.get(self.group),
                                  ps_rank=self.plan.ps_shards[0], device=self._sync.device,
-                                 timeout_s=self.env.timeout_s, collective=self._sync.collective)
+                                 timeout_s=self.env.timeout_s, collective=self._sync.link.collective)
         if pos is not None:
             self._data.restore(pos)
             print(f"hgtrain: rank {self.rank} (group {self.group}): data continues from epoch "

@@ -18,7 +18,7 @@ quartile rather than the median: delays only ever add to a step's CPU time (othe
 caches and cores), so the faster steps are the ones closer to the device's own speed.
 
 Ranks of one all-reduce group on one node pool their estimates (``share``, fed by the group's
-all-reduce in engine.py): identical devices run at one speed, but each process's own estimate of
+all-reduce in group/engine.py): identical devices run at one speed, but each process's own estimate of
 the same step can differ on a small shared CPU (which core, whose caches), x 1/speed once stretched,
 so every synchronous step would wait for the process that happened to be slowest: an artifact
 of emulating on one shared CPU that no group of real GPUs of one model would show.

@@ -105,7 +105,7 @@ def rank_env(plan: model.Plan, rank: int, *, master_addr: str, master_port: int,
     choice); ``token``: the job's rendezvous secret; ``agent_store``: the store at MASTER_PORT is
     served by the agent (``hgtrain launch``), so every rank is its client, as under torchrun's agent;
     else rank 0 hosts it (``hgcli.local``); ``adapt``: groups rebalance their batches as the members'
-    measured speeds change (``HGTRAIN_ADAPT``, runtime/rebalance.py; None: the inherited value);
+    measured speeds change (``HGTRAIN_ADAPT``, runtime/adapt/rebalance.py; None: the inherited value);
     ``snapshots``: a worker of a plan without PS ranks keeps training-state snapshots there (under PS
     ranks a worker only resumes from them, a plan re-grouped from an all-reduce one, and the first of
     the first group takes them while the way back is watched: launch/adapt.py).

@@ -4,7 +4,7 @@ Every rank joins the default gloo group (the final barrier), then every rank cal
 for every all-reduce group of the plan in plan order, as torch requires. A group whose ranks are all
 real GPUs uses NCCL; otherwise gloo. With parameter-server ranks, each group leader and each PS
 shard also share a pair group of their own (gloo: the PS's tensors are CPU tensors) for the bulk
-data of pushes and answers (transfer.py), and RPC carries the control messages. RPC uses
+data of pushes and answers (ps/transfer.py), and RPC carries the control messages. RPC uses
 TensorPipe's TCP transport only: its shared-memory transport failed with spurious EOFs on a busy
 machine. Every collective and RPC gets the job's timeout.
 
@@ -151,7 +151,7 @@ def init_distributed(env: RankEnv, plan: model.Plan) -> dict[int, dist.ProcessGr
                 mine[g.id] = pg
         for g in plan.groups:
             # One pair group per (group leader, PS shard): the bulk data of pushes and answers
-            # (transfer.py). Gloo: the PS's tensors are CPU tensors.
+            # (ps/transfer.py). Gloo: the PS's tensors are CPU tensors.
             for s, ps_rank in enumerate(plan.ps_shards):
                 step, start = f"the data channel of group {g.id} and PS shard {s}", time.monotonic()
                 pair = dist.new_group([g.ranks[0], ps_rank], timeout=timeout, backend="gloo")

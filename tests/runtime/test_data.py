@@ -7,12 +7,12 @@ import torch
 from torch.utils.data import Dataset, IterableDataset
 
 import hgcli.runtime as hg
-from hgcli.runtime import checkpoint
-from hgcli.runtime.data import epoch_order, shard_batches, step_slice, steps_per_epoch, tail_shares
+from hgcli.runtime.ps import files as checkpoint
+from hgcli.runtime.data.blocks import epoch_order, shard_batches, step_slice, steps_per_epoch, tail_shares
 from hgcli.runtime.metrics import MetricsSink
-from hgcli.runtime.shards import Segment
-from hgcli.runtime.ps import ShardServer
-from hgcli.runtime.sampler import RankBatchSampler
+from hgcli.runtime.ps.shards import Segment
+from hgcli.runtime.ps.server import ShardServer
+from hgcli.runtime.data.sampler import RankBatchSampler
 
 
 def samplers(n, sizes, **kw):
@@ -225,7 +225,7 @@ def test_the_ps_records_data_positions_in_checkpoints_and_resumes_them(tmp_path)
 
 
 def test_the_ddp_hook_state_is_none_a_group_or_explicit_and_needs_a_batch(monkeypatch):
-    from hgcli.runtime.ddp import WeightedDDPState, _state_of, weighted_ddp_hook
+    from hgcli.runtime.group.ddp import WeightedDDPState, _state_of, weighted_ddp_hook
 
     explicit = WeightedDDPState(batch_size=3)
     assert _state_of(explicit) is explicit
@@ -244,7 +244,7 @@ def test_the_ddp_hook_state_is_none_a_group_or_explicit_and_needs_a_batch(monkey
 
 
 def test_a_restored_position_reaches_the_training_sampler_made_before_or_after():
-    from hgcli.runtime.position import DataPosition
+    from hgcli.runtime.exchange.position import DataPosition
 
     pos = {"epoch": 1, "step": 2, "steps_per_epoch": 5}
     for before in (True, False):
@@ -263,7 +263,7 @@ def test_a_restored_position_reaches_the_training_sampler_made_before_or_after()
 
 
 def test_ctx_shard_keeps_a_position_and_continues_from_a_restored_one():
-    from hgcli.runtime.data import ShardStream, shard_batches
+    from hgcli.runtime.data.blocks import ShardStream, shard_batches
 
     x = torch.arange(40).float().unsqueeze(1)
     whole = [b[0].squeeze(1).tolist() for b in shard_batches((x,), [3, 5], 1, epochs=2, seed=4)]
@@ -288,7 +288,7 @@ def test_shard_0_answers_the_groups_shares_and_keeps_them_in_its_checkpoints(tmp
     moves the global batch to group 0, every answer carries the schedule, a checkpoint keeps it and a
     resumed shard answers it again."""
     from hgcli.local.plans import emulated_plan
-    from hgcli.runtime.group_shares import GroupShares, block_layout
+    from hgcli.runtime.adapt.shares import GroupShares, block_layout
 
     LR = [{"lr": 0.1}]
     plan = emulated_plan([[1.0], [1.0]], [[32], [32]], n_ps=1, staleness_bound=1)

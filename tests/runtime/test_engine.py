@@ -1,4 +1,4 @@
-"""The group engine (hgcli/runtime/engine.py): DDP with hgtrain's comm hook.
+"""The group engine (hgcli/runtime/group/engine.py): DDP with hgtrain's comm hook.
 
 In process: where the bucket size comes from. Real processes: two gloo ranks
 (tests/runtime/scripts/engine_cases.py) train each case through the engine, and each computes on its
@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from hgcli.runtime.engine import BUCKET_ENV, BUCKET_MB, resolve_bucket_mb
+from hgcli.runtime.group.engine import BUCKET_ENV, BUCKET_MB, resolve_bucket_mb
 from hgcli.runtime.errors import TrainingError
 
 from .helpers import SCRIPTS, load

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hgcli.examples.data import make_model
-from hgcli.runtime import checkpoint
+from hgcli.runtime.ps import files as checkpoint
 from hgcli.runtime.env import ps_argv
 from hgcli.local.plans import emulated_plan
 from hgcli.local.run import run_plan

@@ -129,7 +129,7 @@ def _assert_steps_compute_on_predicted_weights(out, trace, members):
     import torch
 
     from hgcli.examples.data import make_model
-    from hgcli.runtime.shards import plan_layout
+    from hgcli.runtime.ps.shards import plan_layout
 
     params = list(make_model(hidden=64).parameters())
     layout = plan_layout([p.shape for p in params], [0] * len(params), 2, elementwise=True)   # SGD

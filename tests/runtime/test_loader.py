@@ -9,10 +9,10 @@ import torch.nn.functional as F
 from hgcli.examples.data import make_dataset, make_model
 from hgcli.local.plans import emulated_plan
 from hgcli.local.run import run_plan
-from hgcli.runtime import checkpoint
-from hgcli.runtime.data import epoch_order, shard_batches
+from hgcli.runtime.ps import files as checkpoint
+from hgcli.runtime.data.blocks import epoch_order, shard_batches
 from hgcli.runtime.env import ps_argv
-from hgcli.runtime.sampler import RankBatchSampler
+from hgcli.runtime.data.sampler import RankBatchSampler
 
 from .helpers import load, run_ok, script
 

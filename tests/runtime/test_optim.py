@@ -17,15 +17,15 @@ import hgcli.runtime as hg
 from hgcli.examples.data import make_dataset
 from hgcli.local.plans import emulated_plan
 from hgcli.local.run import run_plan
-from hgcli.runtime import optim
+from hgcli.runtime.ps import optim
 from hgcli.runtime.env import ps_argv
 from hgcli.runtime.errors import TrainingError
-from hgcli.runtime.engine import step_reduce_numel, sync_buffer_numel
+from hgcli.runtime.group.engine import step_reduce_numel, sync_buffer_numel
 from hgcli.runtime.flat import synced_buffers
 from hgcli.runtime.metrics import MetricsSink
-from hgcli.runtime.shards import ELEMENTWISE, Segment, plan_layout, segment_views
-from hgcli.runtime.ps import ShardServer
-from hgcli.runtime.data import shard_batches
+from hgcli.runtime.ps.shards import ELEMENTWISE, Segment, plan_layout, segment_views
+from hgcli.runtime.ps.server import ShardServer
+from hgcli.runtime.data.blocks import shard_batches
 
 from .helpers import SCRIPTS, load, run_ok, script
 
@@ -168,7 +168,7 @@ def test_checkpoints_keep_the_buffers_and_a_resumed_ps_checks_the_optimizer(tmp_
     second = server()
     try:
         assert second.resume() == 2
-        assert second.buffers.tolist() == [4.0, 4.0]       # 1 + 4/8 * (3 - 1) + 4/8 * (5 - 1)
+        assert second.held.buffers.tolist() == [4.0, 4.0]       # 1 + 4/8 * (3 - 1) + 4/8 * (5 - 1)
         second.seed(0, torch.zeros(3), [Segment(0, 3, None)], spec, torch.zeros(2))       # the checkpoint's values win
         assert second.state()[2].tolist() == [4.0, 4.0]
         sgd = optim.segment_spec(torch.optim.SGD(model.parameters(), lr=0.1), "torch.optim", "SGD", [0])

@@ -5,8 +5,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hgcli.runtime.shards import ALIGN, ELEMENTWISE, plan_layout, segment_views
-from hgcli.runtime.staging import Staging
+from hgcli.runtime.ps.shards import ALIGN, ELEMENTWISE, plan_layout, segment_views
+from hgcli.runtime.exchange.staging import Staging
 
 shape = st.lists(st.integers(1, 40), min_size=0, max_size=3).map(tuple)
 
@@ -120,7 +120,7 @@ def test_ps_threads_come_from_the_environment_or_the_nodes_cores_shared_by_its_r
 
     from hgcli.local.plans import emulated_plan
     from hgcli.runtime.errors import TrainingError
-    from hgcli.runtime.ps import ps_threads
+    from hgcli.runtime.ps.rank import ps_threads
 
     plan = emulated_plan([[1.0], [1.0]], [[4], [4]], n_ps=2, nodes=[["a"], ["b"]], ps_node="b")
     ps = plan.ps_shards[0]
@@ -134,7 +134,7 @@ def test_ps_threads_come_from_the_environment_or_the_nodes_cores_shared_by_its_r
 def test_a_checkpoint_of_whole_tensor_shards_is_refused_with_the_reason(tmp_path):
     import pytest
 
-    from hgcli.runtime import checkpoint
+    from hgcli.runtime.ps import files as checkpoint
 
     checkpoint.save(tmp_path, 0, 5, {"params": [torch.ones(2)]})
     path = checkpoint.shard_path(tmp_path, 0, 5)
@@ -151,10 +151,10 @@ def test_a_corrupt_checkpoint_names_its_file_and_every_shard_falls_back_to_the_v
     every shard alike, even when the bad file is another shard's."""
     import pytest
 
-    from hgcli.runtime import checkpoint
+    from hgcli.runtime.ps import files as checkpoint
     from hgcli.runtime.metrics import MetricsSink
-    from hgcli.runtime.ps import ShardServer
-    from hgcli.runtime.shards import Segment
+    from hgcli.runtime.ps.server import ShardServer
+    from hgcli.runtime.ps.shards import Segment
 
     def server(shard):
         return ShardServer(shard=shard, ps_ranks=[5, 6], group_ids=[0], staleness_bound=0, global_batch=0,
@@ -186,7 +186,7 @@ def test_a_corrupt_checkpoint_names_its_file_and_every_shard_falls_back_to_the_v
             s = server(shard)
             try:
                 assert s.resume() == 1
-                torch.testing.assert_close(s.master, torch.full((2,), -1.0))
+                torch.testing.assert_close(s.held.master, torch.full((2,), -1.0))
             finally:
                 s.close()
         assert "checkpoint version 2 is not usable (" in capsys.readouterr().out
@@ -200,8 +200,8 @@ def test_a_step_waits_for_the_answers_still_being_sent_from_the_master_copy():
     import threading
 
     from hgcli.runtime.metrics import MetricsSink
-    from hgcli.runtime.ps import PARAMS, ShardServer
-    from hgcli.runtime.shards import Segment
+    from hgcli.runtime.ps.server import PARAMS, ShardServer
+    from hgcli.runtime.ps.shards import Segment
 
     server = ShardServer(shard=0, ps_ranks=[3], group_ids=[0], staleness_bound=0, global_batch=0,
                          timeout_s=60, metrics=MetricsSink(None, {}))
@@ -210,7 +210,7 @@ def test_a_step_waits_for_the_answers_still_being_sent_from_the_master_copy():
     def deliver(group, fut, fields):                  # as ps_io.ShardIO does: a send still going on
         if any(f is PARAMS for f in fields):
             server.readers += 1
-            in_flight.append(server.master.clone())
+            in_flight.append(server.held.master.clone())
         fut.set_result(fields)
 
     server.deliver = deliver
@@ -221,11 +221,11 @@ def test_a_step_waits_for_the_answers_still_being_sent_from_the_master_copy():
         pushed = threading.Thread(target=lambda: server.push(0, torch.ones(2), 1.0, [{"lr": 1.0}]))
         pushed.start()
         pushed.join(0.5)
-        assert pushed.is_alive() and torch.equal(server.master, torch.zeros(2))   # waiting, untouched
+        assert pushed.is_alive() and torch.equal(server.held.master, torch.zeros(2))   # waiting, untouched
         with server.cv:
             server.readers -= 1                       # the send is done
             server.cv.notify_all()
         pushed.join(10)
-        assert not pushed.is_alive() and torch.equal(server.master, torch.full((2,), -1.0))
+        assert not pushed.is_alive() and torch.equal(server.held.master, torch.full((2,), -1.0))
     finally:
         server.close()

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from hgcli.examples.data import make_dataset, make_model
-from hgcli.runtime.data import shard_batches
+from hgcli.runtime.data.blocks import shard_batches
 from hgcli.local.plans import emulated_plan
 
 from .helpers import load, run_ok, script

@@ -11,15 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hgcli.schema import stages as m
-from hgcli.runtime import checkpoint
-from hgcli.runtime.data import shard_batches
+from hgcli.runtime.ps import files as checkpoint
+from hgcli.runtime.data.blocks import shard_batches
 from hgcli.runtime.emulate import Emulator, StableSpeed
 from hgcli.runtime.env import RankEnv, ps_argv, rank_env
 from hgcli.runtime.errors import TrainingError
 from hgcli.local.plans import emulated_plan
 from hgcli.runtime.metrics import MetricsSink
-from hgcli.runtime.shards import Segment
-from hgcli.runtime.ps import ShardServer
+from hgcli.runtime.ps.shards import Segment
+from hgcli.runtime.ps.server import ShardServer
 
 
 def test_batches_of_one_step_form_one_block_of_the_permutation():
@@ -193,7 +193,7 @@ def test_admission_rule_bounds_staleness_and_never_deadlocks(tmp_path_factory, g
             computing = [g for g, f in answered.items() if f is not None and f.done()]
             assert computing, "every group is waiting: deadlock"
             g = rng.choice(computing)
-            assert server.version - server.base[g] <= bound    # staleness of the push about to land
+            assert server.version - server.admission.base[g] <= bound    # staleness of the push about to land
             answered[g] = server.push(g, torch.ones(3), 1.0, [{"lr": 0.1}])
             pushes += 1
     finally:
@@ -251,10 +251,10 @@ def test_overlap_damps_only_the_staleness_beyond_the_groups_own_push_in_flight()
         assert [server.pull(g).wait()[0] for g in (0, 1)] == [0, 0]
 
         def push(group, base):
-            before = server.params[0].item()
+            before = server.held.params[0].item()
             staleness = server.version - base
             server.push(group, torch.ones(1), 2.0, [{"lr": 1.0}], base=base)
-            return staleness, round(before - server.params[0].item(), 6)
+            return staleness, round(before - server.held.params[0].item(), 6)
 
         assert push(0, 0) == (0, 0.5)
         assert push(0, 0) == (1, 0.5)     # its first push in flight: not damped
@@ -281,7 +281,7 @@ def test_bf16_pushes_are_widened_and_answers_rounded_while_the_ps_keeps_fp32():
         assert pulled.dtype == torch.bfloat16 and torch.equal(pulled, start.to(torch.bfloat16))
         grad = torch.tensor([2 ** -13, 0.5, 0.25], dtype=torch.bfloat16)
         _, answered, _, _ = server.push(0, grad, 1.0, [{"lr": 1.0}]).wait()
-        master = server.params[0]
+        master = server.held.params[0]
         assert master.dtype == torch.float32
         assert torch.equal(master, start - grad.float())        # fp32 arithmetic on the master copy
         assert master[0] != master.to(torch.bfloat16).float()[0]

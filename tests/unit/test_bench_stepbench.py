@@ -24,7 +24,7 @@ def test_the_timed_step_runs_the_runtimes_hooks_on_a_gathered_batch():
                                 warmup=1, repeats=3, sync=lambda: None, memory_cap_mib=None,
                                 on_batch=lambda b: None))
     assert [s.batch_size for s in samples] == [8]
-    # The batch is gathered by a permutation, as runtime/data.py does: same samples, new tensor.
+    # The batch is gathered by a permutation, as runtime/data/blocks.py does: same samples, new tensor.
     assert sorted(seen[-1].tolist()) == sorted((torch.arange(8) % 2).tolist())
     assert len(seen) >= 1 + 1 + 3      # the memory accounting step, warm-up, repeats
     assert set(hooked) == {1}

@@ -1,14 +1,14 @@
-"""Re-splitting the global batch across groups (runtime/group_shares.py): shard 0's decision on given
+"""Re-splitting the global batch across groups (runtime/adapt/shares.py): shard 0's decision on given
 paces, the data step it picks, its checkpoint state, and how every group's samplers cut the blocks."""
 from __future__ import annotations
 
 import pytest
 
 from hgcli.local.plans import emulated_plan
-from hgcli.runtime.data import epoch_order
-from hgcli.runtime.group_shares import MARGIN_STEPS, GroupShares, block_layout
-from hgcli.runtime.rebalance import GroupSplit, split_by_rate
-from hgcli.runtime.sampler import RankBatchSampler
+from hgcli.runtime.data.blocks import epoch_order
+from hgcli.runtime.adapt.shares import MARGIN_STEPS, GroupShares, block_layout
+from hgcli.runtime.adapt.rebalance import GroupSplit, split_by_rate
+from hgcli.runtime.data.sampler import RankBatchSampler
 
 
 def layout():

@@ -43,11 +43,7 @@ SHARED = ("runtime", "node")
 # Known upward edges, each to be removed by the change that fixes it; the test fails on any other.
 PENDING: set[tuple[str, str]] = set()
 # Known circles of modules (sorted tuples), each to be removed by the change that breaks it.
-KNOWN_CIRCLES = {
-    # the parameter server's main() (ps) builds ps_io's ShardIO, which drives ps's ShardServer: to be
-    # taken apart with runtime/ps.py's long pieces (issue 31, "Long pieces").
-    ("hgcli.runtime.ps", "hgcli.runtime.ps_io"),
-}
+KNOWN_CIRCLES: set[tuple[str, ...]] = set()
 CONTROLLER_ONLY = ("click", "rich", "paramiko")
 HEAVY = ("torch", "numpy")
 

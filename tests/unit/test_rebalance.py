@@ -1,4 +1,4 @@
-"""Rebalancing inside a group (runtime/rebalance.py), the data it cuts, and emulated slowdowns: the
+"""Rebalancing inside a group (runtime/adapt/rebalance.py), the data it cuts, and emulated slowdowns: the
 decision on given numbers, and what the samplers hand out after a change."""
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from hgcli.config.cluster import load_cluster
 from hgcli.local.plans import emulated_plan
 from hgcli.plan.check import PlanProblem, check_plan
 from hgcli.plan.slowdowns import with_slowdowns
-from hgcli.runtime.compute_clock import ComputeClock
-from hgcli.runtime.data import epoch_order, shard_batches, step_slice
+from hgcli.runtime.adapt.clock import ComputeClock
+from hgcli.runtime.data.blocks import epoch_order, shard_batches, step_slice
 from hgcli.runtime.emulate import Emulator
-from hgcli.runtime.rebalance import GroupSplit, Rebalancer, split_by_rate
-from hgcli.runtime.sampler import RankBatchSampler
+from hgcli.runtime.adapt.rebalance import GroupSplit, Rebalancer, split_by_rate
+from hgcli.runtime.data.sampler import RankBatchSampler
 from hgcli.schema.stages import Slowdown
 
 import torch

@@ -53,7 +53,7 @@ def prepare(request: dict[str, Any]) -> tuple[PreparedFrame, socket.socket | Non
     listed: dict[int, list[int]] | None = None
     steps: list[int] | None = None
     if checkpoints:
-        from ...runtime.checkpoint import versions_by_shard   # only on restarts: keeps start-up short
+        from ...runtime.ps.files import versions_by_shard   # only on restarts: keeps start-up short
         from ...runtime.snapshot import steps_in              # (neither imports torch)
         listed = versions_by_shard(Path(str(checkpoints)))
         steps = steps_in(Path(str(checkpoints)))

@@ -1,8 +1,8 @@
 """What one parameter-server push costs on this node: the planner's PS exchange and PS service time.
 
 A hybrid or ps plan's group leader pushes its gradient to the PS, the PS applies it with the
-optimizer and answers with fresh parameters (hgcli/runtime/ps.py): the data by torch.distributed
-send/recv on a gloo group of the pair (hgcli/runtime/transfer.py), a control message over torch RPC
+optimizer and answers with fresh parameters (hgcli/runtime/ps/server.py): the data by torch.distributed
+send/recv on a gloo group of the pair (hgcli/runtime/ps/transfer.py), a control message over torch RPC
 (TensorPipe, TCP, as hgcli/runtime/groups.py sets it up). With small models the fixed software cost
 of that round trip (RPC, threads, the PS's locking) dominates and is far above the wire time a link
 benchmark predicts, so it is measured here, the way the runtime does it, over loopback: the client
@@ -41,7 +41,7 @@ def measure_exchange(torch: Any, parameters: int, *, warmup: int, repeats: int,
     import torch.distributed as dist
     from torch.distributed import rpc
 
-    from ...runtime import transfer
+    from ...runtime.ps import transfer
     from ...runtime.netbind import master_store
 
     store = master_store("127.0.0.1", 0, 2, _delta(timeout_s), wait_for_workers=False, multi_tenant=True)
@@ -107,10 +107,10 @@ def _init_rpc(rpc: Any, name: str, rank: int, timeout_s: float) -> None:
 
 
 def _apply(n: int) -> float:
-    """The PS's work for one push (hgcli/runtime/ps.py ``push``): receive into the staging buffer,
+    """The PS's work for one push (hgcli/runtime/ps/server.py ``push``): receive into the staging buffer,
     scale, optimizer step, send the parameters back; returns its busy time. A shorter push (the
     fixed-cost probe) is answered at once: only the messages are timed."""
-    from ...runtime import transfer
+    from ...runtime.ps import transfer
 
     start = time.perf_counter()
     with _LOCK:
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
     from torch.distributed import rpc
 
-    from ...runtime.optim import build_fast_optimizer
+    from ...runtime.ps.optim import build_fast_optimizer
 
     torch.set_num_threads(1)    # a PS rank's share of a node whose ranks each take a core
     param = torch.zeros(args.parameters)

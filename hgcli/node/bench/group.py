@@ -21,7 +21,7 @@ emulator at ``speed`` (forward + backward on one thread, the emulator's pause, t
 alternating blocks of ``BLOCK`` steps: **free** (no collective; the ranks start each free block
 spread over the step, as independent workers drift apart) and **synchronous** (the runtime's
 all-reduce buffer after each step's pause: the model's parameters, the sample count and
-MEMBER_SLOTS slots per rank, hgcli/runtime/engine.py). Alternating cancels the machine's drift, which over
+MEMBER_SLOTS slots per rank, hgcli/runtime/group/engine.py). Alternating cancels the machine's drift, which over
 seconds can be as large as the effect. Per pair of blocks:
 - ``seconds``: rank 0's time inside the all-reduce per synchronous step (the mean of the block:
   throughput follows the mean, and single steps are skewed: the slowest take several times the
@@ -56,7 +56,7 @@ def measure_group_sync(torch: Any, spec: str, parameters: int, *, ranks: int, ba
     model ``spec`` at ``batch`` and ``speed``; summarise the pairs after the warm-up."""
     import torch.distributed as dist
 
-    from ...runtime.engine import sync_buffer_numel   # the runtime's own buffer (imports torch)
+    from ...runtime.group.engine import sync_buffer_numel   # the runtime's own buffer (imports torch)
     from ...runtime.netbind import master_store
 
     store = master_store("127.0.0.1", 0, ranks + 1, datetime.timedelta(seconds=timeout_s),
@@ -126,7 +126,7 @@ def _stepper(args: argparse.Namespace) -> tuple[Any, dict[bool, Any], Any]:
     import torch.distributed as dist
 
     from ...runtime.emulate import Emulator
-    from ...runtime.engine import MEMBER_SLOTS, sync_buffer_numel
+    from ...runtime.group.engine import MEMBER_SLOTS, sync_buffer_numel
     from .modelspec import load, parse_spec
     from .step import default_loss
 
@@ -142,7 +142,7 @@ def _stepper(args: argparse.Namespace) -> tuple[Any, dict[bool, Any], Any]:
     slot = parameters + 1 + MEMBER_SLOTS * args.rank   # this rank's (batch, estimate, ...) in the buffer
     # One emulator per kind of block, so each block's pause follows its own steps' CPU: free
     # ranks stretch their own estimate, synchronous ones the members' pooled median, as the
-    # runtime's singletons and groups do (hgcli/runtime/engine.py).
+    # runtime's singletons and groups do (hgcli/runtime/group/engine.py).
     emulators = {False: Emulator(args.speed), True: Emulator(args.speed)}
     step_wall = 0.0
 

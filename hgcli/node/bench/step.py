@@ -3,7 +3,7 @@
 A step is a step of the runtime's training loop (``runtime_step``): fetch the batch, forward + loss +
 backward, ``loss.item()`` and a metrics line, and the optimizer step (SGD with momentum: one state
 tensor per parameter, like most data-parallel recipes) through the runtime's own hooks
-(hgcli/runtime/engine.py: sample counting, gradient accumulation). Its fixed cost per step is what
+(hgcli/runtime/group/engine.py: sample counting, gradient accumulation). Its fixed cost per step is what
 decides small models run with small batches (a small model's bare step is a fraction of a
 millisecond), so it is measured, not assumed. Peak memory on a GPU is the CUDA caching allocator's
 ``max_memory_allocated``; on a CPU (and so on emulated devices) it is counted from the tensors a step
@@ -71,12 +71,12 @@ def step_samples(torch: Any, loaded: LoadedModel, device: Any, batch_sizes: tupl
 def runtime_hooks(model: Any, optimizer: Any, *, default_batch: int,
                   emulator: Emulator | None = None) -> Iterator[Callable[..., None]]:
     """Attach the runtime's per-step machinery to ``model`` and ``optimizer`` as a one-rank group
-    without PS would (runtime/engine.py: sample counting and the step hooks; no DDP and no
+    without PS would (runtime/group/engine.py: sample counting and the step hooks; no DDP and no
     collective in a group of one; accumulate 1, so every step takes the optimizer), with
     ``emulator`` (default: speed 1, bookkeeping and no pause; the step bench pauses on its own
     clock). Yields the metrics line emitter, writing to /dev/null like a pipe nobody slows."""
     from ...runtime.emulate import Emulator
-    from ...runtime.engine import GroupEngine, GroupSpec
+    from ...runtime.group.engine import GroupEngine, GroupSpec
     from ...runtime.metrics import MetricsSink
 
     fd = os.open(os.devnull, os.O_WRONLY)
@@ -102,7 +102,7 @@ def _samples(torch: Any, model: Any, optimizer: Any, loss_fn: Callable[[Any, Any
         try:
             inputs, targets = loaded.make_batch(batch_size, device)
             args = inputs if isinstance(inputs, tuple) else (inputs,)
-            # The runtime's batches are gathered from the dataset by a permutation (runtime/data.py).
+            # The runtime's batches are gathered from the dataset by a permutation (runtime/data/blocks.py).
             order = torch.randperm(batch_size, device=device)
             tensors = (*args, targets)
 

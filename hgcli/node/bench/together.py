@@ -6,7 +6,7 @@ Each device bench (main.py) runs alone, so it cannot see what the node's devices
 when they train side by side: the CPU cores that emulated devices and the ranks' host threads share,
 the caches, the memory and PCIe buses. This program starts one process per device (``--serve``), as
 the launcher starts one rank per device, and has every process step the benched model through the
-runtime's own step machinery (hgcli/runtime/engine.py with the device's emulator) over the same
+runtime's own step machinery (hgcli/runtime/group/engine.py with the device's emulator) over the same
 windows of time, one window per phase. In each phase every device runs its own batch (the job gives
 them: batches of about equal step time, as a plan splits a batch by speed), so the devices step
 alongside each other for the whole window the way a job's ranks do. A step's wall time is what is

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from hgcli.examples.data import make_dataset, make_model
-from hgcli.runtime.data import shard_batches
+from hgcli.runtime.data.blocks import shard_batches
 import hgcli.runtime as hg
 from common import parser
 

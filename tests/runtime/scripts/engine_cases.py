@@ -1,5 +1,5 @@
 """Two gloo ranks (this script, started twice by tests/runtime/test_engine.py) train small models
-through the group engine (hgcli/runtime/engine.py: DDP with hgtrain's comm hook), case by case, and
+through the group engine (hgcli/runtime/group/engine.py: DDP with hgtrain's comm hook), case by case, and
 each computes on its own what the group should reach: the samples-weighted mean of both ranks'
 gradients (each rank's forward on its own batch, BatchNorm statistics per batch), clipped, SGD with
 momentum, and the buffers averaged by samples after every update.
@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from hgcli.runtime.emulate import Emulator
-from hgcli.runtime.engine import GroupEngine, GroupSpec
+from hgcli.runtime.group.engine import GroupEngine, GroupSpec
 from hgcli.runtime.errors import TrainingError
 from hgcli.runtime.metrics import MetricsSink
 

@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from hgcli.examples.data import make_dataset
-from hgcli.runtime.data import shard_batches
+from hgcli.runtime.data.blocks import shard_batches
 
 
 class Net(torch.nn.Module):

@@ -1,4 +1,4 @@
-"""Two plain gloo ranks through hgcli.runtime.transfer with a tiny CHUNK: rank 0 sends an fp32 and a
+"""Two plain gloo ranks through hgcli.runtime.ps.transfer with a tiny CHUNK: rank 0 sends an fp32 and a
 bf16 tensor of several chunks, rank 1 receives the first straight and widens the second into fp32.
 
     python transfer_pair.py RANK PORT OUT
@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from hgcli.runtime import transfer
+from hgcli.runtime.ps import transfer
 
 rank, port, out = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
 transfer.CHUNK = 5                  # 23 elements: five messages, the last one short

@@ -1,4 +1,4 @@
-"""A group's collectives outside DDP's reducer (engine.py): the broadcasts the PS exchange makes
+"""A group's collectives outside DDP's reducer (group/engine.py): the broadcasts the PS exchange makes
 (exchange.GroupState is this class) and the one error a failed collective of the group raises."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from . import flat as flatten_
-from .errors import TrainingError
+from .. import flat as flatten_
+from ..errors import TrainingError
 
 
 class GroupLink:
@@ -27,7 +27,7 @@ class GroupLink:
 
     def broadcast_state(self, version: int, words: Sequence[int] = ()) -> tuple[int, list[int]]:
         """The leader's parameters, synchronised buffers, ``version`` and ``words`` (small integers:
-        the shares' schedule, exchange.py) to the group, in one broadcast. The integers travel as the
+        the shares' schedule, exchange/gradient.py) to the group, in one broadcast. The integers travel as the
         bytes of int64s viewed in the vector's dtype: a broadcast copies bytes, and no float type of
         the parameters (bf16 holds integers exactly only up to 256) could carry them as numbers."""
         if self.members <= 1:

@@ -4,7 +4,7 @@
 inf/NaN. The runtime does its bookkeeping inside ``opt.step()`` (step hooks: samples, emulation,
 accumulation micro-steps, the PS push), so a step the scaler skipped would go unseen. Hence, for
 optimizers the runtime wrapped, the scaler's decision (``GradScaler._maybe_opt_step``) is replaced:
-``opt.step()`` always runs with this rank's found-inf flag known to the engine (engine.py), which
+``opt.step()`` always runs with this rank's found-inf flag known to the engine (group/engine.py), which
 skips the update (no local step, no push) when the group's gradient holds an inf/NaN. Inside a DDP
 group every member sees the same flag, since an inf in any member's bucket is in the sum; a group of
 one carries the flags of its accumulation window's micro-steps. Other optimizers keep torch's
@@ -36,7 +36,7 @@ _HOOKED: "weakref.WeakKeyDictionary[torch.optim.Optimizer, ScalerAware]" = weakr
 _ORIGINAL: Callable[..., Any] | None = None
 _ORIGINAL_SCALE: Callable[..., Any] | None = None
 # The scale tensor of the GradScaler that last scaled a loss in this process: a DDP bucket is still
-# scaled, and nothing else says by how much (engine.py).
+# scaled, and nothing else says by how much (group/engine.py).
 _last_scale: torch.Tensor | None = None
 
 

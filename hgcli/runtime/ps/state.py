@@ -1,4 +1,4 @@
-"""What a PS shard holds (ps.py): its range of the parameters, the optimizer over it, and (shard 0)
+"""What a PS shard holds (ps/server.py): its range of the parameters, the optimizer over it, and (shard 0)
 the model's floating-point buffers.
 
 The parameters are one fp32 master vector cut into the optimizer's tensors (views, ``segments``);
@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import torch
 
 from . import optim
-from .errors import TrainingError
+from ..errors import TrainingError
 from .shards import Segment, segment_views
 
 
@@ -52,7 +52,7 @@ class ShardState:
     def check_resumed(self, segments: tuple[Segment, ...], opt_spec: dict[str, Any],
                       buffers: torch.Tensor | None) -> None:
         """A seed after a resume: the checkpoint's values win, but the job must be the same model and
-        optimizer. Its hyperparameters become the baseline pushes are relative to (optim.py)."""
+        optimizer. Its hyperparameters become the baseline pushes are relative to (ps/optim.py)."""
         assert self.params is not None and self.opt_spec is not None
         if self.segments != segments:
             raise TrainingError(f"PS shard {self.shard}: the model (or its cut into {self.shards} shards) "

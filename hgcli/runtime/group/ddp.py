@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .errors import TrainingError
+from ..errors import TrainingError
 
 
 @dataclass
@@ -50,7 +50,7 @@ def _state_of(state: Any) -> WeightedDDPState:
 
 
 def _own_batch() -> int:
-    from .env import RankEnv
+    from ..env import RankEnv
 
     env = RankEnv.from_environ()
     if not env.batch_size:
@@ -84,7 +84,7 @@ def weighted_ddp_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Futu
 
 
 def engine_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """The comm hook of hgtrain's own group engine (engine.py): ``state`` is the GroupEngine, which
+    """The comm hook of hgtrain's own group engine (group/engine.py): ``state`` is the GroupEngine, which
     weights, paces and all-reduces the bucket."""
     fut: torch.futures.Future[torch.Tensor] = state.reduce_bucket(bucket)
     return fut

@@ -2,7 +2,7 @@
 
 Each (group, shard) pair has a process group of its own, the leader and the shard (groups.py makes
 them, gloo: the PS's tensors are CPU tensors). On it the two ends exchange the slices of the flat
-parameter vector (shards.py) that pushes and answers carry; RPC carries only the small control
+parameter vector (ps/shards.py) that pushes and answers carry; RPC carries only the small control
 messages that say what comes next. A pair has at most one exchange in flight (the leader waits for
 each answer before its next push), so both ends post their sends and receives in the same order.
 

@@ -14,7 +14,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from .rebalance import GroupSplit
+from ..adapt.rebalance import GroupSplit
 
 
 def epoch_order(n: int, epoch: int, seed: int, shuffle: bool = True) -> torch.Tensor:

@@ -1,16 +1,16 @@
-"""What the members' slots of a group's small all-reduce (step_reduce.py) drive on each member
-(engine.py): the emulated estimate the members on one node pool (emulate.py), and the rebalancer's
-checks (rebalance.py), which every member runs on the same numbers and so decides alike."""
+"""What the members' slots of a group's small all-reduce (group/step_reduce.py) drive on each member
+(group/engine.py): the emulated estimate the members on one node pool (emulate.py), and the rebalancer's
+checks (adapt/rebalance.py), which every member runs on the same numbers and so decides alike."""
 from __future__ import annotations
 
 import statistics
 
 import torch
 
-from .compute_clock import ComputeClock
-from .emulate import Emulator
-from .metrics import MetricsSink
-from .rebalance import Change, Rebalancer
+from ..adapt.clock import ComputeClock
+from ..emulate import Emulator
+from ..metrics import MetricsSink
+from ..adapt.rebalance import Change, Rebalancer
 from .step_reduce import MEMBER_SLOTS, step_reduce_numel
 
 

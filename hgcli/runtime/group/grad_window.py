@@ -1,4 +1,4 @@
-"""Gradient accumulation's window (engine.py): the micro-steps before the one that completes it.
+"""Gradient accumulation's window (group/engine.py): the micro-steps before the one that completes it.
 
 Their gradients, each weighted by its samples, wait beside the parameters (the optimizer then sees
 no gradient and does nothing); the window's last backward adds them in: in the comm hook under DDP
@@ -16,7 +16,7 @@ class GradWindow:
         self.params = params
         self.samples = 0                  # samples of the window's earlier micro-steps
         self.stash: dict[int, torch.Tensor] | None = None     # their weighted gradients, by id(param)
-        self.found_inf = False            # GradScaler found inf/NaN in one of them (amp.py)
+        self.found_inf = False            # GradScaler found inf/NaN in one of them (group/amp.py)
 
     def keep(self, n: int, found_inf: bool) -> None:
         """A micro-step of ``n`` samples that does not complete the window: its gradient, weighted by

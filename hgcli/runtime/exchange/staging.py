@@ -1,6 +1,6 @@
 """A group leader's buffers for the PS exchange: the push it sends and the answer it receives.
 
-Both are host tensors of the whole flat vector in the layout's order (shards.py), allocated once and
+Both are host tensors of the whole flat vector in the layout's order (ps/shards.py), allocated once and
 reused at every step; a shard's part is a slice. On a CUDA leader they are pinned, and the copies
 between them and the device run ``non_blocking`` on a side stream of their own, through one device
 buffer of the flat vector: the gradients are copied into it on the training stream, copied to
@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .shards import ShardLayout
+from ..ps.shards import ShardLayout
 
 
 class Staging:

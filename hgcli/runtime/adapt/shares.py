@@ -5,15 +5,15 @@ one block of the epoch's order, cut into the groups' shares (data.step_slice). W
 is small for its speed, it finishes its steps first and waits in ``ctx.finish()`` for the others;
 the plan's shares come from a bench, and the speeds a job meets are not the bench's (another job on
 a GPU, a card that throttles, the user's model where the bench timed another). Inside a group the
-rebalancer fixes this for the members (rebalance.py); here the same rule re-splits the block across
+rebalancer fixes this for the members (adapt/rebalance.py); here the same rule re-splits the block across
 groups:
 
-* every push of a group's leader carries its **pace** (exchange.py): the seconds the group spent on
+* every push of a group's leader carries its **pace** (exchange/gradient.py): the seconds the group spent on
   the step outside its exchange with the PS (its compute, its all-reduce, its data; not the wait
   for an answer, which the staleness rule may hold back), the step's samples, the next data step
   its data source will yield, the data step training has reached, and the data step from which
   its members' newest re-split applies;
-* a group that re-splits among its members (rebalance.py) is about to change speed: its windows
+* a group that re-splits among its members (adapt/rebalance.py) is about to change speed: its windows
   from before that re-split applies are dropped, and a run of agreeing checks starts again. Both
   rules reacting to one slowed device would otherwise move the block away from its group and,
   once the group's own re-split had fixed it, back;
@@ -27,7 +27,7 @@ groups:
   data source (a DataLoader's prefetch) plus ``MARGIN_STEPS`` (an answer in flight under overlap,
   the broadcast to the members);
 * every answer of shard 0 carries the schedule; a leader hands new entries to its members with the
-  parameters' broadcast (group_link.py), and every member's ``GroupSplit`` cuts its batches by them.
+  parameters' broadcast (group/link.py), and every member's ``GroupSplit`` cuts its batches by them.
 
 The global batch is kept, so the number of steps per epoch, the PS's weighting (a push counts with
 its samples) and the learning rate stay what they were. The schedule is saved in the PS's

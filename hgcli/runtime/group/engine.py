@@ -13,7 +13,7 @@ hgtrain needs on top:
   exactly 1.0 and are skipped, so a homogeneous plan computes what DDP computes, bit for bit.
 * **one small all-reduce per step** (``broadcast_buffers=False``): with the first bucket it sends
   the rank's samples, its buffers (BatchNorm statistics) weighted by them, for emulated ranks of
-  one node their step-time estimates (emulate.py), and what rebalancing needs (rebalance.py: the
+  one node their step-time estimates (emulate.py), and what rebalancing needs (adapt/rebalance.py: the
   member's compute seconds and samples since the last check, and its data source's next step). At ``opt.step()`` every member loads the
   samples-weighted mean of the buffers. DDP's default would broadcast rank 0's buffers at every
   forward instead.
@@ -30,9 +30,9 @@ the window's samples-weighted sum. A GradScaler's scale is taken out of a bucket
 and put back after it, since members' scales may differ by then.
 
 After the group's gradient is in ``p.grad``: a step where any member's GradScaler found inf/NaN is
-skipped by the whole group (amp.py). Otherwise the gradient is clipped (``max_grad_norm``, the
+skipped by the whole group (group/amp.py). Otherwise the gradient is clipped (``max_grad_norm``, the
 aggregate's norm, torch's own ``clip_grad_norm_``) and either the local optimizer steps on it (an
-allreduce plan: exactly DDP), or the group's exchange with the parameter servers (exchange.py) takes
+allreduce plan: exactly DDP), or the group's exchange with the parameter servers (exchange/gradient.py) takes
 it and ``p.grad`` is cleared, so the local optimizer steps on nothing.
 
 What DDP does not allow, the engine does not either: a parameter without a gradient needs
@@ -52,15 +52,15 @@ import torch
 import torch.distributed as dist
 
 from . import amp
-from . import flat as flatten_
-from .compute_clock import ComputeClock
-from .emulate import Emulator
-from .errors import TrainingError
+from .. import flat as flatten_
+from ..adapt.clock import ComputeClock
+from ..emulate import Emulator
+from ..errors import TrainingError
 from .grad_window import GradWindow
-from .group_link import GroupLink
-from .metrics import MetricsSink
+from .link import GroupLink
+from ..metrics import MetricsSink
 from .member_slots import MemberSlots
-from .rebalance import GroupSplit, Rebalancer
+from ..adapt.rebalance import GroupSplit, Rebalancer
 # The small all-reduce's layout: the bench sizes its measurement by it (node/bench/group.py).
 from .step_reduce import MEMBER_SLOTS, StepReduce, step_reduce_numel  # noqa: F401
 
@@ -107,7 +107,7 @@ class GroupSpec:
     share_with: tuple[int, ...] = ()
     default_batch: int = 1
     # The group's batches as the data hands them out, re-split as the members' speeds change
-    # (rebalance.py); None: the plan's batches throughout (launch --no-adapt, a group of one).
+    # (adapt/rebalance.py); None: the plan's batches throughout (launch --no-adapt, a group of one).
     split: GroupSplit | None = None
 
 
@@ -117,7 +117,7 @@ class GroupEngine:
     It owns the step's small all-reduce (``reduce``) and what its member slots drive (``slots``:
     pooled estimates, rebalancing), the accumulation window (``window``) and the member's compute
     timing (``clock``); the exchange with the parameter servers, set before ``start()``
-    (exchange.PSExchange), reaches the group through ``link`` (group_link.py)."""
+    (exchange.PSExchange), reaches the group through ``link`` (group/link.py)."""
 
     def __init__(self, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, spec: GroupSpec,
                  emulator: Emulator, metrics: MetricsSink, timeout_s: float,
@@ -156,7 +156,7 @@ class GroupEngine:
         self.skipped_steps = 0
         self.buckets_reduced = 0          # DDP buckets this rank all-reduced (its comm hook's calls)
         self._samples = 0                 # training samples counted by forwards since the last step
-        self._found_inf = False           # GradScaler found inf/NaN in this rank's step (amp.py)
+        self._found_inf = False           # GradScaler found inf/NaN in this rank's step (group/amp.py)
         self._skipped = False
         self._grad_norm: torch.Tensor | None = None
         self._nosync: ContextManager[Any] | None = None
@@ -193,7 +193,7 @@ class GroupEngine:
 
     def scaler_step(self, found_inf: bool, step: Callable[[], Any],
                     scale: torch.Tensor | None = None) -> tuple[Any, bool]:
-        """GradScaler's step for a wrapped optimizer (amp.py): always step, so the engine sees every
+        """GradScaler's step for a wrapped optimizer (group/amp.py): always step, so the engine sees every
         step; returns the step's result and whether the group skipped the update."""
         self._found_inf = found_inf
         return step(), self._skipped
@@ -362,10 +362,6 @@ class GroupEngine:
     @property
     def version(self) -> int:
         return self.exchange.version if self.exchange is not None else 0
-
-    def collective(self, op: Callable[[], Any], what: str) -> Any:
-        """One of the group's collectives outside DDP (GroupLink.collective)."""
-        return self.link.collective(op, what)
 
     # --- state and end --------------------------------------------------------------------------
     @property

@@ -1,6 +1,6 @@
 """A group's exchange with the parameter servers (hybrid and ps plans), beside its group engine.
 
-The group engine (engine.py) hands the exchange each completed step's aggregated gradient; the group
+The group engine (group/engine.py) hands the exchange each completed step's aggregated gradient; the group
 leader pushes it to the PS shards and loads their answer, and the group hears the fresh parameters
 in one broadcast the engine makes. What the engine offers the exchange is :class:`GroupState`
 (group_link.GroupLink).
@@ -10,12 +10,12 @@ computes its next step on the parameters it has: at each push it first waits for
 previous push, starts the new push (its gradient was computed on the answer before, whose per-shard
 versions go with it as the base the PS counts staleness from) and hands the group the answer it
 waited for. With ``wire`` "bf16" pushes and pulls travel as bf16; what rounding takes off a push is
-added to the next one (error feedback, staging.py), so no part of a gradient is lost for good.
+added to the next one (error feedback, exchange/staging.py), so no part of a gradient is lost for good.
 
-The parameters are one flat vector cut into contiguous shard ranges (shards.py). The leader copies
+The parameters are one flat vector cut into contiguous shard ranges (ps/shards.py). The leader copies
 its gradients into a reused push buffer and receives answers into a reused answer buffer
-(staging.py); each shard's part travels over the pair's channel with torch.distributed send/recv
-(transfer.py), and RPC carries what each message is (push, pull, finish) and the small things
+(exchange/staging.py); each shard's part travels over the pair's channel with torch.distributed send/recv
+(ps/transfer.py), and RPC carries what each message is (push, pull, finish) and the small things
 beside it: samples, hyperparameters, buffers, data position, versions.
 
 Parameters reach the PS as fp32 whatever the model's dtype: its master copy and optimizer state are
@@ -30,20 +30,21 @@ from typing import Any, Callable, Iterable, Protocol, Sequence
 
 import torch
 
-from . import flat as flatten_
-from . import optim, transfer
-from .errors import TrainingError
-from .metrics import MetricsSink
-from .rebalance import GroupSplit
-from .shards import ELEMENTWISE, ShardLayout, plan_layout
+from .. import flat as flatten_
+from ..ps import optim, transfer
+from ..errors import TrainingError
+from ..metrics import MetricsSink
+from ..adapt.rebalance import GroupSplit
+from ..ps.shards import ELEMENTWISE, ShardLayout, plan_layout
+from .calls import ShardCalls, rpc_async
 from .staging import Staging
-from ..schema.stages import Wire
+from ...schema.stages import Wire
 
 FINISH_POLL_S = 5.0     # how long a leader's "finished?" call waits on the PS before asking again
 
 # What a PS shard answers over RPC: (version, True when its parameters follow over the channel (None
 # for an acknowledgement), the buffers (shard 0, when the model has synchronised buffers) or None,
-# the groups' shares of the global batch by data step (shard 0 under --adapt, group_shares.py) or None).
+# the groups' shares of the global batch by data step (shard 0 under --adapt, adapt/shares.py) or None).
 ShardAnswer = tuple[int, "bool | None", "torch.Tensor | None", "list[tuple[int, tuple[int, ...]]] | None"]
 SHARES_SENT = 4         # the newest schedule entries a leader's broadcast carries to its members
 Collective = Callable[[Callable[[], Any], str], Any]
@@ -87,13 +88,14 @@ class PSExchange:
                  wire: Wire = Wire.FP32, data_position: Callable[[], dict[str, int] | None] | None = None,
                  frozen: Sequence[torch.Tensor] = (), split: GroupSplit | None = None) -> None:
         """``split``: the group's batches by data step, whose shares across groups follow shard 0's
-        schedule (group_shares.py; None: the plan's shares)."""
+        schedule (adapt/shares.py; None: the plan's shares)."""
         self.group = group
         self.opt = optimizer
         self.ps_ranks = ps_ranks
         self.first_worker = first_worker
         self.metrics = metrics
         self.timeout_s = timeout_s
+        self._calls = ShardCalls(rank=group.rank, group_id=group.group_id, ps_ranks=ps_ranks, timeout_s=timeout_s)
         self.overlap = overlap
         self.wire_dtype = torch.bfloat16 if Wire(wire) is Wire.BF16 else torch.float32   # Wire() checks it
         self.data_position = data_position
@@ -134,7 +136,7 @@ class PSExchange:
     def start(self) -> None:
         """The leader of the first worker's group seeds the PS with its parameters; every leader pulls
         them, and its group hears them."""
-        from . import ps
+        from ..ps import handlers
 
         if not self.is_leader:
             self._broadcast()
@@ -146,10 +148,10 @@ class PSExchange:
             held = self._flat_buffers()
             bufs = held.float().cpu() if held.numel() else None
             sends = [w for s in range(len(self.ps_ranks)) for w in self._send_part(flat, s)]
-            self._call_shards(ps._seed, "seed", lambda s: (
+            self._calls.call(handlers.seed, "seed", lambda s: (
                 self.group.group_id, [seg.to_wire() for seg in self.layout.segments[s]], self._spec(s),
                 bufs if s == 0 else None))
-            self._wait_works(sends, "seed")
+            self._calls.wait_works(sends, "seed")
             staging.seeded(flat)
         self._load_answers(self._send(None))
         self._broadcast()
@@ -200,9 +202,9 @@ class PSExchange:
         Over RPC (a script's own checkpoints, on any rank), not the leader's channel."""
         if self._finished:
             return
-        from . import ps
+        from ..ps import handlers
 
-        answers = self._call_shards(ps._state, "state", lambda s: ())
+        answers = self._calls.call(handlers.state, "state", lambda s: ())
         flat = torch.cat([part for _, part, _ in answers])         # the shards' ranges, in order
         ordered = [self.group.params[i] for i in self.layout.order]   # the flat vector's order
         flatten_.fill(state, model.named_parameters(remove_duplicate=False), ordered, flat)
@@ -213,8 +215,8 @@ class PSExchange:
     # --- end ------------------------------------------------------------------------------------
     def finish(self) -> None:
         """Wait until every group is done, then hold the PS's final parameters."""
-        from . import ps
-        from .groups import rpc_name
+        from ..ps import handlers
+        from ..groups import rpc_name
 
         if self.is_leader:
             self._collect()          # the last push's answer: the final parameters come from finish
@@ -224,8 +226,8 @@ class PSExchange:
             # On the group's device: an NCCL group takes CUDA tensors only.
             flag = torch.zeros(1, device=self.group.device)
             if self.is_leader:
-                answers = [self._wait(fut, "finish") for fut in [
-                    _rpc_async(rpc_name(r), ps._finish, (self.group.group_id, FINISH_POLL_S), self.timeout_s)
+                answers = [self._calls.wait(fut, "finish") for fut in [
+                    rpc_async(rpc_name(r), handlers.finish, (self.group.group_id, FINISH_POLL_S), self.timeout_s)
                     for r in self.ps_ranks]]
                 if all(done for done, *_ in answers):
                     flag[0] = 1
@@ -317,7 +319,7 @@ class PSExchange:
         push buffer's parts over the channels; shard 0's answer may be held back by the staleness
         rule and carries the PS's buffers; then the other shards' parameters are pulled. Every
         answer's parameters are received into the answer buffer."""
-        from . import ps
+        from ..ps import handlers
 
         assert self._staging is not None
         gid, shards = self.group.group_id, len(self.ps_ranks)
@@ -325,20 +327,20 @@ class PSExchange:
         if push is not None:
             self._staging.push_ready()
             sends = [w for s in range(shards) for w in self._send_part(self._staging.push, s)]
-            answers = self._call_shards(ps._push, "push", push)
+            answers = self._calls.call(handlers.push, "push", push)
         else:
-            answers = self._call_shards(ps._pull, "pull", lambda s: (gid,), shards=[0])
+            answers = self._calls.call(handlers.pull, "pull", lambda s: (gid,), shards=[0])
         self._staging.answer_free()
         self._receive(answers, [0])
         if shards > 1:
-            rest = self._call_shards(ps._pull, "pull", lambda s: (gid,), shards=range(1, shards))
+            rest = self._calls.call(handlers.pull, "pull", lambda s: (gid,), shards=range(1, shards))
             self._receive(rest, range(1, shards), offset=1)
             answers = [answers[0], *rest]
-        self._wait_works(sends, "push")
+        self._calls.wait_works(sends, "push")
         return answers
 
     def _send_part(self, flat: torch.Tensor, shard: int) -> list[Any]:
-        from .groups import channel
+        from ..groups import channel
 
         lo, hi = self.layout.span(shard)
         return transfer.send(flat[lo:hi], self.ps_ranks[shard], channel(self.group.group_id, shard))
@@ -347,7 +349,7 @@ class PSExchange:
                  into: torch.Tensor | None = None) -> None:
         """The parameters that follow the answers of ``shards`` (``answers[k - offset]``: shard k's),
         into the answer buffer (or ``into``)."""
-        from .groups import channel
+        from ..groups import channel
 
         assert self._staging is not None
         dst = self._staging.answer if into is None else into
@@ -357,31 +359,7 @@ class PSExchange:
                 lo, hi = self.layout.span(s)
                 works += transfer.irecv(dst[lo:hi], self.ps_ranks[s],
                                         channel(self.group.group_id, s))
-        self._wait_works(works, "answer")
-
-    def _wait_works(self, works: Sequence[Any], what: str) -> None:
-        try:
-            transfer.wait(list(works))
-        except (RuntimeError, ValueError) as exc:
-            raise TrainingError(f"rank {self.group.rank} (group {self.group.group_id}): the {what}'s data to or "
-                                f"from the parameter server failed: "
-                                f"{str(exc).splitlines()[0] if str(exc) else exc!r}") from exc
-
-    def _call_shards(self, fn: Any, what: str, args: Callable[[int], tuple[Any, ...]],
-                     shards: Iterable[int] | None = None) -> list[Any]:
-        from .groups import rpc_name
-
-        shards = range(len(self.ps_ranks)) if shards is None else shards
-        futs = [_rpc_async(rpc_name(self.ps_ranks[s]), fn, args(s), self.timeout_s) for s in shards]
-        return [self._wait(f, what) for f in futs]
-
-    def _wait(self, fut: Any, what: str) -> Any:
-        try:
-            return fut.wait()
-        except Exception as exc:  # RPC errors arrive as RuntimeError or the PS's own exception
-            raise TrainingError(f"rank {self.group.rank} (group {self.group.group_id}): {what} to the "
-                                f"parameter server failed: "
-                                f"{str(exc).splitlines()[0] if str(exc) else exc!r}") from exc
+        self._calls.wait_works(works, "answer")
 
     def _flat_params(self) -> torch.Tensor:
         return flatten_.flatten(self.group.params, self.group.device)
@@ -409,9 +387,3 @@ def _probe(layout: ShardLayout, shard: int) -> list[torch.Tensor]:
     """Stand-ins of a shard's tensors (one element each, the segments' ranks), to try its optimizer."""
     return [torch.zeros([1] * len(seg.shape)) if seg.shape is not None else torch.zeros(1)
             for seg in layout.segments[shard]]
-
-
-def _rpc_async(to: str, fn: Any, args: tuple[Any, ...], timeout_s: float) -> Any:
-    from torch.distributed import rpc
-
-    return rpc.rpc_async(to, fn, args=args, timeout=timeout_s)

@@ -1,4 +1,4 @@
-"""How long a group member computes (engine.py): per accumulation window, its compute seconds and
+"""How long a group member computes (group/engine.py): per accumulation window, its compute seconds and
 samples, the waits for the group's all-reduces left out.
 
 Three readers: the rebalancer (sums since its last check, sent with the step's small all-reduce),

@@ -1,8 +1,8 @@
-"""The staleness bookkeeping of a PS shard (ps.py): which group has which version, who computes,
+"""The staleness bookkeeping of a PS shard (ps/server.py): which group has which version, who computes,
 who waits, whether answering a waiting group could break the bound, and when each group was last
 heard from (a silent one fails the job).
 
-The rules are ps.py's (and docs/runtime-reference.md's): without overlap a group is answered when every group
+The rules are ps/server.py's (and docs/runtime-reference.md's): without overlap a group is answered when every group
 still computing stays within the bound; with overlap (``may_answer_overlapped``) every pending
 gradient is counted. Only shard 0, the coordinator, holds answers back; every shard keeps the
 versions, since the damping of a push reads them. The caller holds the shard's lock.
@@ -15,7 +15,7 @@ from typing import Sequence
 
 from torch.futures import Future
 
-from .errors import TrainingError
+from ..errors import TrainingError
 
 
 class Admission:

@@ -1,9 +1,9 @@
-"""A group's one small all-reduce per step (engine.py), started with the step's first DDP bucket.
+"""A group's one small all-reduce per step (group/engine.py), started with the step's first DDP bucket.
 
 Its vector is [samples | MEMBER_SLOTS per member, in groups of two or more | the samples-weighted
 buffers]. The group's samples unweight the gradient buckets (the samples-weighted mean), the
 buffers' sum over the samples is every member's new buffers, and the member slots carry what the
-emulator pools and the rebalancer reads (engine.py reads them).
+emulator pools and the rebalancer reads (group/engine.py reads them).
 """
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from . import flat as flatten_
-from .errors import TrainingError
+from .. import flat as flatten_
+from ..errors import TrainingError
 
 # Slots of each member in the step's small all-reduce: its batch and emulated estimate (pooled on a
 # node), and for rebalancing its compute seconds, samples and data source's next step.

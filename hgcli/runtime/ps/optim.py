@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence, TypedDict
 
 import torch
 
-from .errors import TrainingError
+from ..errors import TrainingError
 
 # Constructor flags that choose kernels for the worker's device (CUDA graphs, fused CUDA kernels,
 # foreach implementations), not the maths. The PS steps CPU tensors and picks its own

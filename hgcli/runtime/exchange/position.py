@@ -14,7 +14,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from .errors import TrainingError
+from ..errors import TrainingError
 
 
 class Positioned(Protocol):
@@ -85,11 +85,11 @@ def fetch_restored(*, rank: int, leader: int, group_id: int, n_members: int, pg:
     if rank == leader:
         from torch.distributed import rpc
 
-        from . import ps
-        from .groups import rpc_name
+        from ..ps import handlers
+        from ..groups import rpc_name
 
         try:
-            pos = rpc.rpc_sync(rpc_name(ps_rank), ps._data_position, args=(group_id,), timeout=timeout_s)
+            pos = rpc.rpc_sync(rpc_name(ps_rank), handlers.data_position, args=(group_id,), timeout=timeout_s)
         except Exception as exc:  # RPC errors arrive as RuntimeError or the PS's own exception
             first = str(exc).splitlines()[0] if str(exc) else repr(exc)
             raise TrainingError(f"rank {rank} (group {group_id}): asking the parameter server for the "

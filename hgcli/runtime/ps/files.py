@@ -17,9 +17,9 @@ import zipfile
 from pathlib import Path
 from typing import Any, BinaryIO, Iterable, Mapping
 
-from ..state import atomic_write
+from ...state import atomic_write
 
-FORMAT = "hgtrain-ps-shard/2"       # /2: a shard holds a flat range ("master", "segments"; shards.py)
+FORMAT = "hgtrain-ps-shard/2"       # /2: a shard holds a flat range ("master", "segments"; ps/shards.py)
 OLD_FORMATS = {"hgtrain-ps-shard/1": "shards of whole tensors"}
 KEEP = 3                                   # own files kept per shard; older ones are removed
 _NAME = re.compile(r"^shard(\d+)-v(\d{10})\.pt$")

@@ -1,9 +1,9 @@
-"""The parameter-server rank: ``python -m hgcli.runtime.ps [options]`` with the rank environment.
+"""A parameter-server shard: what it holds, and the rule that decides which group waits.
 
 Each PS rank holds one shard of the parameters, a contiguous range of the model's flat parameter
-vector (shards.py), and the optimizer state for it. Group leaders send it control messages over torch
-RPC and the bulk data (gradients in, parameters out) over a process group of the pair (ps_io.py,
-transfer.py): ``push`` applies a group's gradient at once and answers with fresh parameters when the
+vector (ps/shards.py), and the optimizer state for it. Group leaders send it control messages over torch
+RPC and the bulk data (gradients in, parameters out) over a process group of the pair (ps/io.py,
+ps/transfer.py): ``push`` applies a group's gradient at once and answers with fresh parameters when the
 staleness rule allows (see docs/runtime-reference.md):
 
 * staleness of a push = shard version now - version the group last received; the pushed gradient
@@ -22,7 +22,7 @@ staleness rule allows (see docs/runtime-reference.md):
 * with overlap (plan.overlap, S >= groups), a group computes its next gradient while its push is in
   flight, on the answer before; the leader sends that base with the push and the staleness counts
   from it; the damping does not (the versions up to its newest answer, its own push included, are
-  a fixed one-step pipeline delay: ``Admission.damping_delay``, ps_admission.py). A group then
+  a fixed one-step pipeline delay: ``Admission.damping_delay``, ps/admission.py). A group then
   always has a gradient pending, and the rule (``Admission._may_answer_overlapped``) counts for each
   pending gradient, and each answered group's next one, every push that may still
   come before it; when no group is answered, the held group with the oldest base is (which moves
@@ -32,7 +32,7 @@ staleness rule allows (see docs/runtime-reference.md):
 Other shards apply pushes and answer at once (an acknowledgement; the leader pulls their parameters
 after shard 0 answers), so one shard alone decides who waits and shards cannot deadlock each other.
 
-The optimizer is the worker's class with its parameter groups (optim.py), built with torch's fused
+The optimizer is the worker's class with its parameter groups (ps/optim.py), built with torch's fused
 (or foreach) implementation where the class has one, over one tensor per parameter group of the
 range for elementwise optimizers; its intra-op threads are the cores this rank has (``ps_threads``).
 Each push carries the groups' current hyperparameters, so the worker's LR schedule drives the PS's
@@ -45,36 +45,28 @@ by the group's share of the global batch per step (docs/runtime-reference.md).
 """
 from __future__ import annotations
 
-import argparse
 import copy
-import json
 import os
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
-from torch.distributed import rpc
 from torch.futures import Future
 
 from . import optim
-from .env import RankEnv
-from .ps_admission import Admission
-from .group_shares import GroupShares, Pace, block_layout
-from .ps_checkpoints import ShardCheckpoints
-from .ps_state import ShardState
-from .rebalance import Change
+from .admission import Admission
+from ..adapt.shares import GroupShares, Pace, block_layout
+from .checkpoints import ShardCheckpoints
+from .state import ShardState
+from .trace import Trace
+from ..adapt.rebalance import Change
 from .shards import Segment
-from ..schema.stages import Wire
-from .errors import TrainingError
-from .groups import init_distributed, rpc_name, shutdown
-from .metrics import MetricsSink
+from ...schema.stages import Wire
+from ..errors import TrainingError
+from ..metrics import MetricsSink
 
-_SERVER: "ShardServer | None" = None
-_IO: Any = None          # ps_io.ShardIO of this rank's server
-THREADS_ENV = "HGTRAIN_PS_THREADS"
 
 # In an answer's fields: "the shard's parameters in the wire format". How they reach the group is the
 # delivery's business (``ShardServer.deliver``): a copy in process, a send over the pair's channel.
@@ -108,12 +100,16 @@ class ShardServer:
         self.readers = 0
         self.staging = threading.Lock()                  # one push at a time in the staging buffer
         self.deliver: Delivery = self._deliver_copy
+        # How shard 0 tells another shard (by rank) of a checkpoint version every shard takes: an RPC
+        # to its handler (handlers.schedule_on, set by rank.main), which this module cannot import
+        # without a circle (the handlers serve this class).
+        self.schedule_on: Callable[[int, int], None] = _no_other_shards
         self.version = 0
         # Each group's data position after its latest applied push (sent by its leader; see
-        # position.py): checkpointed with the parameters, answered to the group after a resume.
+        # exchange/position.py): checkpointed with the parameters, answered to the group after a resume.
         self.data_positions: dict[int, dict[str, int]] = {}
         self.coordinator = shard == 0
-        # Shard 0's re-split of the global batch across groups (group_shares.py; None: the plan's).
+        # Shard 0's re-split of the global batch across groups (adapt/shares.py; None: the plan's).
         self.shares = shares if self.coordinator else None
         self.admission = Admission(group_ids=group_ids, bound=staleness_bound, overlap=overlap,
                                    coordinator=self.coordinator)
@@ -122,46 +118,19 @@ class ShardServer:
         self.finishing: list[tuple[int, Future]] = []
         self.failure: str | None = None
         self.all_done = threading.Event()
-        self.trace_fh = open(trace, "a", encoding="utf-8") if trace else None
+        self._trace = Trace(shard, trace)
         self.checkpoints = ShardCheckpoints(
             shard=shard, shards=len(self.ps_ranks), directory=checkpoint_dir, every=checkpoint_every,
             seconds=checkpoint_seconds, snapshot=self.held.snapshot, read_done=self._read_done,
-            saved=self._saved, trace=self._trace)
+            saved=lambda version, path: self._trace("checkpoint", version=version, path=str(path)),
+            trace=self._trace)
         self._trace("start", pid=os.getpid(), threads=torch.get_num_threads(), rss_kb=memory_kb("VmRSS"))
 
-    # What tests read of the state: the optimizer's tensors (views of master), the fp32 master copy,
-    # the shared buffers, the versions the groups computed on.
-    @property
-    def params(self) -> list[torch.Tensor] | None:
-        return self.held.params
-
-    @property
-    def master(self) -> torch.Tensor | None:
-        return self.held.master
-
-    @property
-    def buffers(self) -> torch.Tensor | None:
-        return self.held.buffers
-
-    @property
-    def base(self) -> dict[int, int]:
-        return self.admission.base
-
     # --- events ------------------------------------------------------------------------------
-    def _trace(self, event: str, **fields: Any) -> None:
-        if self.trace_fh:
-            self.trace_fh.write(json.dumps({"event": event, "shard": self.shard,
-                                            "t": time.time(), **fields}) + "\n")
-            self.trace_fh.flush()
-
     def _read_done(self) -> None:
         with self.cv:
             self.readers -= 1
             self.cv.notify_all()
-
-    def _saved(self, version: int, path: Path) -> None:
-        with self.cv:
-            self._trace("checkpoint", version=version, path=str(path))
 
     # --- RPC handlers (called on RPC threads) -----------------------------------------------
     def seed(self, group: int, flat: torch.Tensor, segments: Sequence[Segment],
@@ -206,7 +175,7 @@ class ShardServer:
         ``data_position``: the group's position in its data after this push; ``base``: the version
         of this shard's parameters the gradient was computed on (sent under overlap, where it is
         older than the group's last answer); ``pace``: the group's step outside the exchange, for the
-        shares across groups (group_shares.py); ``grad`` may arrive in the plan's wire format."""
+        shares across groups (adapt/shares.py); ``grad`` may arrive in the plan's wire format."""
         fut: Future = Future()
         with self.cv:
             self.held.check_push(group, grad)
@@ -309,14 +278,14 @@ class ShardServer:
         if buffers is not None:
             self.held.answered_buffers[group] = buffers
         master = self.held.master
-        if self.trace_fh and master is not None:   # (a float64 sum: a debugging aid, slow on large models)
+        if self._trace.on and master is not None:   # (a float64 sum: a debugging aid, slow on large models)
             self._trace("answer", group=group, version=self.version,
                         param_sum=float(master.to(self.wire_dtype).sum(dtype=torch.float64)))
         shares = self.shares.schedule() if self.shares is not None else None
         self.deliver(group, fut, (self.version, PARAMS, buffers, shares))
 
     def _shared(self, change: Change) -> None:
-        """The groups' shares of the global batch changed (group_shares.py): traced, and reported as
+        """The groups' shares of the global batch changed (adapt/shares.py): traced, and reported as
         an ``adapt`` metric (the launcher's ``[adapt]`` line)."""
         assert self.shares is not None
         groups = list(self.shares.groups)
@@ -327,17 +296,9 @@ class ShardServer:
                           rates=[round(r, 3) for r in change.rates], step_before_s=change.step_before_s,
                           step_after_s=change.step_after_s)
 
-    def payload(self, fields: tuple[Any, ...]) -> torch.dtype | None:
-        """The type the parameters an answer's fields name travel in (PARAMS: the wire's; MASTER:
-        fp32), if they name any. Either way they are sent from the master copy (stable while
-        readers > 0), narrowed on the way under the bf16 wire (transfer.send)."""
-        if any(f is MASTER for f in fields):
-            return torch.float32
-        return self.wire_dtype if any(f is PARAMS for f in fields) else None
-
     def _deliver_copy(self, group: int, fut: Future, fields: tuple[Any, ...]) -> None:
         """In process (tests, tools): the answer with a copy of the parameters."""
-        dtype, master = self.payload(fields), self.held.master
+        dtype, master = payload(fields, self.wire_dtype), self.held.master
         fut.set_result(tuple(master.to(dtype, copy=True) if (f is PARAMS or f is MASTER) and dtype and master is not None
                              else f for f in fields))
 
@@ -353,7 +314,7 @@ class ShardServer:
 
     def _schedule_everywhere(self, version: int) -> None:
         for r in self.ps_ranks[1:]:
-            rpc.rpc_async(rpc_name(r), _schedule_checkpoint, args=(version,))
+            self.schedule_on(r, version)
 
     def resume(self, version: int | None = None) -> int | None:
         """Load a complete checkpoint set (``version``, else the newest: ShardCheckpoints.find);
@@ -401,8 +362,20 @@ class ShardServer:
                "impl": self.held.opt_impl}
         self._trace("end", **end)
         self.metrics.emit(event="ps_end", shard=self.shard, **end)
-        if self.trace_fh:
-            self.trace_fh.close()
+        self._trace.close()
+
+
+def payload(fields: tuple[Any, ...], wire_dtype: torch.dtype) -> torch.dtype | None:
+    """The type the parameters an answer's fields name travel in (PARAMS: the wire's, ``wire_dtype``;
+    MASTER: fp32), if they name any. Either way they are sent from the master copy (stable while
+    readers > 0), narrowed on the way under the bf16 wire (transfer.send)."""
+    if any(f is MASTER for f in fields):
+        return torch.float32
+    return wire_dtype if any(f is PARAMS for f in fields) else None
+
+
+def _no_other_shards(rank: int, version: int) -> None:
+    raise TrainingError(f"PS shard asked to tell rank {rank} of checkpoint version {version} without RPC")
 
 
 def memory_kb(field: str) -> int | None:
@@ -415,144 +388,3 @@ def memory_kb(field: str) -> int | None:
     except OSError:
         pass
     return None
-
-
-# RPC entry points: module-level so workers can name them; they run on the PS's RPC threads. They
-# carry the control messages; the tensors of seeds, pushes and answers go over the pair's channel.
-@rpc.functions.async_execution
-def _pull(group: int) -> Future:
-    return _server().pull(group)
-
-
-@rpc.functions.async_execution
-def _push(group: int, samples: float, hyper: optim.Hyperparameters, buffers: torch.Tensor | None,
-          data_position: dict[str, int] | None = None, base: int | None = None,
-          pace: Pace | None = None) -> Future:
-    return _io().push(group, samples, hyper, buffers, data_position, base, pace)
-
-
-@rpc.functions.async_execution
-def _finish(group: int, wait_s: float) -> Future:
-    return _server().finish(group, wait_s)
-
-
-@rpc.functions.async_execution
-def _seed(group: int, segments: list[list[Any]], spec: dict[str, Any], buffers: torch.Tensor | None) -> Future:
-    return _io().seed(group, tuple(Segment.from_wire(s) for s in segments), spec, buffers)
-
-
-def _state() -> tuple[int, torch.Tensor, torch.Tensor | None]:
-    return _server().state()
-
-
-def _data_position(group: int) -> dict[str, int] | None:
-    return _server().data_position(group)
-
-
-def _schedule_checkpoint(version: int) -> None:
-    _server().schedule_checkpoint(version)
-
-
-def _shares(plan: Any, adapt: bool) -> GroupShares | None:
-    """Shard 0's re-split across groups: under launch --adapt, for two or more groups whose shares
-    of a step's block can move (group_shares.block_layout)."""
-    layout = block_layout(plan) if adapt and len(plan.groups) > 1 else None
-    return GroupShares(layout) if layout else None
-
-
-def _server() -> ShardServer:
-    if _SERVER is None:
-        raise TrainingError("this rank is not a parameter server")
-    return _SERVER
-
-
-def _io() -> Any:
-    if _IO is None:
-        raise TrainingError("this rank is not a parameter server")
-    return _IO
-
-
-def ps_threads(plan: Any, rank: int, environ: Mapping[str, str], cores: int) -> int:
-    """Intra-op threads of a PS rank (its optimizer steps): HGTRAIN_PS_THREADS, else this node's
-    cores shared evenly by the plan's ranks on the node (at least one)."""
-    raw = environ.get(THREADS_ENV, "").strip()
-    if raw:
-        try:
-            value = int(raw)
-        except ValueError:
-            value = 0
-        if value < 1:
-            raise TrainingError(f"{THREADS_ENV}={raw!r} is not a positive whole number of threads")
-        return value
-    node = plan.rank(rank).node
-    here = sum(1 for r in plan.ranks if r.node == node)
-    return max(1, cores // max(1, here))
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    global _SERVER
-    parser = argparse.ArgumentParser(prog="python -m hgcli.runtime.ps",
-                                     description="hgtrain parameter-server rank (started by the launcher)")
-    parser.add_argument("--checkpoint-dir", type=Path)
-    parser.add_argument("--checkpoint-every", type=int, default=0, help="updates between checkpoints")
-    parser.add_argument("--checkpoint-seconds", type=float, default=0.0,
-                        help="seconds between checkpoints")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue from the newest complete checkpoint in --checkpoint-dir")
-    parser.add_argument("--resume-version", type=int, metavar="V",
-                        help="continue from exactly checkpoint version V (the launcher's choice from "
-                             "every node's files; implies --resume)")
-    parser.add_argument("--trace", type=Path, help="append one JSON line per push/release/checkpoint")
-    args = parser.parse_args(argv)
-    global _IO
-    try:
-        env = RankEnv.from_environ()
-        plan = env.plan
-        if plan is None or env.rank not in plan.ps_shards:
-            raise TrainingError(f"rank {env.rank} is not a PS rank of the plan (HGTRAIN_PLAN)")
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        torch.set_num_threads(ps_threads(plan, env.rank, os.environ, cores))
-        resume = args.resume or args.resume_version is not None
-        if resume and args.checkpoint_dir is None:
-            raise TrainingError("--resume needs --checkpoint-dir")
-        shard = plan.ps_shards.index(env.rank)
-        metrics = MetricsSink(env.metrics_fd, {"rank": env.rank, "role": "ps"})
-        _SERVER = server = ShardServer(
-            shard=shard, ps_ranks=plan.ps_shards, group_ids=[g.id for g in plan.groups],
-            staleness_bound=plan.staleness_bound, global_batch=plan.global_batch,
-            timeout_s=env.timeout_s, metrics=metrics,
-            checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-            checkpoint_seconds=args.checkpoint_seconds, trace=args.trace,
-            accumulate={g.id: g.accumulate for g in plan.groups}, overlap=plan.overlap, wire=plan.wire,
-            shares=_shares(plan, env.adapt))
-        if resume:
-            version = server.resume(args.resume_version)
-            print(f"PS shard {shard}: " + (f"resumed from checkpoint version {version}"
-                  if version is not None else "no complete checkpoint, starting fresh"), flush=True)
-            if version is not None and shard == 0:   # the launcher's `resumed` event
-                metrics.emit(event="resumed", source="checkpoint", step=version, samples=None)
-        init_distributed(env, plan)
-        from .ps_io import ShardIO
-
-        _IO = ShardIO(server, leaders={g.id: g.ranks[0] for g in plan.groups})
-        # Joined the job, nothing held yet: what the shard's state costs is above this.
-        ready = {"rss_kb": memory_kb("VmRSS"), "threads": torch.get_num_threads()}
-        server._trace("ready", **ready)
-        metrics.emit(event="ps_ready", shard=shard, **ready)
-        server.wait()
-        server.close()
-        shutdown(plan, env.timeout_s)     # its barrier: every leader has what was sent to it
-        _IO.close()
-    except TrainingError as exc:
-        print(f"hgtrain PS rank: {exc}", file=sys.stderr, flush=True)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    # Run the imported module, not __main__: RPC resolves the handlers as hgcli.runtime.ps._push etc.
-    from hgcli.runtime.ps import main as _main
-    code = _main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)   # do not wait on RPC threads of a failed job

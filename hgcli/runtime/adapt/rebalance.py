@@ -3,7 +3,7 @@
 A group steps as slowly as its slowest member. The plan splits the group's batch by speeds benched
 before the job; while it trains, a GPU that another job lands on, that throttles, or whose data
 loader falls behind, makes the split wrong (LB-BSP, SoCC'20, re-sizes the batches at every barrier
-for this reason). Here every member measures its compute per step as it trains (engine.py: from the
+for this reason). Here every member measures its compute per step as it trains (group/engine.py: from the
 step's start to its last gradient bucket, which excludes the wait for the others), the group's
 small per-step all-reduce carries every member's sums, and every member runs the same decision on
 the same numbers, so they agree without another message:
@@ -77,7 +77,7 @@ class GroupSplit:
     Two schedules make the sizes. The members' split inside the group (``change``: this module's
     rebalancer) and the group's share of each step's block (``share``: every group's total, in
     block order, as the parameter servers' shard 0 re-splits the global batch across groups,
-    group_shares.py). ``block``: this group's place among ``totals``, the plan's group totals in the
+    adapt/shares.py). ``block``: this group's place among ``totals``, the plan's group totals in the
     order their workers come (default: this group alone). When the group's total is not what its
     members' split sums to, the split's proportions are kept (``split_by_rate``)."""
 

@@ -18,9 +18,9 @@ from typing import Any, Iterator, Sequence
 
 from torch.utils.data import DataLoader, IterableDataset, Sampler
 
-from .data import epoch_order, group_sizes, step_slice, steps_per_epoch
-from .errors import TrainingError
-from .rebalance import GroupSplit
+from .blocks import epoch_order, group_sizes, step_slice, steps_per_epoch
+from ..errors import TrainingError
+from ..adapt.rebalance import GroupSplit
 
 # DataLoader arguments ctx.loader sets itself (through its batch sampler): given again, they would
 # contradict it, and torch's own error ("mutually exclusive") would not say which call to change.
@@ -46,7 +46,7 @@ class RankBatchSampler(Sampler[list[int]]):
         self._pass: tuple[int, int] | None = None   # (epoch, first step) of the latest pass
         self._yielded = 0                       # batches of that pass handed to the DataLoader
         self._consumed = 0                      # ... and taken by training (note_step)
-        # The group's rebalanced sizes by data step (rebalance.py); None: the plan's batches always.
+        # The group's rebalanced sizes by data step (adapt/rebalance.py); None: the plan's batches always.
         self.split = split
         if split is not None:
             split.attach()

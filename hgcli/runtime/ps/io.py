@@ -1,8 +1,8 @@
 """A PS shard's data path: seeds and pushes in, answers out, over each group's pair channel.
 
-The RPC handlers (ps.py) hand the bulk work here and return at once, so a transfer never holds an
+The RPC handlers (ps/server.py) hand the bulk work here and return at once, so a transfer never holds an
 RPC thread. A push is received into the shard's one staging buffer (the optimizer's ``.grad``; a
-bf16 push is widened on the way, transfer.py) on a thread of :attr:`ShardIO.pushes`, then applied
+bf16 push is widened on the way, ps/transfer.py) on a thread of :attr:`ShardIO.pushes`, then applied
 by ``ShardServer.push``. An answer with parameters is delivered in two parts: its RPC result says
 that parameters follow, and a thread of :attr:`ShardIO.sends` sends them from the shard's master
 copy (no copy of it; narrowed to bf16 on the way under the bf16 wire). Until that send is done it counts as a reader, which keeps the next step waiting.
@@ -16,10 +16,10 @@ import torch
 from torch.futures import Future
 
 from . import optim, transfer
-from .errors import TrainingError
-from .group_shares import Pace
-from .groups import channel
-from .ps import MASTER, PARAMS, ShardServer
+from ..errors import TrainingError
+from ..adapt.shares import Pace
+from ..groups import channel
+from .server import MASTER, PARAMS, ShardServer, payload
 from .shards import Segment
 
 
@@ -81,7 +81,7 @@ class ShardIO:
     def deliver(self, group: int, fut: Future, fields: tuple[Any, ...]) -> None:
         """(server.cv held) The answer's fields, with ``True`` for the parameters, which follow over
         the channel."""
-        dtype = self.server.payload(fields)
+        dtype = payload(fields, self.server.wire_dtype)
         if dtype is None:
             fut.set_result(fields)
             return

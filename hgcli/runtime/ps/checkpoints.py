@@ -2,8 +2,8 @@
 
 A checkpoint is due every ``every`` versions, or at a version every shard was told to take
 (``--checkpoint-seconds``: shard 0 picks one far enough ahead that no shard has passed it). The
-state is copied on the writer's thread while the shard counts it as a reader (ps.py), so a step
-waits for the copy but never for the disk. The file format is checkpoint.py's.
+state is copied on the writer's thread while the shard counts it as a reader (ps/server.py), so a step
+waits for the copy but never for the disk. The file format is ps/files.py's.
 """
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from . import checkpoint
-from .errors import TrainingError
+from . import files as checkpoint
+from ..errors import TrainingError
 
 Trace = Callable[..., None]
 
