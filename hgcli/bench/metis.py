@@ -23,6 +23,9 @@ METIS_NODE = "metis"   # the node of devices read from Metis files, which know o
 
 @dataclass(frozen=True)
 class MetisImport:
+    """What a set of Metis profile files gave: device profiles the planner can use, the model
+    they were measured on, and the files left out, so the import says what it did not take."""
+
     devices: tuple[DeviceProfile, ...]   # one per device type, steps in batch-size order
     model: ModelSpec | None
     skipped: tuple[str, ...]             # files not imported (tensor parallel > 1), by name

@@ -24,6 +24,9 @@ MAX_SLOTS = 1024          # devices (ranks) one hostfile line may declare
 
 @dataclass(frozen=True)
 class HostEntry:
+    """One hostfile line (DeepSpeed/MPI style): the host, its declared slots, and the line number that
+    errors name."""
+
     host: str
     slots: int | None
     line: int

@@ -17,6 +17,9 @@ WIDTHS = (16, 32, 64)
 
 
 class BasicBlock(nn.Module):
+    """The ResNet's unit: two 3x3 convolutions with BatchNorm around a residual shortcut (a 1x1
+    projection where the stride or width changes)."""
+
     def __init__(self, c_in: int, c_out: int, stride: int) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
@@ -33,6 +36,9 @@ class BasicBlock(nn.Module):
 
 
 class ResNet(nn.Module):
+    """The bundled example's model: small enough for emulated devices on a CPU, with BatchNorm buffers
+    as real vision models have."""
+
     def __init__(self, blocks: int = 1, classes: int = 10, widths: tuple[int, ...] = WIDTHS) -> None:
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(3, widths[0], 3, 1, 1, bias=False), nn.BatchNorm2d(widths[0]),

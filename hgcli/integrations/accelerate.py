@@ -42,6 +42,9 @@ class Step:
 
 
 class Hgtrain:
+    """hgtrain inside an accelerate loop: ``prepare`` gives this rank its planned batches and the
+    samples-weighted comm hook, ``step`` adds emulation and metrics around each step."""
+
     def __init__(self, accelerator: Accelerator) -> None:
         self.accelerator = accelerator
         self._share = RankShare.from_environ("hgcli.integrations.accelerate")

@@ -35,6 +35,9 @@ class _PlannedBatches(RankBatchSampler, BatchRebalanceSampler):
 
 
 class HgtrainTrainer(transformers.Trainer):
+    """A drop-in ``transformers.Trainer`` that trains on this rank's planned batches with the
+    samples-weighted comm hook, emulation and metrics."""
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._share = RankShare.from_environ("HgtrainTrainer (transformers)")
         self._meter = StepMeter(self._share)

@@ -44,6 +44,8 @@ RECORD_POLL_S = 0.25
 
 @dataclass(frozen=True)
 class LogLine:
+    """One line of a rank's output as ``hgtrain logs`` shows it, tagged with node, rank and stream."""
+
     node: str
     rank: int
     stream: str          # "out" | "err" from a node; "log" from the controller's copy

@@ -36,6 +36,8 @@ NODE_FINAL = (NodeJobState.SUCCEEDED, NodeJobState.FAILED, NodeJobState.STOPPED,
 
 @dataclass(frozen=True)
 class LiveRank:
+    """A rank as its node's agent reports it now (state, pid, exit, last metrics line)."""
+
     rank: int
     state: RankState
     pid: int | None = None
@@ -47,6 +49,9 @@ class LiveRank:
 
 @dataclass(frozen=True)
 class NodeLive:
+    """One node's live view of a job: the agent's state there and its ranks, or why the node could
+    not say."""
+
     node: str
     state: NodeJobState            # the agent's job state on that node, or orphaned/lost/absent/unknown
     reachable: bool
@@ -59,6 +64,8 @@ class NodeLive:
 
 @dataclass(frozen=True)
 class JobLive:
+    """What every node of a job said when asked at ``checked_at``; ``status`` shows it beside the record."""
+
     job_id: str
     nodes: tuple[NodeLive, ...]
     checked_at: float
@@ -75,6 +82,9 @@ class JobLive:
 
 @dataclass(frozen=True)
 class JobStatus:
+    """``hgtrain status JOB``'s answer: the saved record, plus the nodes' live view while the record
+    says the job may still run."""
+
     record: JobRecord
     live: JobLive | None           # None for a job its record says has ended
 

@@ -32,6 +32,9 @@ RESTART_CHASES = 3
 
 @dataclass(frozen=True)
 class NodeStop:
+    """What ``hgtrain stop`` did on one node and what is left there, so a partial stop names the node
+    and its pids."""
+
     node: str
     ok: bool                       # the node confirmed nothing of the job is left there
     agent: str | None = None       # "stopped" | "gone" | "not responding" | None (no job there)
@@ -43,6 +46,9 @@ class NodeStop:
 
 @dataclass(frozen=True)
 class StopResult:
+    """A stop over every node of the job, with the record as saved afterwards; ``failed`` names the
+    nodes where something may be left."""
+
     record: JobRecord              # as saved afterwards
     nodes: tuple[NodeStop, ...]
 

@@ -116,6 +116,9 @@ class MetricRecord:
 
 @dataclass(frozen=True, slots=True)
 class AgentWarning:
+    """A warning frame from a node agent (a rank's unreadable metrics line, or the agent's own):
+    shown to the user, never fatal."""
+
     message: str
     rank: int | None               # a rank's bad metrics line; None for the agent's own
 

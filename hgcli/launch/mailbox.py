@@ -18,6 +18,9 @@ T = TypeVar("T")
 
 
 class Mailbox(Generic[T]):
+    """The hand-off from many reader threads to one consumer: one wake-up per burst, optionally
+    bounded by the bytes the consumer has not released (module docstring)."""
+
     def __init__(self, limit_bytes: int = 0) -> None:
         self._items: collections.deque[T] = collections.deque()
         self._wake = threading.Event()

@@ -37,6 +37,9 @@ def _open_private(path: Path, *, binary: bool = False) -> IO[Any]:
 
 
 class JobBook:
+    """The controller's writer of one job's files: its record, each rank's log and the metrics file,
+    flushed and saved at bounded intervals so readers such as ``logs -f`` keep up."""
+
     def __init__(self, record: JobRecord) -> None:
         self.record = record
         self.dir = jobs.job_dir(record.id)

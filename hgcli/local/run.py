@@ -31,6 +31,8 @@ from .plans import emulated_plan
 
 @dataclass
 class RankResult:
+    """One rank of a local run: its role, how it exited and the file holding its output."""
+
     rank: int
     role: m.Role
     exit_code: int | None          # None: still running when it was killed
@@ -42,6 +44,9 @@ class RankResult:
 
 @dataclass
 class LocalRunResult:
+    """A local run of a plan: every rank's result, the metrics they wrote and the first failure
+    (the root cause), for tests and benchmarks to assert on."""
+
     ranks: list[RankResult]
     metrics: list[dict[str, Any]] = field(default_factory=list)
     elapsed_s: float = 0.0

@@ -102,6 +102,9 @@ def digest(value: object) -> str:
 # ---------------------------------------------------------------------------------------------
 
 class HostKeyPolicy(str, enum.Enum):
+    """What to do with an unknown or changed SSH host key, in OpenSSH's StrictHostKeyChecking
+    values so the cluster file reads like ssh_config."""
+
     YES = "yes"                # unknown key: refuse, show fingerprint (the default)
     ACCEPT_NEW = "accept-new"  # unknown key: add to known_hosts; changed key: refuse
     NO = "no"                  # accept anything (never overwrites a changed key either)
@@ -109,6 +112,8 @@ class HostKeyPolicy(str, enum.Enum):
 
 @dataclass(frozen=True)
 class SshSettings:
+    """The cluster file's ``[ssh]`` table: what every SSH connection to the nodes uses."""
+
     known_hosts: str = "~/.ssh/known_hosts"
     strict_host_key_checking: HostKeyPolicy = HostKeyPolicy.YES
     connect_timeout: float = 10.0
@@ -153,6 +158,9 @@ class EmulateSpec:
 
 @dataclass(frozen=True)
 class NodeSpec:
+    """One node of the cluster, as it is reached (address, SSH options with ssh config applied) and
+    run on (its Python, its emulated devices)."""
+
     name: str
     host: str                      # as written: an address or an ssh-config alias
     hostname: str | None = None    # resolved address (ssh config HostName), None = host
@@ -178,6 +186,9 @@ class NodeSpec:
 
 @dataclass(frozen=True)
 class Cluster:
+    """The config stage's value: the nodes and how to reach them; its fingerprint keys the stored
+    probe, bench and plans."""
+
     nodes: tuple[NodeSpec, ...]
     ssh: SshSettings = field(default_factory=SshSettings)
     source: str | None = None      # path of the cluster file; None for the embedded default
@@ -204,6 +215,8 @@ class Cluster:
 
 @dataclass(frozen=True)
 class GpuInfo:
+    """One device as a node's probe found it, or as the cluster file emulates it."""
+
     index: int
     name: str
     uuid: str | None = None
@@ -242,6 +255,9 @@ class PythonRuntime:
 
 @dataclass(frozen=True)
 class NodeInfo:
+    """One node's probe: devices, CPU, memory, Python and torch, or the error that kept it from
+    answering (``ok=False``), so one bad node does not hide the rest."""
+
     name: str
     host: str
     ok: bool
@@ -261,6 +277,9 @@ class NodeInfo:
 
 @dataclass(frozen=True)
 class Inventory:
+    """The probe stage's value: every node's probe for one cluster fingerprint, stored for bench
+    and plan."""
+
     cluster: str                   # Cluster.fingerprint()
     nodes: tuple[NodeInfo, ...]
     probed_at: float = 0.0
@@ -291,6 +310,9 @@ class Measurement:
 
 @dataclass(frozen=True)
 class StepSample:
+    """One device's timed training step at one batch size: the points the planner's time(batch)
+    fit is made of."""
+
     batch_size: int
     seconds: Measurement           # forward + backward + optimizer step
     memory_mib: int | None = None  # peak device memory at that batch size
@@ -343,6 +365,9 @@ class TogetherProfile:
 
 @dataclass(frozen=True)
 class DeviceProfile:
+    """What the bench measured of one device (step times per batch, alone and beside its node's
+    other devices): the planner's figure of its speed and memory."""
+
     node: str
     device: Device                 # "gpu0", "gpu1", ... or "cpu"
     name: str                      # model name, e.g. "NVIDIA A100-SXM4-40GB"
@@ -369,6 +394,9 @@ class DeviceProfile:
 
 @dataclass(frozen=True)
 class LinkProfile:
+    """The measured bandwidth and latency between two nodes, or why they could not be measured:
+    what prices the exchange across them."""
+
     a: str                         # node names
     b: str
     backend: str                   # "gloo" | "nccl"
@@ -388,6 +416,9 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class Profiles:
+    """The bench stage's value: every device and link profile of one cluster fingerprint, and the
+    model they were timed on."""
+
     cluster: str                   # Cluster.fingerprint()
     devices: tuple[DeviceProfile, ...]
     links: tuple[LinkProfile, ...] = ()
@@ -433,6 +464,9 @@ class ScriptRates:
 # ---------------------------------------------------------------------------------------------
 
 class Strategy(str, enum.Enum):
+    """How a plan aggregates gradients: one all-reduce group, groups that exchange through parameter
+    servers (hybrid), every device pushing to them (ps), or the planner's choice (auto)."""
+
     AUTO = "auto"
     ALLREDUCE = "allreduce"
     HYBRID = "hybrid"
@@ -466,6 +500,8 @@ PLAN_NEEDS: Mapping[Strategy, tuple[str, ...]] = MappingProxyType(
 
 
 class Role(str, enum.Enum):
+    """What a rank of a plan does: train (worker) or hold a parameter-server shard (ps)."""
+
     WORKER = "worker"
     PS = "ps"
 
@@ -489,6 +525,8 @@ class JobSpec:
 
 @dataclass(frozen=True)
 class GroupPlan:
+    """A synchronous group of a plan: its ranks, and the local steps it accumulates before each push."""
+
     id: int
     ranks: tuple[int, ...]
     accumulate: int = 1            # local steps accumulated before the group pushes to the PS
@@ -496,6 +534,9 @@ class GroupPlan:
 
 @dataclass(frozen=True)
 class RankPlan:
+    """One rank of a plan: role, node, device, group and batch, and the emulated speed the runtime
+    applies."""
+
     rank: int
     role: Role
     node: str
@@ -517,6 +558,9 @@ class RankPlan:
 
 @dataclass(frozen=True)
 class Plan:
+    """The plan stage's value and what ``launch`` runs: groups, ranks and batches, each strategy's
+    predicted samples/s, and why this strategy was chosen."""
+
     strategy: Strategy
     world_size: int
     groups: tuple[GroupPlan, ...]
@@ -574,6 +618,8 @@ class Plan:
 
 @dataclass(frozen=True)
 class RankRecord:
+    """A rank as a job record keeps it: where it ran, its state and exit, and its last metrics."""
+
     rank: int
     node: str
     role: Role
