@@ -53,6 +53,9 @@ def _check_plan(plan: m.Plan) -> None:
 
 
 class Context:
+    """What a training script sees of hgtrain (``hg.init()``): its rank and group, ``wrap`` for the
+    model and optimizer, its data (``shard``, ``sampler``, ``loader``), ``log`` and ``finish``."""
+
     def __init__(self, env: RankEnv, *, echo: bool = False) -> None:
         self.env = env
         self.plan = env.plan or _implicit_plan(env)

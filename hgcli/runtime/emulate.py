@@ -61,6 +61,9 @@ class StableSpeed:
 
 
 class Emulator:
+    """Paces one rank as its emulated device: stretches each step's compute by 1 / speed (and the
+    declared stragglers and slowdowns), so a CPU stands in for a GPU of the declared speed."""
+
     def __init__(self, speed: float, *, worker_index: int = 0, n_workers: int = 1,
                  straggler_factor: float = 1.0, straggler_seed: int = 0,
                  slowdown: Sequence[tuple[float, float]] = ()) -> None:

@@ -52,6 +52,8 @@ class SnapshotEnv:
 
 @dataclass(frozen=True)
 class RankEnv:
+    """Everything a rank reads of its environment (the launcher's ``rank_env`` writes it): who it
+    is, its plan, where to report metrics, how long to wait."""
     rank: int
     world_size: int
     local_rank: int

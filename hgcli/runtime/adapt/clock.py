@@ -23,6 +23,9 @@ RATES_EVERY_S = 5.0         # between two `rates` records (the launcher's re-gro
 
 
 class ComputeClock:
+    """A member's compute seconds and samples per accumulation window, the all-reduce waits left out:
+    what the rebalancer, the ``rates`` records and the finish record read of its speed."""
+
     def __init__(self) -> None:
         self.windows = 0                  # accumulation windows (steps of the group) completed
         self.window_began = 0.0           # when the current window's first compute began

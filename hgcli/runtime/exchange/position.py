@@ -29,6 +29,9 @@ class Positioned(Protocol):
 
 
 class DataPosition:
+    """The group's data position: the first data source's epoch and step, sent with each push, and the
+    position a PS checkpoint restored, applied to that source at ``wrap()``."""
+
     def __init__(self) -> None:
         self.sampler: Positioned | None = None
         self.restored: dict[str, int] | None = None

@@ -27,6 +27,9 @@ from ..ps.shards import ShardLayout
 
 
 class Staging:
+    """A group leader's two reused host buffers of the whole flat vector: the push it sends (with the
+    bf16 wire's error feedback) and the answer it receives and loads into the parameters."""
+
     def __init__(self, layout: ShardLayout, params: Sequence[torch.Tensor], wire: torch.dtype,
                  device: torch.device) -> None:
         self.layout = layout

@@ -25,6 +25,9 @@ import torch
 
 
 class ScalerAware(Protocol):
+    """What a wrapped optimizer's GradScaler step calls on the group engine, so that a step is skipped
+    by the whole group or by none."""
+
     def scaler_step(self, found_inf: bool, step: Callable[[], Any], scale: torch.Tensor | None) -> tuple[Any, bool]:
         """Run ``step`` (the optimizer's step) knowing this rank's found-inf flag and the scaler's
         scale (its live tensor: the gradients' scale); returns the step's result and whether the

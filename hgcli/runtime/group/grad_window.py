@@ -12,6 +12,9 @@ import torch
 
 
 class GradWindow:
+    """The earlier micro-steps of a gradient-accumulation window: their samples-weighted gradients wait
+    here until the window's last backward adds them to its buckets."""
+
     def __init__(self, params: Sequence[torch.Tensor]) -> None:
         self.params = params
         self.samples = 0                  # samples of the window's earlier micro-steps

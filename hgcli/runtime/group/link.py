@@ -12,6 +12,9 @@ from ..errors import TrainingError
 
 
 class GroupLink:
+    """A group's collectives outside DDP's reducer (the broadcasts of the PS exchange), each failure
+    turned into the one TrainingError that names the rank and its group."""
+
     def __init__(self, *, rank: int, group_id: int, ranks: tuple[int, ...], pg: Any, timeout_s: float,
                  params: Sequence[torch.Tensor], buffers: Sequence[torch.Tensor], device: torch.device) -> None:
         self.rank = rank

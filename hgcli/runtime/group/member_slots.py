@@ -15,6 +15,9 @@ from .step_reduce import MEMBER_SLOTS, step_reduce_numel
 
 
 class MemberSlots:
+    """Reads each member's slots of the step's small all-reduce: pools the emulated estimates of the
+    members on one node and runs the rebalancer's checks, alike on every member."""
+
     def __init__(self, *, rank: int, group_id: int, ranks: tuple[int, ...], share_with: tuple[int, ...],
                  rebalancer: Rebalancer | None, emulator: Emulator, clock: ComputeClock,
                  metrics: MetricsSink) -> None:

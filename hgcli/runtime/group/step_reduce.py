@@ -27,6 +27,9 @@ def step_reduce_numel(members: int, buffers: int = 0) -> int:
 
 
 class StepReduce:
+    """The group's one small all-reduce per step: samples, members' slots and samples-weighted buffers
+    in one vector, started with the step's first DDP bucket."""
+
     def __init__(self, *, members: int, me: int, pg: Any, buffers: Sequence[torch.Tensor],
                  planned_total: float | None, failed: Callable[[str, BaseException], TrainingError]) -> None:
         """``planned_total``: B, the plan's samples per update over the whole group (None: learnt

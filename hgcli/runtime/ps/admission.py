@@ -19,6 +19,9 @@ from ..errors import TrainingError
 
 
 class Admission:
+    """A PS shard's staleness bookkeeping: which version each group computes on, who waits, whether an
+    answer may go out under the bound, and when each group was last heard from."""
+
     def __init__(self, *, group_ids: Sequence[int], bound: int, overlap: bool, coordinator: bool) -> None:
         if len(group_ids) > 1 and bound < len(group_ids) - 1:
             raise TrainingError(f"plan staleness_bound {bound} is below groups - 1 = "

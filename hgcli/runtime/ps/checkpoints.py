@@ -20,6 +20,9 @@ Trace = Callable[..., None]
 
 
 class ShardCheckpoints:
+    """When a PS shard checkpoints, the thread that writes its files, and which complete set it resumes
+    from."""
+
     def __init__(self, *, shard: int, shards: int, directory: Path | None, every: int, seconds: float,
                  snapshot: Callable[[dict[str, Any]], dict[str, Any]], read_done: Callable[[], None],
                  saved: Callable[[int, Path], None], trace: Trace) -> None:

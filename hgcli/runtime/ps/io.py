@@ -24,6 +24,9 @@ from .shards import Segment
 
 
 class ShardIO:
+    """A PS shard's data path: receives seeds and pushes over each group's pair channel and sends the
+    answers, on threads of its own, so that no RPC thread waits on a transfer."""
+
     def __init__(self, server: ShardServer, *, leaders: Mapping[int, int]) -> None:
         self.server = server
         self.leaders = dict(leaders)

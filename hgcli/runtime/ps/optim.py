@@ -30,11 +30,15 @@ DEVICE_FLAGS = frozenset({"foreach", "fused", "capturable"})
 
 
 class GroupSpec(TypedDict):
+    """One parameter group of an optimizer as the PS rebuilds it: its tensors in the shard and its
+    options."""
     params: list[int]               # positions, in the shard's tensor list, of this group's tensors
     options: dict[str, Any]         # the group's constructor hyperparameters (lr, weight_decay, ...)
 
 
 class OptimizerSpec(TypedDict):
+    """The user's optimizer as a PS shard rebuilds it: its class by module and name, and its
+    parameter groups over the shard's tensors."""
     module: str
     qualname: str
     defaults: dict[str, Any]

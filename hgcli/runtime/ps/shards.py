@@ -54,6 +54,8 @@ class Segment:
 
 @dataclass(frozen=True)
 class ShardLayout:
+    """How the flat parameter vector is ordered and cut: each parameter's place, each shard's range and
+    that range's segments for its optimizer."""
     order: tuple[int, ...]                      # parameter indices (model order) in flat order
     offsets: tuple[int, ...]                    # per flat position: where that parameter starts
     numel: int                                  # elements in the flat vector

@@ -20,6 +20,9 @@ from .shards import Segment, segment_views
 
 
 class ShardState:
+    """What a PS shard holds: its range of the parameters (fp32 master), the optimizer over it, and on
+    shard 0 the model's floating-point buffers; its checkpoint state."""
+
     def __init__(self, *, shard: int, shards: int, global_batch: int, accumulate: Mapping[int, int]) -> None:
         self.shard = shard
         self.shards = shards
