@@ -270,6 +270,8 @@ _VERSION_PY = re.compile(r"^(__version__|cuda)\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['
 
 @dataclass(frozen=True)
 class TorchBuild:
+    """The node's torch, read from its files without importing it: version and CUDA build (None: CPU)."""
+
     version: str
     cuda: str | None
 
