@@ -191,7 +191,7 @@ def environment() -> bool:
 # --- step 1: nvidia-smi and the probe ------------------------------------------------------------
 
 def smi_and_probe() -> None:
-    from hgcli.node.probe import QUERY_FIELDS
+    from hgcli.node.gpus import QUERY_FIELDS
     step("smi", ["nvidia-smi", f"--query-gpu={','.join(QUERY_FIELDS)}", "--format=csv,noheader,nounits"],
          save="smi.csv")
     step("probe", HG + ["probe", "--json"], save="probe.json")

@@ -13,10 +13,13 @@ value (``hgcli.launch.inbound``). The names live here:
 - ``RankState`` (one rank) and ``NodeJobState`` (a job on one node) with their predicates, defined in
   ``hgcli.schema.states`` and re-exported here. The agent keeps these members in its record and
   frames; the controller's job record uses the same ``RankState``.
-- TypedDicts naming each agent frame's fields, in wire order, for writers and the type checker.
-  They are annotations only: a frame read from JSON is the ``dict`` JSON made, with plain strings
-  where a state is; a reader checks its fields (``hgcli.launch.inbound``) or turns states into
-  members with ``RankState.parse`` / ``NodeJobState.parse``.
+- TypedDicts naming each agent frame's fields, in wire order, for writers and the type checker:
+  every frame the agent writes is built as one (``hgcli.node.agent.outbound`` builds its own).
+  The controller's requests (prepare, spec, stop) are checked field by field where the agent
+  reads them (``agent.prelaunch``, ``agent.spec``). They are annotations only: a frame read from
+  JSON is the ``dict`` JSON made, with plain strings where a state is; a reader checks its fields
+  (``hgcli.launch.inbound``) or turns states into members with ``RankState.parse`` /
+  ``NodeJobState.parse``.
 
 Standard library only, and light: the agent imports it on start-up, which every launch waits for.
 Never format a member directly (``f"{state}"`` gives ``RankState.FAILED`` on Python 3.11): use
@@ -35,7 +38,7 @@ class FrameType(str, enum.Enum):
     """The ``"type"`` of a frame."""
 
     # controller -> agent (stdin)
-    PREPARE = "prepare"        # first, optional: the plan file and a free port (PrepareFrame)
+    PREPARE = "prepare"        # first, optional: the plan file and a free port (fields: agent/prelaunch.py)
     SPEC = "spec"              # the job (hgcli.node.agent.spec.AgentSpec)
     HEARTBEAT = "heartbeat"    # both ways: the controller's carries nothing, the agent's its "time"
     STOP = "stop"              # stop the job; frames keep coming until `end`
@@ -87,18 +90,6 @@ def first(frames: Iterable[dict[str, Any] | None], kind: FrameType) -> dict[str,
 # Each class is one frame's object in wire order. "type" is the FrameType member when built, its
 # plain string when decoded; so are the states (``str`` here: turn them into members with parse).
 
-class PrepareFrame(TypedDict):
-    """controller -> agent, optionally first: write the plan on the node, find a free port there."""
-
-    type: str
-    job_id: str
-    node: str
-    jobs_root: str
-    plan: str                      # the plan's JSON text
-    port: bool                     # find a free TCP port for MASTER_PORT
-    checkpoints: str | None        # a restart with PS ranks: the directory to list checkpoints in
-
-
 class PreparedFrame(TypedDict):
     """The answer to ``prepare``."""
 
@@ -122,6 +113,8 @@ class AgentFrame(TypedDict):
 
 
 class StartedFrame(TypedDict):
+    """A rank's process started; it leads its own process group."""
+
     type: str
     rank: int
     pid: int
@@ -147,6 +140,8 @@ class LogsFrame(_LogsFrame, total=False):
 
 
 class MetricFrame(TypedDict):
+    """One metrics record of a rank."""
+
     type: str
     rank: int
     data: dict[str, Any]           # one JSON object the rank wrote to HGTRAIN_METRICS_FD
@@ -158,15 +153,21 @@ class _WarningFrame(TypedDict):
 
 
 class WarningFrame(_WarningFrame, total=False):
+    """Something the controller should show but that stops nothing."""
+
     rank: int                      # a rank's bad metrics line; absent for the agent's own
 
 
-class HeartbeatFrame(TypedDict, total=False):
+class HeartbeatFrame(TypedDict):
+    """The agent's heartbeat; the controller's carries only its ``type``."""
+
     type: str
-    time: float                    # the agent's; the controller's heartbeat carries nothing
+    time: float
 
 
 class StoppingFrame(TypedDict):
+    """The agent stops its ranks on its own, and why."""
+
     type: str
     reason: str
     failed: bool                   # the agent's own part failed (the job's store): the root cause
@@ -208,6 +209,8 @@ class EndFrame(TypedDict):
 
 
 class DetachedFrame(TypedDict):
+    """The agent goes on in the background (``launch --detach``): its last frame on the connection."""
+
     type: str
     job_id: str
     node: str
@@ -215,11 +218,15 @@ class DetachedFrame(TypedDict):
 
 
 class ErrorFrame(TypedDict):
+    """A node program refuses its request, having started nothing."""
+
     type: str
     message: str
 
 
 class StatusRank(TypedDict):
+    """One rank in a ``--status`` frame."""
+
     rank: int
     state: str                     # a RankState
     pid: int | None

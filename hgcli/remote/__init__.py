@@ -1,3 +1,4 @@
-"""How the controller reaches nodes: the Transport protocol, SSH (the only paramiko importer), local
+"""How the controller reaches nodes: the Transport protocol, SSH (``ssh`` and its
+``ssh*`` modules; ``sshlib`` is the only paramiko importer), local
 subprocesses, bounded fan-out, and shipping the package to a node.
 """

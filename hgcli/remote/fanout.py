@@ -22,6 +22,8 @@ MAX_PARALLEL = 32
 
 @dataclass(frozen=True)
 class NodeResult(Generic[T]):
+    """One node's part of a fan-out: its value or its one-line error, and how long it took."""
+
     node: NodeSpec
     value: T | None
     error: str | None
@@ -34,6 +36,8 @@ class NodeResult(Generic[T]):
 
 @dataclass(frozen=True)
 class FanoutResult(Generic[T]):
+    """Every node's result of a fan-out, in the nodes' order, split into succeeded and failed."""
+
     results: tuple[NodeResult[T], ...]   # in the order of the nodes given
 
     @property

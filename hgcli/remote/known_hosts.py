@@ -1,6 +1,6 @@
 """OpenSSH known_hosts: look a server key up, and add one without losing the file's other lines.
 
-Kept apart from ``ssh.py`` (and free of paramiko) because it is the security decision of the
+Kept apart from ``sshauth.py`` (and free of paramiko) because it is the security decision of the
 transport: it is small enough to read in one sitting and is tested on its own. It understands what
 OpenSSH writes: plain and hashed (``|1|salt|hmac``) host names, ``[host]:port`` for non-22 ports,
 comma-separated patterns with ``*``/``?`` wildcards and ``!`` negation, and ``@revoked`` keys.
@@ -33,6 +33,8 @@ def fingerprint(blob: bytes) -> str:
 
 
 class Verdict(str, enum.Enum):
+    """What known_hosts says of a server's key; only KNOWN (or the policy, for UNKNOWN) lets a connection on."""
+
     KNOWN = "known"
     UNKNOWN = "unknown"
     CHANGED = "changed"
@@ -41,6 +43,8 @@ class Verdict(str, enum.Enum):
 
 @dataclass(frozen=True)
 class HostKey:
+    """A server's public key as the SSH wire carries it, and its OpenSSH fingerprint for messages."""
+
     key_type: str      # "ssh-ed25519", "ssh-rsa", "ecdsa-sha2-nistp256", ...
     blob: bytes
 
@@ -51,6 +55,8 @@ class HostKey:
 
 @dataclass(frozen=True)
 class Check:
+    """The outcome of a host key look-up, with the keys on file to name when it CHANGED."""
+
     verdict: Verdict
     known: tuple[HostKey, ...] = ()   # the keys on file for this host (shown when CHANGED)
 

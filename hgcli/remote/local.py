@@ -13,6 +13,8 @@ from .transport import Completed
 
 
 class LocalProcess:
+    """A long-running command started by ``LocalTransport.start``: the ``RemoteProcess`` of a local node."""
+
     def __init__(self, popen: subprocess.Popen[bytes]) -> None:
         self._popen = popen
         # Started with all three as pipes (LocalTransport.start): buffered binary files, never None.
@@ -47,6 +49,8 @@ class LocalProcess:
 
 
 class LocalTransport:
+    """The ``Transport`` protocol over local subprocesses, for nodes declared ``localhost``/``local``."""
+
     def __init__(self, node: NodeSpec) -> None:
         self.node = node
 

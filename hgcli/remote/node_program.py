@@ -20,6 +20,8 @@ _EOF = object()
 
 
 class NodeProgram:
+    """One node program started on a transport, read as frames with bounded waits (probe, bench, link)."""
+
     def __init__(self, transport: Transport, module: str, args: Sequence[str], *,
                  env: dict[str, str] | None = None) -> None:
         argv, base_env = node_module_argv(transport, module, *args)

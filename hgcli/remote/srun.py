@@ -132,6 +132,8 @@ class SrunProcess(LocalProcess):
 
 
 class SrunTransport:
+    """The ``Transport`` protocol over Slurm job steps of the allocation hgtrain runs in."""
+
     def __init__(self, node: NodeSpec, settings: SrunSettings) -> None:
         self.node = node
         self.settings = settings

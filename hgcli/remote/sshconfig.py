@@ -16,11 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import paramiko
-
 from ..errors import ConfigError
 from ..schema.stages import NodeSpec
 from ..schema.names import valid_host
+from .sshlib import paramiko
 
 # OpenSSH has no hop limit; a chain longer than this is a loop or a mistake, refused with a message.
 MAX_HOPS = 8
@@ -50,6 +49,8 @@ class Hop:
 
 
 class SshConfig:
+    """The user's ssh config file, read once, asked per host alias for the keys hgtrain applies."""
+
     def __init__(self, path: Path) -> None:
         self.path = path
         try:

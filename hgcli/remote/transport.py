@@ -14,6 +14,8 @@ from ..schema.stages import NodeSpec
 
 @dataclass(frozen=True)
 class Completed:
+    """A bounded command's end: its exit code and all of its output."""
+
     exit_code: int
     stdout: str
     stderr: str
@@ -40,6 +42,8 @@ class RemoteProcess(Protocol):
 
 
 class Transport(Protocol):
+    """How every stage reaches a node: bounded commands, long-running ones, and the package's place there."""
+
     node: NodeSpec
 
     def run(self, argv: Sequence[str], *, stdin: bytes | None = None,

@@ -14,7 +14,7 @@ import pytest
 
 from hgcli.errors import RemoteError
 from hgcli.schema.stages import HostKeyPolicy
-from hgcli.remote import ship
+from hgcli.remote import ship, ssh
 from hgcli.remote.known_hosts import fingerprint
 from hgcli.remote.ssh import SshTransport
 
@@ -63,11 +63,11 @@ def test_exit_code_stdin_and_stderr(make_hosts):
 
 
 def test_an_aead_cipher_is_negotiated_with_openssh(make_hosts):
-    """AES-GCM is asked for first (remote/ssh.py: no per-packet HMAC in Python); a real sshd agrees."""
+    """AES-GCM is asked for first (remote/sshconnect.py: no per-packet HMAC in Python); a real sshd agrees."""
     hosts = make_hosts(1)
     with SshTransport(hosts.nodes()[0], hosts.ssh_settings()) as t:
         assert t.run(["true"], timeout=30).exit_code == 0
-        connection = t._connection()
+        connection = t.connection.transport()
         assert connection.remote_cipher == connection.local_cipher == "aes128-gcm@openssh.com"
 
 
@@ -140,7 +140,7 @@ def test_connects_lazily_and_reconnects_after_close(make_hosts):
 
 # -- shipping -------------------------------------------------------------------------------------
 
-def test_package_is_shipped_once_and_used(make_hosts):
+def test_package_is_shipped_once_and_used(make_hosts, monkeypatch):
     hosts = make_hosts(1)
     host = hosts[0]
     expected = host.home / ".cache" / "hgtrain" / f"pkg-{ship.package_digest()}"
@@ -160,9 +160,10 @@ def test_package_is_shipped_once_and_used(make_hosts):
     # A later session remembers where the package is: no check command, no copy; the node
     # command itself checks the directory (one round trip in all).
     calls = []
+    run = ssh.run_command
+    monkeypatch.setattr(ssh, "run_command", lambda connection, argv, *a: calls.append(list(argv)) or
+                        run(connection, argv, *a))
     with SshTransport(hosts.nodes()[0], hosts.ssh_settings()) as t2:
-        run = t2._run
-        t2._run = lambda argv, *a: calls.append(list(argv)) or run(argv, *a)
         assert t2.package_root() == str(expected)
         assert calls == []
         result = t2.run(["python3", "-c", code], env={"PYTHONPATH": t2.package_root()}, timeout=30)

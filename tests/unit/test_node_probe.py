@@ -12,10 +12,10 @@ import pytest
 
 from hgcli.schema.stages import PLAN_NEEDS, GpuInfo, NodeInfo, Strategy, from_dict
 from hgcli.node import frames
+from hgcli.node.gpus import NvidiaSmiError, describe_failure, parse_gpu_csv, select_gpus, QUERY_FIELDS, OLD_DRIVER_FIELDS
 from hgcli.node.probe import (
-    NvidiaSmiError, RuntimeCheck, describe_failure, installed, parse_cpuinfo, parse_gpu_csv, parse_meminfo,
-    parse_os_release, runtime_from_output, select_gpus, torch_cuda_from_version, parse_torch_version_py,
-    QUERY_FIELDS, OLD_DRIVER_FIELDS,
+    RuntimeCheck, installed, parse_cpuinfo, parse_meminfo, parse_os_release, runtime_from_output,
+    torch_cuda_from_version, parse_torch_version_py,
 )
 from tests.venvs import add_package, python_without
 

@@ -16,7 +16,8 @@ import pytest
 from hgcli.errors import RemoteError
 from hgcli.remote import ship
 from hgcli.remote.local import LocalTransport
-from hgcli.remote.ssh import command_line, parse_jump
+from hgcli.remote.sshconnect import parse_jump
+from hgcli.remote.sshexec import command_line
 from hgcli.schema.stages import NodeSpec
 
 
@@ -163,3 +164,19 @@ def test_a_private_package_cache_is_used_and_a_missing_one_shipped_privately(tmp
     assert ship.ensure_package(transport) == str(root)     # shipped: every entry private to this user
     modes = {stat.S_IMODE(p.lstat().st_mode) & 0o022 for p in [root, *root.rglob("*")]}
     assert modes == {0}
+
+
+def test_only_sshlib_imports_paramiko():
+    """paramiko is imported in one place (remote/sshlib.py), after invoke's import is deferred: a
+    module importing it directly would pay invoke's start-up whenever it is imported first."""
+    import ast
+
+    package = Path(__file__).resolve().parents[2] / "hgcli"
+    importers = set()
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            if any(n == "paramiko" or n.startswith("paramiko.") for n in names):
+                importers.add(path.relative_to(package).as_posix())
+    assert importers == {"remote/sshlib.py"}

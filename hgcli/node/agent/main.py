@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import control
+from . import control, outbound
 from .. import frames
 from ..protocol import FrameType, frame_type
 from .daemon import detach
@@ -40,7 +40,7 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_NO_JOB = 0, 1, 2, 3
 
 
 def _error(message: str, code: int) -> int:
-    frames.emit({"type": FrameType.ERROR, "message": message})
+    frames.emit(outbound.error(message))
     return code
 
 

@@ -16,6 +16,9 @@ from .. import frames
 
 
 class FrameWriter:
+    """The agent's only writer of frames to the controller: blocking ``send`` for logs, non-blocking ``post``
+    for control frames."""
+
     def __init__(self, fd: int = 1, on_broken: Callable[[], None] = lambda: None) -> None:
         self._fd = fd
         self._on_broken = on_broken

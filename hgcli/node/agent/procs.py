@@ -22,6 +22,8 @@ MARKER_NODE = "HGTRAIN_NODE"
 
 @dataclass(frozen=True)
 class ProcStat:
+    """One process as /proc/<pid>/stat shows it: enough to find a job's processes and tell a reused pid."""
+
     pid: int
     state: str        # "R", "S", "Z" (zombie), ...
     ppid: int

@@ -42,6 +42,8 @@ def error_file(job_dir: Path, rank: int) -> Path:
 
 
 class Rank:
+    """One rank's process: how it was started, how it ended and why, as frames and agent.json tell it."""
+
     def __init__(self, spec: RankSpec) -> None:
         self.spec = spec
         self.popen: subprocess.Popen[bytes] | None = None

@@ -20,6 +20,8 @@ DEFAULT_JOBS_ROOT = "~/.cache/hgtrain/jobs"
 
 @dataclass(frozen=True)
 class RankSpec:
+    """One rank of the job as the launcher asks for it: its command, its own env, its directory."""
+
     rank: int
     argv: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)   # on top of the job's env
@@ -34,6 +36,8 @@ class RankSpec:
 
 @dataclass(frozen=True)
 class AgentSpec:
+    """The job on one node as the agent receives it on stdin: its ranks and how to supervise them."""
+
     job_id: str
     node: str
     ranks: tuple[RankSpec, ...]

@@ -34,6 +34,8 @@ STOP_WAIT_S = 5.0
 
 @dataclass(frozen=True)
 class StoreFailure:
+    """How the job's store ended before the job: the supervisor's reason to stop it, named as the cause."""
+
     code: int | None
     message: str          # "exited with code 1: ModuleNotFoundError: No module named 'torch'"
 

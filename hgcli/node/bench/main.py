@@ -75,6 +75,8 @@ class Target:
 
 @dataclass
 class Results:
+    """What one device's benchmark has measured so far; a failure part-way still leaves a profile of it."""
+
     matmul: dict[str, Measurement] = field(default_factory=dict)
     mem_bw: Measurement | None = None
     h2d_bw: Measurement | None = None

@@ -35,6 +35,8 @@ _BATCHES = re.compile(r"^[0-9]+(,[0-9]+)*$")
 
 @dataclass(frozen=True)
 class ModelRef:
+    """A ``--model`` spec parsed (where the factory is, which batch sizes), before anything is imported."""
+
     spec: str                              # as the user wrote it (the label in the profiles)
     target: str                            # module name or file path
     factory: str
@@ -44,6 +46,8 @@ class ModelRef:
 
 @dataclass(frozen=True)
 class LoadedModel:
+    """The user's model as the step benchmark drives it: the network, its batches and its loss."""
+
     model: Any
     make_batch: Callable[[int, Any], tuple[Any, Any]]
     loss_fn: Callable[[Any, Any], Any] | None
