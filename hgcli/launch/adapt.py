@@ -56,6 +56,9 @@ BACK_LOOKS = 2        # looks in a row that must predict the way back's gain
 
 @dataclass(frozen=True)
 class Regroup:
+    """A re-grouping that pays: the plan the next attempt runs and why (an attempt that ends
+    ``AttemptEnd.REGROUP`` carries it, launch/ending.py)."""
+
     plan: Plan                  # the next attempt's
     reason: str                 # one line: what was measured, what is predicted
     predicted_now: float        # all-reduce's samples/s, fitted to the measured rates

@@ -265,7 +265,7 @@ class Attempt:
             resume_step = _resume_step(plan, prepared)
         else:
             resume_step = _resume_step(plan, prepared) if number and snapshots else None
-        resume_ps = number > 0 and bool(plan.ps_shards) and not (change is not None and change.fresh_ps)
+        resume_ps = number > 0 and bool(plan.ps_shards) and (change is None or not change.fresh_ps)
         return back, watch, CheckpointPolicy(every=every, seconds=seconds,
                                              resume=resume_ps, resume_version=_resume_version(plan, prepared),
                                              snapshots=snapshots, resume_step=resume_step)
@@ -305,7 +305,7 @@ class Attempt:
         plan, request = self.plan, self.request
         plan_json = to_json(plan)
         # On a restart the nodes list their PS checkpoints, and (all-reduce snapshots) every node its
-        # snapshots. An elastic job does not wait for a node: regroup() only kept those that answer.
+        # snapshots. An elastic job does not wait for a node: replan() only kept those that answer.
         listed = ({r.node for r in plan.ranks if r.role is Role.PS} if plan.ps_shards
                   else set(plan_nodes(plan)) if request.restarts else set())
         change = self.changes.get(number)

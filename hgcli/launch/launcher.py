@@ -182,7 +182,7 @@ def _attempts(attempt: Attempt, interrupt: Interrupt) -> tuple[int, Outcome]:
         if not follows.restarts:
             return number, outcome
         attempt.ended(outcome)
-        if outcome.regroup is not None:      # launch --adapt: not a failure, not counted
+        if follows is Next.REGROUP and outcome.regroup is not None:   # launch --adapt: not a failure, not counted
             reason = f"re-grouping: {outcome.regroup.reason}"
             attempt.adopt(number + 1, outcome.regroup)
         else:
