@@ -416,7 +416,8 @@ def launch(ctx: click.Context, cluster_file: Path | None, nproc_per_node: int | 
     Exit code: the first failing rank's (128+N for signal N); 130 on Ctrl-C. See docs/launch.md.
     """
     from .launch.elastic import parse_nnodes
-    from .launch.launcher import LaunchRequest, launch as run_launch
+    from .launch.launcher import launch as run_launch
+    from .launch.request import LaunchRequest
     from .schema.stages import JobSpec, Strategy
     from .config.ranklist import parse_rank_list
 

@@ -36,14 +36,12 @@ import math
 import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from ..schema.stages import Plan, Strategy
 from .elastic import plan_nodes, same_batch
 from .metrics import MetricsBoard, group_predictions
-
-if TYPE_CHECKING:
-    from .launcher import LaunchRequest
+from .request import LaunchRequest
 
 WARMUP_S = 15.0       # of training before the first look: a noise figure needs 10 windows or more
 CHECK_EVERY_S = 5.0   # between two looks (the runtime's records come every 5 s)
@@ -58,19 +56,22 @@ BACK_LOOKS = 2        # looks in a row that must predict the way back's gain
 
 @dataclass(frozen=True)
 class Regroup:
+    """A re-grouping that pays: the plan the next attempt runs and why (an attempt that ends
+    ``AttemptEnd.REGROUP`` carries it, launch/ending.py)."""
+
     plan: Plan                  # the next attempt's
     reason: str                 # one line: what was measured, what is predicted
     predicted_now: float        # all-reduce's samples/s, fitted to the measured rates
     predicted_new: float        # the new plan's
 
 
-def watched(request: "LaunchRequest", plan: Plan) -> bool:
+def watched(request: LaunchRequest, plan: Plan) -> bool:
     """Whether this attempt's plan may be re-grouped while it runs."""
     return (request.adapt and request.plan_file is None and request.job.strategy is Strategy.AUTO
             and not request.detach and not plan.ps_shards and len(plan.workers) > 1)
 
 
-def watched_back(request: "LaunchRequest", plan: Plan) -> bool:
+def watched_back(request: LaunchRequest, plan: Plan) -> bool:
     """Whether a re-grouped attempt's plan may go back to all-reduce while it runs."""
     return (request.adapt and request.plan_file is None and request.job.strategy is Strategy.AUTO
             and not request.detach and bool(plan.ps_shards))
@@ -95,7 +96,7 @@ class RegroupWatch:
     """Looks at the board of one attempt; ``check`` returns a re-grouping once, when it pays.
     ``back``: the attempt runs a re-grouped plan, and the way back to all-reduce is watched."""
 
-    def __init__(self, request: "LaunchRequest", plan: Plan, job_id: str,
+    def __init__(self, request: LaunchRequest, plan: Plan, job_id: str,
                  clock: Callable[[], float] = time.monotonic, back: bool = False) -> None:
         self.request, self.plan, self.job_id, self.clock, self.back = request, plan, job_id, clock, back
         self.started = clock()

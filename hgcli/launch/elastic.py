@@ -14,17 +14,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
-from ..errors import EXIT_NODES_FAILED, HgError, UsageError
+from ..errors import HgError, UsageError
 from ..remote.fanout import NodeResult
 from ..remote.transport import Transport
-from ..schema.stages import JobSpec, JobState, Plan
+from ..schema.stages import JobSpec, Plan
 from .events import RootCause
-from .loop import Outcome
-
-if TYPE_CHECKING:
-    from .launcher import LaunchRequest
+from .request import LaunchRequest
 
 REACH_S = 20.0  # an elastic restart's check that a node answers (an SSH connection and `true`)
 REPLAN_PAUSE_ENV = "HGTRAIN_TEST_REPLAN_PAUSE"   # tests: seconds to wait after a re-plan
@@ -46,7 +43,7 @@ def plan_nodes(plan: Plan) -> tuple[str, ...]:
     return tuple(dict.fromkeys(r.node for r in plan.ranks))
 
 
-def within_nnodes(request: "LaunchRequest", plan: Plan, on_stage: Callable[[str, str], None]) -> Plan:
+def within_nnodes(request: LaunchRequest, plan: Plan, on_stage: Callable[[str, str], None]) -> Plan:
     """An elastic job's first plan: on at least MIN nodes (failed probes were skipped), at most MAX."""
     assert request.nnodes is not None
     low, high = request.nnodes
@@ -63,7 +60,7 @@ def within_nnodes(request: "LaunchRequest", plan: Plan, on_stage: Callable[[str,
                      script=script_identity(request.command))
 
 
-def same_batch(request: "LaunchRequest", plan: Plan) -> JobSpec:
+def same_batch(request: LaunchRequest, plan: Plan) -> JobSpec:
     """The job of a re-plan: the global batch stays the first plan's (each device then takes more)
     unless --global-batch set it."""
     if request.job.global_batch is not None or not plan.global_batch:
@@ -71,7 +68,7 @@ def same_batch(request: "LaunchRequest", plan: Plan) -> JobSpec:
     return dataclasses.replace(request.job, global_batch=plan.global_batch)
 
 
-def choose_nodes(request: "LaunchRequest", old: Sequence[str], answering: set[str]) -> list[str]:
+def choose_nodes(request: LaunchRequest, old: Sequence[str], answering: set[str]) -> list[str]:
     """The next attempt's nodes in the cluster file's order: those of ``old`` that answer first, then
     the others that answer, at most MAX."""
     assert request.nnodes is not None
@@ -81,19 +78,18 @@ def choose_nodes(request: "LaunchRequest", old: Sequence[str], answering: set[st
     return [n for n in order if n in chosen]
 
 
-def below_min(request: "LaunchRequest", number: int, old: Sequence[str], alive: Sequence[str],
-              failed: Sequence[NodeResult[bool]], notes: list[str]) -> Outcome | None:
-    """The failed job's outcome when fewer than MIN nodes answer, naming them; else None."""
+def below_min(request: LaunchRequest, number: int, old: Sequence[str], alive: Sequence[str],
+              failed: Sequence[NodeResult[bool]]) -> RootCause | None:
+    """Why the job fails when fewer than MIN nodes answer, naming them; else None (it goes on)."""
     assert request.nnodes is not None
     low = request.nnodes[0]
     if len(alive) >= low:
         return None
     gone = "; ".join(f"{r.node.name}: {r.error}" for r in failed)
-    cause = RootCause(node=", ".join(sorted(set(old) - set(alive))) or "-", rank=None, exit_code=None,
-                      signal=None, oom=None,
-                      reason=f"cannot restart the job (restart {number}): only {len(alive)} node(s) answer "
-                             f"({', '.join(alive) or 'none'}), --nnodes needs at least {low}; {gone}")
-    return Outcome(JobState.FAILED, EXIT_NODES_FAILED, cause, notes)
+    return RootCause(node=", ".join(sorted(set(old) - set(alive))) or "-", rank=None, exit_code=None,
+                     signal=None, oom=None,
+                     reason=f"cannot restart the job (restart {number}): only {len(alive)} node(s) answer "
+                            f"({', '.join(alive) or 'none'}), --nnodes needs at least {low}; {gone}")
 
 
 def change_reason(old: Sequence[str], alive: Sequence[str]) -> str:
@@ -104,7 +100,7 @@ def change_reason(old: Sequence[str], alive: Sequence[str]) -> str:
                                        f"back {', '.join(back)}" if back else "") if part)
 
 
-def replan(request: "LaunchRequest", last: Plan, nodes: list[str], on_stage: Callable[[str, str], None]) -> Plan:
+def replan(request: LaunchRequest, last: Plan, nodes: list[str], on_stage: Callable[[str, str], None]) -> Plan:
     """The plan of the next attempt on ``nodes``, from the stored profiles."""
     from ..bench.rates import script_identity
     from ..plan.pipeline import replan_on

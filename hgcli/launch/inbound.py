@@ -1,5 +1,5 @@
 """The agent's frames as the controller reads them: decoded once, where the agent link reads them,
-into frozen values the controller dispatches on by type (``loop.JobController.HANDLERS``).
+into frozen values the controller dispatches on by type (``frame_handlers.FrameHandlers.HANDLERS``).
 
 A frame is the agent's JSON: untrusted in shape (another hgtrain version, a broken node). Each
 decoder checks the fields its value needs and raises ``FrameError`` naming the field otherwise; the

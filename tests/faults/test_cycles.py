@@ -16,7 +16,8 @@ import time
 
 import pytest
 
-from hgcli.launch.launcher import LaunchRequest, launch
+from hgcli.launch.launcher import launch
+from hgcli.launch.request import LaunchRequest
 from hgcli.launch.events import RankStarted
 from hgcli.remote.local import LocalTransport
 from tests.agent.harness import job_pids

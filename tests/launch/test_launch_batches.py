@@ -7,7 +7,9 @@ import io
 from hgcli.launch.agentlink import Inbound
 from hgcli.launch.events import LogLines, Notice, RankExited
 from hgcli.launch.inbound import decode
-from hgcli.launch.loop import TAIL_LINES, Interrupt, JobController
+from hgcli.launch.frame_handlers import TAIL_LINES
+from hgcli.launch.loop import AttemptSettings, JobController
+from hgcli.launch.stopping import Interrupt
 from hgcli.launch.metrics import MetricsBoard
 from hgcli.launch.record import JobBook
 from hgcli.launch.mailbox import Mailbox
@@ -27,15 +29,16 @@ def controller(tmp_path, monkeypatch) -> tuple[JobController, list]:
     book = JobBook(JobRecord(id="j-batch", cluster=cluster.fingerprint(), cluster_source=None,
                              command=("x",), plan=plan, ranks=(RankRecord(rank=0, node="a", role=plan.ranks[0].role),)))
     events: list = []
-    ctl = JobController(job_id="j-batch", plan=plan, links=[], inbox=Mailbox(), book=book,
-                        board=MetricsBoard(plan), emit=events.append, interrupt=Interrupt(), grace_s=1.0,
-                        heartbeat_timeout_s=0, detach=False, jobs_root="/unused")
+    settings = AttemptSettings(job_id="j-batch", plan=plan, grace_s=1.0, heartbeat_timeout_s=0, detach=False,
+                               jobs_root="/unused")
+    ctl = JobController(settings, links=[], inbox=Mailbox(), book=book, board=MetricsBoard(plan),
+                        emit=events.append, interrupt=Interrupt())
     return ctl, events
 
 
 def feed(ctl: JobController, node: str, frame: dict) -> None:
     """A frame as the agent link hands it on: decoded once, then dispatched on its type."""
-    ctl._handle(Inbound(node, decode(frame_type(frame), frame)))
+    ctl.handle(Inbound(node, decode(frame_type(frame), frame)))
 
 
 def test_a_batch_is_one_write_one_event_and_feeds_the_last_lines(tmp_path, monkeypatch):
@@ -56,8 +59,8 @@ def test_a_batch_is_one_write_one_event_and_feeds_the_last_lines(tmp_path, monke
     assert events[1].lines == ["y" * 10] and events[2].lines == ["last, no newline"]
     assert not events[1].partial and not events[2].partial
     # the root cause shows the last lines: a piece of a line is never one of them
-    assert list(ctl.tails[0]) == [f"line {i}" for i in range(4992, 5000)] + ["y" * 10, "last, no newline"]
-    assert len(ctl.tails[0]) == TAIL_LINES
+    assert list(ctl.frames.tails[0]) == [f"line {i}" for i in range(4992, 5000)] + ["y" * 10, "last, no newline"]
+    assert len(ctl.frames.tails[0]) == TAIL_LINES
 
 
 def test_bytes_that_are_not_utf8_reach_the_rank_file_and_the_last_lines_escaped(tmp_path, monkeypatch):
@@ -65,12 +68,12 @@ def test_bytes_that_are_not_utf8_reach_the_rank_file_and_the_last_lines_escaped(
     feed(ctl, "a", {"type": "logs", "rank": 0, "stream": "out", "data": b"ok\nbad \xff byte\ncaf\xc3\xa9"})
     ctl.book.close()
     assert ctl.book.log_path(0).read_bytes() == b"ok\nbad \\xff byte\ncaf\xc3\xa9\n"
-    assert list(ctl.tails[0]) == ["ok", "bad \\xff byte", "caf\u00e9"]
+    assert list(ctl.frames.tails[0]) == ["ok", "bad \\xff byte", "caf\u00e9"]
     assert events[0].lines == ["ok", "bad \\xff byte", "caf\u00e9"]
 
 
 def test_last_lines_of_a_batch():
-    from hgcli.launch.loop import last_lines
+    from hgcli.launch.frame_handlers import last_lines
 
     assert last_lines(b"a\nb\nc\n", 2) == ["b", "c"]
     assert last_lines(b"a\nb\nc\n", 5) == ["a", "b", "c"]
@@ -92,9 +95,9 @@ def test_a_malformed_frame_is_one_notice_and_dropped_never_a_traceback(tmp_path,
                        "dropped a malformed 'logs' frame from its agent (rank 7 is not in the plan)",
                        "dropped a malformed 'metric' frame from its agent (data: expected an object, got [1, 2])",
                        "dropped a malformed 'started' frame from its agent (pid: expected an integer, got True)"]
-    assert ctl.root_cause is None and ctl.book.log_path(0).read_text() == ""
+    assert ctl.stop.root_cause is None and ctl.book.log_path(0).read_text() == ""
     feed(ctl, "a", {"type": "exit", "rank": 0, "code": None, "signal": 9, "signal_name": "SIGKILL",
                     "state": "failed", "reason": "killed by SIGKILL", "oom": True, "error": None})
     exited = [e for e in events if isinstance(e, RankExited)]
     assert [(e.rank, e.state.value, e.exit_code, e.role.value) for e in exited] == [(0, "failed", 137, "worker")]
-    assert ctl.root_cause is not None and ctl.root_cause.exit_code == 137 and ctl.root_cause.oom is True
+    assert ctl.stop.root_cause is not None and ctl.stop.root_cause.exit_code == 137 and ctl.stop.root_cause.oom is True

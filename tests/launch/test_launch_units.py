@@ -4,7 +4,9 @@ from __future__ import annotations
 import pytest
 
 from hgcli.errors import ConfigError, UsageError
-from hgcli.launch.launcher import LaunchRequest, bind_address, master_address, user_env
+from hgcli.launch.addresses import bind_address, master_address
+from hgcli.launch.launcher import user_env
+from hgcli.launch.request import LaunchRequest
 from hgcli.launch.inbound import Exited
 from hgcli.launch.metrics import MetricsBoard
 from hgcli.launch.spec import CheckpointPolicy, NodeLaunch, agent_spec, forwarded_env, read_env_file

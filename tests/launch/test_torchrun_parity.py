@@ -18,9 +18,10 @@ import pytest
 from hgcli.config.cluster import default_cluster
 from hgcli.launch.events import JobEnded, LogLines, RootCause
 from hgcli.schema.states import JobState
-from hgcli.launch.launcher import LaunchRequest, forwarding_note, user_env
+from hgcli.launch.launcher import forwarding_note, user_env
 from hgcli.launch.inbound import RecordedError
-from hgcli.launch.loop import recorded_error
+from hgcli.launch.frame_handlers import recorded_error
+from hgcli.launch.request import LaunchRequest
 from hgcli.node.agent.ranks import Rank, error_file
 from hgcli.node.agent.spec import AgentSpec, RankSpec
 from hgcli.render.launch import PlainSink, root_cause_lines

@@ -14,7 +14,7 @@ from hgcli.bench.profiles import store_profiles
 from hgcli.errors import StateError, UsageError
 from hgcli.launch.events import Resumed
 from hgcli.launch.elastic import choose_nodes, parse_nnodes, same_batch
-from hgcli.launch.launcher import LaunchRequest
+from hgcli.launch.request import LaunchRequest
 from hgcli.launch.metrics import MetricsBoard
 from hgcli.plan.pipeline import replan_on
 from hgcli.runtime import snapshot

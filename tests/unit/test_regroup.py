@@ -9,7 +9,7 @@ from pathlib import Path
 from hgcli.bench.profiles import store_profiles
 from hgcli.launch import adapt
 from hgcli.launch.adapt import RegroupWatch, snapshot_every, watched
-from hgcli.launch.launcher import LaunchRequest
+from hgcli.launch.request import LaunchRequest
 from hgcli.launch.metrics import MetricsBoard
 from hgcli.plan.pipeline import replan_on
 from hgcli.plan.placement import AUTO_MARGIN

@@ -51,7 +51,7 @@ def test_heterogeneous_job_components_and_their_steps():
 
 
 def test_detach_is_refused_with_srun_before_anything_starts():
-    from hgcli.launch.launcher import LaunchRequest
+    from hgcli.launch.request import LaunchRequest
     from hgcli.schema.stages import Cluster
 
     cluster = Cluster(nodes=(NodeSpec(name="n1", host="n1"),), srun=SrunSettings(job_id="5"))

@@ -1,0 +1,34 @@
+"""Where a job's ranks meet: rank 0's node as the others reach it (MASTER_ADDR), and the address
+each node's ranks listen on. Both checked against the plan, so a cluster that cannot work is refused
+before any node is contacted."""
+from __future__ import annotations
+
+from ..errors import UsageError
+from ..schema.stages import Cluster, NodeSpec, Plan
+
+
+def master_address(plan: Plan, cluster: Cluster) -> str:
+    """MASTER_ADDR: rank 0's node as the other nodes reach it.
+
+    A node declared ``localhost`` is 127.0.0.1, which only ranks on this machine can reach: with
+    remote nodes in the plan that cannot work, so it is refused rather than left to time out."""
+    node = cluster.node(plan.rank(0).node)
+    if not node.is_local:
+        return node.address
+    remote = sorted({r.node for r in plan.ranks if not cluster.node(r.node).is_local})
+    if remote:
+        raise UsageError(f"rank 0 runs on node {node.name!r} (host {node.host}), which nodes "
+                         f"{', '.join(remote)} cannot reach as 127.0.0.1: declare this machine by an "
+                         "address they reach (host = \"10.0.0.5\") instead of localhost")
+    return "127.0.0.1"
+
+
+def bind_address(node: NodeSpec, plan: Plan, cluster: Cluster) -> str | None:
+    """Where ``node``'s ranks listen (gloo, NCCL, TensorPipe): the address its peers reach it by.
+    All ranks on this machine: loopback. A ``localhost`` node beside remote nodes has no address
+    hgtrain knows its peers use: torch's own choice (the host name's address) stays."""
+    if not node.is_local:
+        return node.address
+    if all(cluster.node(r.node).is_local for r in plan.ranks):
+        return "127.0.0.1"
+    return None
