@@ -36,6 +36,7 @@ from .spec import (
     CheckpointPolicy, NodeLaunch, RunAttempt, agent_spec, check_env_name, env_flag, forwarded_env, read_env_file, unforwarded_names,
 )
 from ..schema.stages import Cluster, JobRecord, JobSpec, JobState, NodeSpec, Plan, RankRecord, Role, to_json
+from ..schema.records import RegroupRecord, encode
 from ..node.agent.spec import DEFAULT_JOBS_ROOT, AgentSpec
 from ..remote.fanout import NodeResult, fanout, open_transport
 from ..plan.slowdowns import with_slowdowns
@@ -461,10 +462,9 @@ class _Attempt:
                             predicted_before=round(regroup.predicted_now, 1),
                             predicted_after=round(regroup.predicted_new, 1), reason=regroup.reason))
         first = self.plan.workers[0]
-        self.book.write_metric(first.rank, first.node, {
-            "time": time.time(), "event": "adapt", "kind": "regroup", "attempt": number,
-            "strategy": regroup.plan.strategy.value, "groups": [list(g.ranks) for g in regroup.plan.groups],
-            "predicted_before": regroup.predicted_now, "predicted_after": regroup.predicted_new})
+        self.book.write_metric(first.rank, first.node, {"time": time.time(), **encode(RegroupRecord(
+            attempt=number, strategy=regroup.plan.strategy,
+            groups=tuple(tuple(g.ranks) for g in regroup.plan.groups), predicted_before=regroup.predicted_now, predicted_after=regroup.predicted_new))})
         self.plan = regroup.plan
         if regroup.plan.ps_shards:
             self._regrouped_at = self._ps_moved_at = number   # nothing for its PS ranks to resume

@@ -26,7 +26,7 @@ from .events import (
     Adapted, Event, LogLines, Metric, NodeLost, Notice, Progress, RankExited, RankStarted, Resumed, RootCause,
     Stopping,
 )
-from .metrics import MetricsBoard, clean_record
+from .metrics import MetricsBoard, RecordIntake
 from .record import JobBook
 from .mailbox import Mailbox
 from ..schema.stages import JobState, Plan, RankState, Role
@@ -143,7 +143,7 @@ class JobController:
         self.reap_notes: list[tuple[str, str]] = []
         self.role = {r.rank: r.role for r in plan.ranks}
         self.malformed: set[tuple[str, str]] = set()   # (node, frame type) told about
-        self.unclean_metrics: set[int] = set()     # ranks told their records had bad numbers
+        self.intake = RecordIntake()               # tells of bad records once per rank / kind
         self.tails: dict[int, collections.deque[str]] = collections.defaultdict(
             lambda: collections.deque(maxlen=TAIL_LINES))
         self.root_cause: RootCause | None = None
@@ -270,11 +270,9 @@ class JobController:
         role = self._role(node, FrameType.METRIC, rank)
         if role is None:
             return
-        data, bad = clean_record(frame.data)
-        if bad and rank not in self.unclean_metrics:
-            self.unclean_metrics.add(rank)       # once per rank: a rank may write them every step
-            self._note(node, f"rank {rank}: metric values that are not finite numbers, or beyond "
-                             f"2^63, are treated as missing ({', '.join(bad[:5])})")
+        data, notes = self.intake.take(rank, frame.data)
+        for note in notes:
+            self._note(node, note)
         self.book.write_metric(rank, node, data)
         self.board.add(rank, data)
         self.metrics_seen = True

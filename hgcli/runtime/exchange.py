@@ -34,6 +34,7 @@ from . import flat as flatten_
 from . import optim, transfer
 from .errors import TrainingError
 from .metrics import MetricsSink
+from hgcli.schema.records import SyncRecord
 from .rebalance import GroupSplit
 from .shards import ELEMENTWISE, ShardLayout, plan_layout
 from .staging import Staging
@@ -190,8 +191,8 @@ class PSExchange:
         t2 = time.perf_counter()
         self._idle_since = t2
         self.sync_s += t2 - t0
-        self.metrics.emit(event="sync", group=self.group.group_id, version=self.version, samples=samples,
-                          allreduce_s=allreduce_s, push_s=t1 - t0, broadcast_s=t2 - t1)
+        self.metrics.record(SyncRecord(group=self.group.group_id, version=self.version, samples=samples,
+                                       allreduce_s=allreduce_s, push_s=t1 - t0, broadcast_s=t2 - t1))
 
     # --- state ----------------------------------------------------------------------------------
     def fill_state(self, state: dict[str, torch.Tensor], model: torch.nn.Module) -> None:

@@ -71,6 +71,9 @@ from ..schema.stages import Wire
 from .errors import TrainingError
 from .groups import init_distributed, rpc_name, shutdown
 from .metrics import MetricsSink
+from hgcli.schema.records import (
+    PsEndRecord, PsPushRecord, PsReadyRecord, ResumedRecord, SavedState, SharesRecord,
+)
 
 _SERVER: "ShardServer | None" = None
 _IO: Any = None          # ps_io.ShardIO of this rank's server
@@ -233,8 +236,8 @@ class ShardServer:
                         version=self.version, staleness=staleness, delay=delay, samples=samples, scale=scale,
                         clocks=dict(adm.clock), active=sorted(adm.active),
                         lr=[h.get("lr") for h in hyper], update_s=update_s)
-            self.metrics.emit(event="ps_push", shard=self.shard, group=group, version=self.version,
-                              staleness=staleness, delay=delay, scale=scale, update_s=update_s)
+            self.metrics.record(PsPushRecord(shard=self.shard, group=group, version=self.version,
+                                             staleness=staleness, delay=delay, scale=scale, update_s=update_s))
             if self.coordinator:
                 self._request(group, fut)
             else:
@@ -322,10 +325,10 @@ class ShardServer:
         groups = list(self.shares.groups)
         self._trace("shares", data_step=change.from_step, groups=groups, before=list(change.before),
                     after=list(change.after))
-        self.metrics.emit(event="adapt", kind="shares", step=change.step, data_step=change.from_step,
-                          groups=groups, before=list(change.before), batches=list(change.after),
-                          rates=[round(r, 3) for r in change.rates], step_before_s=change.step_before_s,
-                          step_after_s=change.step_after_s)
+        self.metrics.record(SharesRecord(
+            step=change.step, data_step=change.from_step, groups=tuple(groups), before=tuple(change.before),
+            batches=tuple(change.after), rates=tuple(round(r, 3) for r in change.rates),
+            step_before_s=change.step_before_s, step_after_s=change.step_after_s))
 
     def payload(self, fields: tuple[Any, ...]) -> torch.dtype | None:
         """The type the parameters an answer's fields name travel in (PARAMS: the wire's; MASTER:
@@ -397,10 +400,11 @@ class ShardServer:
 
     def close(self) -> None:
         self.checkpoints.close()
-        end = {"version": self.version, "update_s": self.held.update_s, "peak_rss_kb": memory_kb("VmHWM"),
-               "impl": self.held.opt_impl}
+        peak = memory_kb("VmHWM")
+        end = {"version": self.version, "update_s": self.held.update_s, "peak_rss_kb": peak, "impl": self.held.opt_impl}
         self._trace("end", **end)
-        self.metrics.emit(event="ps_end", shard=self.shard, **end)
+        self.metrics.record(PsEndRecord(shard=self.shard, version=self.version, update_s=self.held.update_s,
+                                        peak_rss_kb=peak, impl=self.held.opt_impl))
         if self.trace_fh:
             self.trace_fh.close()
 
@@ -530,15 +534,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"PS shard {shard}: " + (f"resumed from checkpoint version {version}"
                   if version is not None else "no complete checkpoint, starting fresh"), flush=True)
             if version is not None and shard == 0:   # the launcher's `resumed` event
-                metrics.emit(event="resumed", source="checkpoint", step=version, samples=None)
+                metrics.record(ResumedRecord(source=SavedState.CHECKPOINT, step=version, samples=None))
         init_distributed(env, plan)
         from .ps_io import ShardIO
 
         _IO = ShardIO(server, leaders={g.id: g.ranks[0] for g in plan.groups})
         # Joined the job, nothing held yet: what the shard's state costs is above this.
-        ready = {"rss_kb": memory_kb("VmRSS"), "threads": torch.get_num_threads()}
+        rss = memory_kb("VmRSS")
+        ready = {"rss_kb": rss, "threads": torch.get_num_threads()}
         server._trace("ready", **ready)
-        metrics.emit(event="ps_ready", shard=shard, **ready)
+        metrics.record(PsReadyRecord(shard=shard, rss_kb=rss, threads=torch.get_num_threads()))
         server.wait()
         server.close()
         shutdown(plan, env.timeout_s)     # its barrier: every leader has what was sent to it
