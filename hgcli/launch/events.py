@@ -30,6 +30,8 @@ class Stage:
 
 @dataclass(frozen=True)
 class JobStarted:
+    """The job's ranks are being started: what runs where (the console's first line of a job)."""
+
     job_id: str
     strategy: Strategy
     world_size: int
@@ -44,6 +46,8 @@ class JobStarted:
 
 @dataclass(frozen=True)
 class RankStarted:
+    """A rank's process is running on its node (``pid`` there)."""
+
     job_id: str
     rank: int
     node: str
@@ -110,6 +114,9 @@ class LogLines:
 
 @dataclass(frozen=True)
 class Metric:
+    """One metric record a rank wrote (``data``: as it came, its bad numbers nulled; schema/records.py
+    says what it can be), for --json and the live sinks."""
+
     job_id: str
     rank: int
     node: str
@@ -166,6 +173,8 @@ class Adapted:
 
 @dataclass(frozen=True)
 class RankExited:
+    """A rank's process ended: how, and why in one line (a root cause when it failed first)."""
+
     job_id: str
     rank: int
     node: str
@@ -188,6 +197,8 @@ class Notice:
 
 @dataclass(frozen=True)
 class Stopping:
+    """hgtrain is stopping every rank, and why (a failure, a signal, a stop)."""
+
     job_id: str
     reason: str
 
@@ -275,6 +286,8 @@ class Resumed:
 
 @dataclass(frozen=True)
 class RootCause:
+    """The first failure of a job: where it happened and what it left (last lines, the error)."""
+
     node: str
     rank: int | None               # None: the node itself was lost
     exit_code: int | None
@@ -294,6 +307,8 @@ class RootCause:
 
 @dataclass(frozen=True)
 class Summary:
+    """The ending's figures: samples and samples/s trained against the plan's predictions."""
+
     elapsed_s: float
     samples: int
     samples_per_s: float | None
@@ -331,6 +346,8 @@ class Summary:
 
 @dataclass(frozen=True)
 class GroupView:
+    """One group's row of the live view."""
+
     group: str                     # "0", "1"... or "-" for ranks outside any group
     ranks: tuple[int, ...]
     step: int | None
@@ -339,6 +356,8 @@ class GroupView:
 
 @dataclass(frozen=True)
 class BoardView:
+    """The live view: each group's row and the cluster total against the plan's prediction."""
+
     groups: tuple[GroupView, ...]
     samples_per_s: float | None
     predicted_samples_per_s: float | None
@@ -355,6 +374,8 @@ class Progress:
 
 @dataclass(frozen=True)
 class JobEnded:
+    """The job is over (or detached): its state, exit code, root cause and summary; always the last event."""
+
     job_id: str
     state: JobState                # succeeded | failed | stopped | running (detached)
     exit_code: int

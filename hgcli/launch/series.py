@@ -40,6 +40,8 @@ PENDING_STEPS = 64   # steps a group waits for a slow (or dead) member before fo
 
 @dataclass(frozen=True)
 class Point:
+    """One value of a TensorBoard series: a run's tag at a step."""
+
     run: str        # "rank0", "group1", "job"
     tag: str        # "loss", "throughput/samples_per_s", ...
     value: float
