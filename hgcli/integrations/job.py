@@ -10,11 +10,12 @@ them. A plan whose global batch is that sum gives every rank exactly the plan's 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import inspect
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ContextManager
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader
@@ -25,6 +26,7 @@ from ..runtime.metrics import MetricsSink
 from ..runtime.adapt.rebalance import split_by_rate
 from ..runtime.data.sampler import RankBatchSampler
 from ..schema import stages as m
+from ..schema.records import FinishRecord, RuntimeRecord
 from .hook import PacedState
 
 
@@ -155,18 +157,26 @@ class StepMeter:
         self.emit(**record)
 
     def emit(self, **fields: object) -> None:
-        if self.share.emulator is not None:
-            with self.share.emulator.untimed():      # reporting is not the device's work
-                self.share.metrics.emit(**fields)
-        else:
+        """A record of the script's (a training step)."""
+        with self._untimed():
             self.share.metrics.emit(**fields)
+
+    def record(self, record: RuntimeRecord) -> None:
+        """One of hgtrain's own records."""
+        with self._untimed():
+            self.share.metrics.record(record)
+
+    def _untimed(self) -> ContextManager[None]:
+        """Reporting is not the device's work: emulation must not stretch it."""
+        emulator = self.share.emulator
+        return emulator.untimed() if emulator is not None else contextlib.nullcontext()
 
     def finish(self) -> None:
         emulator = self.share.emulator
-        self.emit(event="finish", samples=self.samples, steps=self.steps,
-                  compute_s=emulator.compute_s if emulator else None,
-                  emulated_sleep_s=emulator.slept_s if emulator else 0.0,
-                  emulated_step_s=emulator.target_s if emulator else 0.0)
+        self.record(FinishRecord(samples=self.samples, steps=self.steps,
+                                 compute_s=emulator.compute_s if emulator else None,
+                                 emulated_sleep_s=emulator.slept_s if emulator else 0.0,
+                                 emulated_step_s=emulator.target_s if emulator else 0.0))
 
 
 def batch_length(batch: object) -> int:

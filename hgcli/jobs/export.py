@@ -16,11 +16,12 @@ from typing import Any, Iterable
 
 from ..state import records as jobs
 from ..errors import JobError, StateError
+from ..schema.records import EVENT
 from ..schema.stages import JobRecord
 
 METRICS_FILE = "metrics.jsonl"
 # First, in this order, where present; every other key follows sorted (one column per key seen).
-LEADING = ("time", "node", "rank", "group", "role", "event", "step", "loss", "samples")
+LEADING = ("time", "node", "rank", "group", "role", EVENT, "step", "loss", "samples")
 # More columns than a spreadsheet view is of use for; the rest are left out, and the caller says so.
 MAX_COLUMNS = 256
 # A cell a spreadsheet would read as a formula (OWASP's CSV injection list): written after a "'".

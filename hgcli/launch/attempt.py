@@ -18,6 +18,7 @@ from ..errors import EXIT_JOB, EXIT_NODES_FAILED, EXIT_TERMINATED
 from ..node.agent.spec import AgentSpec
 from ..remote.fanout import NodeResult, fanout, open_transport
 from ..remote.transport import Transport, node_module_argv
+from ..schema.records import RegroupRecord, encode
 from ..schema.stages import JobState, NodeSpec, Plan, Role, to_json
 from ..state import records as jobs
 from .adapt import Regroup, RegroupWatch, snapshot_every, watched, watched_back
@@ -167,10 +168,9 @@ class Attempt:
                             predicted_before=round(regroup.predicted_now, 1),
                             predicted_after=round(regroup.predicted_new, 1), reason=regroup.reason))
         first = self.plan.workers[0]
-        self.book.write_metric(first.rank, first.node, {
-            "time": time.time(), "event": "adapt", "kind": "regroup", "attempt": number,
-            "strategy": regroup.plan.strategy.value, "groups": [list(g.ranks) for g in regroup.plan.groups],
-            "predicted_before": regroup.predicted_now, "predicted_after": regroup.predicted_new})
+        self.book.write_metric(first.rank, first.node, {"time": time.time(), **encode(RegroupRecord(
+            attempt=number, strategy=regroup.plan.strategy, groups=tuple(tuple(g.ranks) for g in regroup.plan.groups),
+            predicted_before=regroup.predicted_now, predicted_after=regroup.predicted_new))})
         self.changes[number] = Change.REGROUPED if regroup.plan.ps_shards else Change.BACK
         self._take(regroup.plan)
 

@@ -8,21 +8,15 @@ controller loop never calls the console itself: it puts events on the dispatcher
 from __future__ import annotations
 
 import dataclasses
-import enum
 import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..node.protocol import Stream
+from ..schema import records
+from ..schema.records import AdaptKind, SavedState
 from ..schema.stages import JobState, Prediction, RankState, Role, Strategy, prediction
-
-
-class SavedState(str, enum.Enum):
-    """What a restarted attempt's training continues from."""
-
-    SNAPSHOT = "snapshot"          # all-reduce: the first worker's training-state snapshot
-    CHECKPOINT = "checkpoint"      # PS ranks: the shards' last complete checkpoint
 
 
 @dataclass(frozen=True)
@@ -36,6 +30,8 @@ class Stage:
 
 @dataclass(frozen=True)
 class JobStarted:
+    """The job's ranks are being started: what runs where (the console's first line of a job)."""
+
     job_id: str
     strategy: Strategy
     world_size: int
@@ -50,6 +46,8 @@ class JobStarted:
 
 @dataclass(frozen=True)
 class RankStarted:
+    """A rank's process is running on its node (``pid`` there)."""
+
     job_id: str
     rank: int
     node: str
@@ -116,6 +114,9 @@ class LogLines:
 
 @dataclass(frozen=True)
 class Metric:
+    """One metric record a rank wrote (``data``: as it came, its bad numbers nulled; schema/records.py
+    says what it can be), for --json and the live sinks."""
+
     job_id: str
     rank: int
     node: str
@@ -125,14 +126,15 @@ class Metric:
 
 @dataclass(frozen=True)
 class Adapted:
-    """A batch re-split as measured speeds changed. ``kind`` "rebalance": a group re-split its batch
-    among its members (runtime/adapt/rebalance.py; the leader's ``adapt`` metric): from data step
-    ``data_step`` on, ``ranks`` take ``batches`` instead of ``before``. ``kind`` "shares": the PS's
-    shard 0 re-split the global batch across groups (runtime/adapt/shares.py): ``groups`` take
-    ``batches`` (each group's total) instead of ``before``; ``group`` is -1 and ``ranks`` empty."""
+    """A batch re-split as measured speeds changed, for the console and --json. ``kind`` rebalance:
+    a group re-split its batch among its members (runtime/adapt/rebalance.py; the leader's ``adapt``
+    record): from data step ``data_step`` on, ``ranks`` take ``batches`` instead of ``before``.
+    ``kind`` shares: the PS's shard 0 re-split the global batch across groups
+    (runtime/adapt/shares.py): ``groups`` take ``batches`` (each group's total) instead of
+    ``before``; ``group`` is None (every group) and ``ranks`` empty."""
 
     job_id: str
-    group: int
+    group: int | None              # None: every group (shares)
     step: int                      # the group's step (shares: shard 0's check) that decided it
     data_step: int
     ranks: tuple[int, ...]
@@ -141,60 +143,38 @@ class Adapted:
     rates: tuple[float, ...]       # each member's (group's) measured samples per compute second
     step_before_s: float           # the slowest member's (group's) step at the old split, predicted
     step_after_s: float
-    kind: str = "rebalance"
+    kind: AdaptKind = AdaptKind.REBALANCE
     groups: tuple[int, ...] = ()
 
     @classmethod
     def parse(cls, job_id: str, rank: int, data: dict[str, Any],
               groups: dict[int, tuple[int, ...]], coordinator: int | None = None) -> "Adapted | None":
         """The event in a rank's metric record ``data``, or None when it is not one a group's leader
-        (or, for shares, the PS's shard 0, rank ``coordinator``) could have sent (a rank's records
-        are untrusted: only numbers that fit the plan pass)."""
-        kind = data.get("kind")
-        if data.get("event") != "adapt" or kind not in ("rebalance", "shares"):
-            return None
-        group: Any
-        ranks: Any
-        if kind == "shares":
-            ids = data.get("groups")
-            if not (rank == coordinator and isinstance(ids, list) and all(_is_int(g) for g in ids)
-                    and sorted(ids) == sorted(groups) and len(ids) > 1):
+        (or, for shares, the PS's shard 0, rank ``coordinator``) could have sent: the record's own
+        fields are checked by its contract (schema/records.py), what the plan says here."""
+        record = records.parse(data)
+        ranks: tuple[int, ...]
+        if isinstance(record, records.SharesRecord):
+            if not (rank == coordinator and sorted(record.groups) == sorted(groups) and len(record.groups) > 1):
                 return None
-            n, group, ranks = len(ids), -1, []
+            group, ranks = None, ()
+        elif isinstance(record, records.RebalanceRecord):
+            if not (groups.get(record.group) == record.ranks and record.ranks[:1] == (rank,)):
+                return None
+            group, ranks = record.group, record.ranks
         else:
-            group, ranks = data.get("group"), data.get("ranks")
-            if not (_is_int(group) and group in groups and isinstance(ranks, list)
-                    and tuple(ranks) == groups[group] and ranks[:1] == [rank]):
-                return None
-            n, ids = len(ranks), []
-        before, after, rates = data.get("before"), data.get("batches"), data.get("rates")
-        lists = (before, after, rates)
-        if not all(isinstance(v, list) and len(v) == n for v in lists):
             return None
-        assert isinstance(before, list) and isinstance(after, list) and isinstance(rates, list)
-        if not (all(_is_int(b) and b > 0 for b in before + after) and sum(before) == sum(after)
-                and all(_is_number(r) and r > 0 for r in rates)):
-            return None
-        numbers = [data.get(k) for k in ("step", "data_step", "step_before_s", "step_after_s")]
-        if not (all(_is_number(v) and float(v or 0) >= 0 for v in numbers)
-                and _is_int(numbers[0]) and _is_int(numbers[1])):
-            return None
-        return cls(job_id=job_id, group=group, step=int(data["step"]), data_step=int(data["data_step"]),
-                   ranks=tuple(ranks), before=tuple(before), batches=tuple(after),
-                   rates=tuple(float(r) for r in rates), step_before_s=float(data["step_before_s"]),
-                   step_after_s=float(data["step_after_s"]), kind=str(kind), groups=tuple(ids))
-
-
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v: object) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+        return cls(job_id=job_id, group=group, step=record.step, data_step=record.data_step, ranks=ranks,
+                   before=record.before, batches=record.batches, rates=tuple(float(r) for r in record.rates),
+                   step_before_s=float(record.step_before_s), step_after_s=float(record.step_after_s),
+                   kind=AdaptKind.SHARES if group is None else AdaptKind.REBALANCE,
+                   groups=record.groups if isinstance(record, records.SharesRecord) else ())
 
 
 @dataclass(frozen=True)
 class RankExited:
+    """A rank's process ended: how, and why in one line (a root cause when it failed first)."""
+
     job_id: str
     rank: int
     node: str
@@ -217,6 +197,8 @@ class Notice:
 
 @dataclass(frozen=True)
 class Stopping:
+    """hgtrain is stopping every rank, and why (a failure, a signal, a stop)."""
+
     job_id: str
     reason: str
 
@@ -290,24 +272,22 @@ class Resumed:
     def parse(cls, job_id: str, attempt: int, rank: int, first_worker: int, data: dict[str, Any],
               reached: int | None, first_ps: int | None = None) -> "Resumed | None":
         """The event in the ``resumed`` metric record of the first worker (a snapshot) or of PS shard
-        0 (a checkpoint version; untrusted: only numbers pass); ``reached``: the samples the job had
-        trained when the last attempt ended."""
-        source = data.get("source")
-        if data.get("event") != "resumed" or (source, rank) not in ((SavedState.SNAPSHOT, first_worker),
-                                                                     (SavedState.CHECKPOINT, first_ps)):
+        0 (a checkpoint version; its fields checked by schema/records.py); ``reached``: the samples
+        the job had trained when the last attempt ended."""
+        record = records.parse(data)
+        if not isinstance(record, records.ResumedRecord) or (record.source, rank) not in (
+                (SavedState.SNAPSHOT, first_worker), (SavedState.CHECKPOINT, first_ps)):
             return None
-        step, samples = data.get("step"), data.get("samples")
-        if not (isinstance(step, int) and _is_int(step) and step >= 0):
-            return None
-        if samples is not None and not (isinstance(samples, int) and _is_int(samples) and samples >= 0):
-            return None
+        samples = record.samples
         redone = max(0, reached - samples) if reached is not None and samples is not None else None
-        return cls(job_id=job_id, attempt=attempt, source=SavedState(source), step=step, samples=samples,
+        return cls(job_id=job_id, attempt=attempt, source=record.source, step=record.step, samples=samples,
                    redone=redone)
 
 
 @dataclass(frozen=True)
 class RootCause:
+    """The first failure of a job: where it happened and what it left (last lines, the error)."""
+
     node: str
     rank: int | None               # None: the node itself was lost
     exit_code: int | None
@@ -327,6 +307,8 @@ class RootCause:
 
 @dataclass(frozen=True)
 class Summary:
+    """The ending's figures: samples and samples/s trained against the plan's predictions."""
+
     elapsed_s: float
     samples: int
     samples_per_s: float | None
@@ -364,6 +346,8 @@ class Summary:
 
 @dataclass(frozen=True)
 class GroupView:
+    """One group's row of the live view."""
+
     group: str                     # "0", "1"... or "-" for ranks outside any group
     ranks: tuple[int, ...]
     step: int | None
@@ -372,6 +356,8 @@ class GroupView:
 
 @dataclass(frozen=True)
 class BoardView:
+    """The live view: each group's row and the cluster total against the plan's prediction."""
+
     groups: tuple[GroupView, ...]
     samples_per_s: float | None
     predicted_samples_per_s: float | None
@@ -388,6 +374,8 @@ class Progress:
 
 @dataclass(frozen=True)
 class JobEnded:
+    """The job is over (or detached): its state, exit code, root cause and summary; always the last event."""
+
     job_id: str
     state: JobState                # succeeded | failed | stopped | running (detached)
     exit_code: int

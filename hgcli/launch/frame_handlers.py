@@ -21,7 +21,7 @@ from .inbound import (
     Started,
 )
 from .mailbox import Mailbox
-from .metrics import MetricsBoard, clean_record
+from .metrics import MetricsBoard, RecordIntake
 from .record import JobBook
 from .stopping import Stop
 
@@ -73,7 +73,7 @@ class FrameHandlers:
         self.role = {r.rank: r.role for r in plan.ranks}
         self.resumed: Resumed | None = None
         self.malformed: set[tuple[str, str]] = set()   # (node, frame type) told about
-        self.unclean_metrics: set[int] = set()     # ranks told their records had bad numbers
+        self.intake = RecordIntake()               # tells of bad records once per rank / kind
         self.tails: collections.defaultdict[int, collections.deque[str]] = collections.defaultdict(
             lambda: collections.deque(maxlen=TAIL_LINES))
         self.started: set[int] = set()
@@ -154,11 +154,9 @@ class FrameHandlers:
         role = self._role(node, FrameType.METRIC, rank)
         if role is None:
             return
-        data, bad = clean_record(frame.data)
-        if bad and rank not in self.unclean_metrics:
-            self.unclean_metrics.add(rank)       # once per rank: a rank may write them every step
-            self.stop.note(node, f"rank {rank}: metric values that are not finite numbers, or beyond "
-                                 f"2^63, are treated as missing ({', '.join(bad[:5])})")
+        data, notes = self.intake.take(rank, frame.data)
+        for note in notes:
+            self.stop.note(node, note)
         self.book.write_metric(rank, node, data)
         self.board.add(rank, data)
         self.metrics_seen = True

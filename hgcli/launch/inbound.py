@@ -101,7 +101,7 @@ class Logs:
 @dataclass(frozen=True, slots=True)
 class MetricRecord:
     """One JSON object a rank wrote to its metrics descriptor: the rank's own keys and values, which
-    the metrics board checks (``launch.metrics.clean_record``)."""
+    the controller checks on the way in (``launch.metrics.RecordIntake``)."""
 
     rank: int
     data: dict[str, Any]

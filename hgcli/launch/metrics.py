@@ -1,60 +1,24 @@
 """Live aggregation of the ranks' metric lines: per group step, loss, samples/s; cluster total.
 
-A training step is a metric with ``step`` and ``samples`` and no ``event`` (what ``ctx.log(step=,
-loss=, samples=)`` of the runtime writes); anything else (evaluations, syncs) only updates
-``accuracy`` when it carries one. Rates use the ranks' own ``time`` stamps, so a controller that
-falls behind does not see a burst of fake throughput.
+Records are read through their contract (schema/records.py): a training step is a script's record
+with ``step`` and ``samples`` and no ``event`` (what ``ctx.log(step=, loss=, samples=)`` writes); a
+script's other records (evaluations) only update ``accuracy`` when they carry one; of hgtrain's own
+records the board reads ``finish``, ``rates`` and ``snapshot``. ``RecordIntake`` is every record's
+way in: it tells the user, once, of records that break the contract. Rates use the ranks' own
+``time`` stamps, so a controller that falls behind does not see a burst of fake throughput.
 """
 from __future__ import annotations
 
 import collections
-import math
 import time
 from typing import Any, Sequence
 
 from .events import BoardView, GroupView, Summary
+from ..schema import records
+from ..schema.records import FinishRecord, RatesRecord, RecordKind, SnapshotRecord, UserRecord, number
 from ..schema.stages import Plan
 
 WINDOW_S = 10.0   # the live rate is over the last WINDOW_S seconds
-
-
-# Numbers in rank records beyond this magnitude are treated as missing: steps and versions become
-# int64 in TensorBoard files, and a 400-digit integer does not even convert to a float.
-LARGEST = float(2 ** 63)
-
-
-def number(value: Any) -> float | None:
-    """A record's number as a float: None for anything else, and for numbers that are not finite
-    or beyond LARGEST (rank output is untrusted: Infinity, NaN and huge integers parse as JSON)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        f = float(value)
-    except OverflowError:
-        return None
-    return f if math.isfinite(f) and abs(f) < LARGEST else None
-
-
-def clean_record(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """``data`` with every number that ``number`` would refuse (in lists and nested objects too)
-    replaced by None, and the keys where that happened: what is stored, shown and aggregated of a
-    rank's record, so that --json stays JSON and no reader trips over it."""
-    bad: list[str] = []
-
-    def clean(value: Any, key: str) -> Any:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if number(value) is None:
-                bad.append(key)
-                return None
-            return value
-        if isinstance(value, dict):
-            return {k: clean(v, f"{key}.{k}" if key else str(k)) for k, v in value.items()}
-        if isinstance(value, list):
-            return [clean(v, key) for v in value]
-        return value
-
-    out = clean(data, "")
-    return out, sorted(set(bad))
 
 
 def predictions(plan: Plan) -> tuple[float | None, float | None]:
@@ -109,43 +73,51 @@ class MetricsBoard:
         self.accuracy: float | None = None
 
     def add(self, rank: int, data: dict[str, Any]) -> None:
-        accuracy = number(data.get("accuracy"))
-        if accuracy is not None:
-            self.accuracy = accuracy
-        rate = number(data.get("compute_samples_per_s"))
-        if data.get("event") == "finish" and rate is not None and rate > 0 and rank in self._group:
-            self._compute_rate[rank] = rate
-            done, steps = number(data.get("samples")), number(data.get("steps"))
-            if done is not None and steps is not None and done > 0 and steps > 0:
-                self._mean_batch[rank] = done / steps
-            noise = number(data.get("compute_noise"))
-            if noise is not None and noise >= 0:
-                self._noise[rank] = noise
-        snap = data.get("step")
-        if data.get("event") == "snapshot" and isinstance(snap, int) and snap > 0 and rank in self._group:
-            self.snapshot_step = max(snap, self.snapshot_step or 0)
-        if data.get("event") == "rates" and rate is not None and rate > 0 and rank in self._group:
-            done, steps = number(data.get("samples")), number(data.get("steps"))
-            noise = number(data.get("compute_noise"))
-            if done is not None and steps is not None and done > 0 and steps > 0:
-                self._live[rank] = (rate, done / steps, noise if noise is not None and noise >= 0 else None)
-                last, last_noise = number(data.get("recent_samples_per_s")), number(data.get("recent_noise"))
-                if last is not None and last > 0:
-                    self._live_recent[rank] = (last, done / steps, last_noise
-                                               if last_noise is not None and last_noise >= 0 else None)
-        step, samples = number(data.get("step")), number(data.get("samples"))
-        if step is None or samples is None or "event" in data or rank not in self._group:
+        """One rank record, as it came (an invalid one of hgtrain's kinds is left out)."""
+        entry = records.parse(data)
+        if isinstance(entry, UserRecord):
+            if entry.accuracy is not None:
+                self.accuracy = entry.accuracy
+            if entry.is_training_step and rank in self._group:
+                self._stepped(rank, entry, number(data.get("time")) or time.time())
+        elif rank not in self._group:
             return
-        at = number(data.get("time")) or time.time()
-        self._step[rank] = int(step)
-        loss = number(data.get("loss"))
-        if loss is not None:
-            self._loss[rank] = loss
-        self._total[rank] += samples
-        self._first.setdefault(rank, (at, samples))
+        elif isinstance(entry, FinishRecord):
+            self._finished(rank, entry)
+        elif isinstance(entry, SnapshotRecord) and entry.step > 0:
+            self.snapshot_step = max(entry.step, self.snapshot_step or 0)
+        elif isinstance(entry, RatesRecord):
+            self._rates(rank, entry)
+
+    def _finished(self, rank: int, record: FinishRecord) -> None:
+        rate = record.compute_samples_per_s
+        if not rate:
+            return
+        self._compute_rate[rank] = rate
+        if record.samples > 0 and record.steps > 0:
+            self._mean_batch[rank] = record.samples / record.steps
+        if record.compute_noise is not None:
+            self._noise[rank] = record.compute_noise
+
+    def _rates(self, rank: int, record: RatesRecord) -> None:
+        rate = record.compute_samples_per_s
+        if not rate or record.samples <= 0 or record.steps <= 0:
+            return
+        batch = record.samples / record.steps
+        self._live[rank] = (rate, batch, record.compute_noise)
+        if record.recent_samples_per_s:
+            self._live_recent[rank] = (record.recent_samples_per_s, batch, record.recent_noise)
+
+    def _stepped(self, rank: int, step: UserRecord, at: float) -> None:
+        assert step.step is not None and step.samples is not None   # is_training_step
+        self._step[rank] = step.step
+        if step.loss is not None:
+            self._loss[rank] = step.loss
+        self._total[rank] += step.samples
+        self._first.setdefault(rank, (at, step.samples))
         self._last[rank] = at
         recent = self._recent[rank]
-        recent.append((at, samples))
+        recent.append((at, step.samples))
         while recent and recent[0][0] < at - WINDOW_S:
             recent.popleft()
 
@@ -241,3 +213,32 @@ class MetricsBoard:
                        fitted_to=self.plan.fitted_to,
                        from_bench=any(r.benched_samples_per_s for r in self.plan.workers),
                        rates_stored=rates_stored, bench_together=self.plan.bench_together)
+
+
+class RecordIntake:
+    """Every rank record's way in on the controller, before it is stored, shown and aggregated:
+    numbers that are not finite or are beyond 2^63 become null (``clean_record``), and a record of
+    hgtrain's kinds that breaks its contract is counted and reported once per kind (a rank may write
+    one every step). Such a record is still stored and shown as it came; the readers leave it out."""
+
+    def __init__(self) -> None:
+        self.unclean: set[int] = set()     # ranks told their records had bad numbers
+        self.invalid: collections.Counter[RecordKind] = collections.Counter()
+
+    def take(self, rank: int, raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        """The record to store, show and aggregate, and what to tell the user about it (once)."""
+        data, bad = records.clean_record(raw)
+        notes = []
+        if bad and rank not in self.unclean:
+            self.unclean.add(rank)
+            notes.append(f"rank {rank}: metric values that are not finite numbers, or beyond 2^63, are "
+                         f"treated as missing ({', '.join(bad[:5])})")
+        try:
+            records.decode(data)
+        except records.InvalidRecord as exc:
+            self.invalid[exc.kind] += 1
+            if self.invalid[exc.kind] == 1:
+                notes.append(f"rank {rank}: its '{exc.kind.value}' metric record is not one hgtrain can read "
+                             f"({exc.reason}): stored as it came, left out of the job's figures (further "
+                             f"invalid '{exc.kind.value}' records are not reported)")
+        return data, notes

@@ -30,7 +30,9 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from .events import Adapted
-from .metrics import LARGEST, WINDOW_S, number, group_predictions, predictions
+from .metrics import WINDOW_S, group_predictions, predictions
+from ..schema import records
+from ..schema.records import LARGEST, PsPushRecord, RegroupRecord, UserRecord, number
 from ..schema.stages import Plan
 
 PENDING_STEPS = 64   # steps a group waits for a slow (or dead) member before forgetting them
@@ -38,6 +40,8 @@ PENDING_STEPS = 64   # steps a group waits for a slow (or dead) member before fo
 
 @dataclass(frozen=True)
 class Point:
+    """One value of a TensorBoard series: a run's tag at a step."""
+
     run: str        # "rank0", "group1", "job"
     tag: str        # "loss", "throughput/samples_per_s", ...
     value: float
@@ -85,49 +89,50 @@ class Series:
         return self._start
 
     def add(self, rank: int, data: dict[str, Any]) -> list[Point]:
+        """The points one rank record completes (read through schema/records.py: an invalid record
+        of hgtrain's kinds adds none)."""
         at = number(data.get("time"))
-        if at is None:
+        entry = records.parse(data)
+        if at is None or entry is None:
             return []
         if self._start is None:
             self._start = at
-        out: list[Point] = []
         state = self._ranks.get(rank)
-        accuracy = number(data.get("accuracy"))
-        if accuracy is not None:
-            step = number(data.get("step"))
-            step_i = int(step) if step is not None else (state.step if state else 0)
-            tag = f"accuracy/{data.get('event') or 'value'}"
-            runs = [f"rank{rank}", "job"] + ([group_run(state.group)] if state else [])
-            out += [Point(run, tag, accuracy, step_i, at) for run in runs]
-        staleness = number(data.get("staleness"))
-        if data.get("event") == "ps_push" and staleness is not None:
-            version = int(number(data.get("version")) or 0)
-            out.append(Point(f"rank{rank}", "staleness", staleness, version, at))
+        if isinstance(entry, UserRecord):
+            return self._user(rank, state, entry, at)
+        if isinstance(entry, PsPushRecord):
+            out = [Point(f"rank{rank}", "staleness", entry.staleness, entry.version, at)]
             # A run is a directory of TensorBoard files: its name comes from the plan, never from
-            # the record ("group": "/../../x" would write outside the log directory).
-            group = str(data.get("group"))
+            # the record (a group id the plan does not have writes nothing).
+            group = str(entry.group)
             if group in self._members and group != "-":
-                out.append(Point(group_run(group), "staleness", staleness, version, at))
-        adapted = Adapted.parse("", rank, data, self._groups, self._coordinator)
-        if adapted is not None:
-            out += self._adapted(adapted, at)
-        before, after = number(data.get("predicted_before")), number(data.get("predicted_after"))
-        if data.get("event") == "adapt" and data.get("kind") == "regroup" and after is not None:
+                out.append(Point(group_run(group), "staleness", entry.staleness, entry.version, at))
+            return out
+        if isinstance(entry, RegroupRecord):
             # The launcher re-grouped the job (launch/adapt.py): a mark on the job's time line, its
             # value the predicted gain.
-            gain = after / before if before else 1.0
-            out.append(Point("job", "regroup", gain, int(at - self._start), at))
-        step, samples = number(data.get("step")), number(data.get("samples"))
-        if state is None or "event" in data or step is None or samples is None:
+            gain = entry.predicted_after / entry.predicted_before if entry.predicted_before else 1.0
+            return [Point("job", "regroup", gain, int(at - self._start), at)]
+        adapted = Adapted.parse("", rank, data, self._groups, self._coordinator)
+        return self._adapted(adapted, at) if adapted is not None else []
+
+    def _user(self, rank: int, state: _Rank | None, entry: UserRecord, at: float) -> list[Point]:
+        """A script's record: its accuracy (if any) and, for a training step, its loss and rate."""
+        out: list[Point] = []
+        if entry.accuracy is not None:
+            step = entry.step if entry.step is not None else (state.step if state else 0)
+            tag = f"accuracy/{entry.event or 'value'}"
+            runs = [f"rank{rank}", "job"] + ([group_run(state.group)] if state else [])
+            out += [Point(run, tag, entry.accuracy, step, at) for run in runs]
+        if state is None or not entry.is_training_step:
             return out
-        loss = number(data.get("loss"))
-        state.step = int(step)
-        out += self._rank_step(rank, state, int(step), loss, samples, at)
-        return out
+        assert entry.step is not None and entry.samples is not None   # is_training_step
+        state.step = entry.step
+        return out + self._rank_step(rank, state, entry.step, entry.loss, entry.samples, at)
 
     def _adapted(self, event: Adapted, at: float) -> list[Point]:
         gain = 1.0 - event.step_after_s / event.step_before_s if event.step_before_s > 0 else 0.0
-        if event.kind == "shares":
+        if event.group is None:   # AdaptKind.SHARES: every group
             # The groups' shares of the global batch: a mark on the job's time line (as a
             # re-grouping's), its value the predicted gain.
             return [Point("job", "adapt", gain, max(0, int(at - (self._start or at))), at)]

@@ -27,8 +27,9 @@ from ..schema.stages import Ideal, JobState, RankState, Role, Strategy
 from ..launch.events import (
     Adapted, Event, JobEnded, JobStarted, JobRestarted, LogLines, Metric, NodeLost, Notice, Progress, RankExited,
     Regrouped, Replanned, Resumed,
-    RankStarted, RootCause, SavedState, Stage, Stopping, Summary, event_dict,
+    RankStarted, RootCause, Stage, Stopping, Summary, event_dict,
 )
+from ..schema.records import AdaptKind, SavedState
 
 # Encodings in which ASCII text is its own bytes: ASCII log lines go to them as they came.
 ASCII_SUPERSETS = frozenset({"utf-8", "ascii", "iso8859-1", "cp1252"})
@@ -190,7 +191,7 @@ def adapt_line(event: Adapted) -> str:
 
     batches = "/".join(map(str, event.before)) + " -> " + "/".join(map(str, event.batches))
     rates = "/".join(f"{r:,.0f}" for r in event.rates)
-    if event.kind == "shares":
+    if event.kind is AdaptKind.SHARES:
         return (f"[adapt] groups {'/'.join(map(str, event.groups))} from data step {event.data_step}: "
                 f"shares of the global batch {batches} (measured {rates} samples/s; slowest step "
                 f"{ms(event.step_before_s)} -> {ms(event.step_after_s)})")
@@ -238,6 +239,8 @@ def status_line(event: Event) -> str | None:
 
 
 class JsonSink:
+    """``--json``: one JSON object per event on stdout, for scripts (``progress`` left out)."""
+
     def __init__(self, ranks: frozenset[int] | None, out: TextIO | None = None) -> None:
         self.ranks = ranks
         self.out = out or sys.stdout

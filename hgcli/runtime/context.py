@@ -27,6 +27,7 @@ from .exchange.position import DataPosition, fetch_restored
 from .adapt.shares import block_layout
 from .adapt.rebalance import GroupSplit
 from .data.sampler import RankBatchSampler, dataset_length, make_loader
+from ..schema.records import FinishRecord, ResumedRecord, SavedState, SnapshotRecord
 from . import snapshot
 from .snapshot import Snapshotter, snapshot_path
 
@@ -239,12 +240,11 @@ class Context:
                 print(f"hgtrain: rank {self.rank}: {self._snapshots.error}", file=sys.stderr, flush=True)
         if self._sync is not None:
             self._sync.finish()
-            self.metrics.emit(event="finish", samples=self._sync.samples_seen, steps=self._sync.local_step,
-                              compute_s=self.emulator.compute_s, emulated_sleep_s=self.emulator.slept_s,
-                              emulated_step_s=self.emulator.target_s,
-                              sync_s=self._sync.sync_s, skipped_steps=self._sync.skipped_steps,
-                              compute_samples_per_s=self._sync.compute_rate,
-                              compute_noise=self._sync.compute_noise)
+            self.metrics.record(FinishRecord(
+                samples=self._sync.samples_seen, steps=self._sync.local_step, compute_s=self.emulator.compute_s,
+                emulated_sleep_s=self.emulator.slept_s, emulated_step_s=self.emulator.target_s,
+                sync_s=self._sync.sync_s, skipped_steps=self._sync.skipped_steps,
+                compute_samples_per_s=self._sync.compute_rate, compute_noise=self._sync.compute_noise))
         if self.env.world_size > 1:
             try:
                 shutdown(self.plan, self.env.timeout_s)
@@ -319,7 +319,7 @@ class Context:
         if engine is None or snap is None or self._model is None or engine.local_step % engine.accumulate:
             return      # not started, or inside an accumulation window
         for written in snap.written():   # the launcher re-groups a job only to a state on disk (launch/adapt.py)
-            self.metrics.emit(event="snapshot", step=written)
+            self.metrics.record(SnapshotRecord(step=written))
         step = self._step_base + engine.local_step // engine.accumulate
         if step == self._step_base or not snap.due(step):
             return
@@ -380,7 +380,7 @@ class Context:
         if self._snapshots is not None:
             self._snapshots.start_at(step)
         if self.is_first_worker:
-            self.metrics.emit(event="resumed", source="snapshot", step=step, samples=state.get("samples"))
+            self.metrics.record(ResumedRecord(source=SavedState.SNAPSHOT, step=step, samples=state.get("samples")))
         print(f"hgtrain: rank {self.rank} resumed from the snapshot of step {step}", flush=True)
 
     def _restore_data_position(self) -> None:

@@ -11,6 +11,7 @@ from hgcli.launch.inbound import Exited
 from hgcli.launch.metrics import MetricsBoard
 from hgcli.launch.spec import CheckpointPolicy, NodeLaunch, agent_spec, forwarded_env, read_env_file
 from hgcli.runtime.env import cuda_visible_devices
+from hgcli.schema.records import FinishRecord, encode
 from hgcli.schema.stages import Cluster, NodeSpec, RankPlan, Role
 from hgcli.config.ranklist import parse_rank_list
 
@@ -192,6 +193,12 @@ def test_metrics_board_rates_come_from_the_ranks_own_clock():
             "at the end") in summary_lines(summary)
 
 
+def finish(steps: int = 3, **fields) -> dict:
+    """A worker's finish record of 30 samples, as the runtime writes it."""
+    return encode(FinishRecord(samples=30, steps=steps, compute_s=1.0, emulated_sleep_s=0.0, emulated_step_s=0.0,
+                               **fields))
+
+
 def test_the_summary_sets_each_devices_measured_compute_rate_against_its_bench():
     import dataclasses
 
@@ -203,8 +210,8 @@ def test_the_summary_sets_each_devices_measured_compute_rate_against_its_bench()
     for t in range(3):
         for r in (0, 1):
             board.add(r, {"step": t, "samples": 10, "time": 100.0 + t})
-    board.add(0, {"event": "finish", "samples": 30, "compute_samples_per_s": 40.0})
-    board.add(1, {"event": "finish", "samples": 30, "compute_samples_per_s": None})    # not measured
+    board.add(0, finish(compute_samples_per_s=40.0))
+    board.add(1, finish(compute_samples_per_s=None))                                    # not measured
     board.add(1, {"event": "eval", "compute_samples_per_s": 7.0})                       # not a finish
     summary = board.summary(elapsed_s=3.0)
     assert summary.device_measured == {"0": 40.0} and summary.device_benched == {"0": 50.0}
@@ -224,8 +231,8 @@ def test_the_summary_says_what_the_prediction_came_from_and_keeps_each_workers_m
     for t in range(3):
         for r in (0, 1):
             board.add(r, {"step": t, "samples": 10, "time": 100.0 + t})
-    board.add(0, {"event": "finish", "samples": 30, "steps": 4, "compute_samples_per_s": 40.0, "compute_noise": 0.3})
-    board.add(1, {"event": "finish", "samples": 30, "compute_samples_per_s": 20.0})     # no step count
+    board.add(0, finish(steps=4, compute_samples_per_s=40.0, compute_noise=0.3))
+    board.add(1, finish(steps=0, compute_samples_per_s=20.0))                           # no step count
     assert board.finished() == {0: (40.0, 7.5, 0.3)}
     benched = summary_lines(board.summary(elapsed_s=3.0, rates_stored=True))
     assert ("the prediction came from the bench's model, each device timed alone, not from this script's "
@@ -238,7 +245,7 @@ def test_the_summary_says_what_the_prediction_came_from_and_keeps_each_workers_m
     refitted = MetricsBoard(dataclasses.replace(plan, fitted_to="hg-1"))
     for t in range(3):
         refitted.add(0, {"step": t, "samples": 10, "time": 100.0 + t})
-    refitted.add(0, {"event": "finish", "samples": 30, "steps": 4, "compute_samples_per_s": 40.0})
+    refitted.add(0, finish(steps=4, compute_samples_per_s=40.0))
     fitted = summary_lines(refitted.summary(elapsed_s=3.0))
     assert "the prediction is fitted to the compute this script measured in job hg-1" in fitted
     assert any(line.startswith("per device, samples/s of compute (waits left out) against the plan's (fitted)")
@@ -247,7 +254,7 @@ def test_the_summary_says_what_the_prediction_came_from_and_keeps_each_workers_m
     together = MetricsBoard(dataclasses.replace(plan, bench_together=True))
     for t in range(3):
         together.add(0, {"step": t, "samples": 10, "time": 100.0 + t})
-    together.add(0, {"event": "finish", "samples": 30, "steps": 4, "compute_samples_per_s": 40.0})
+    together.add(0, finish(steps=4, compute_samples_per_s=40.0))
     lines = summary_lines(together.summary(elapsed_s=3.0))
     assert ("the prediction came from the bench's model, each node's devices timed together, not from this "
             "script's run") in lines

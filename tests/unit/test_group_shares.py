@@ -133,7 +133,7 @@ def test_a_shares_record_from_shard_0_becomes_one_console_line_and_a_job_mark():
     plan = emulated_plan([[1.0, 1.0], [1.0, 1.0]], [[8, 8], [16, 16]], n_ps=1)
     groups = {g.id: tuple(g.ranks) for g in plan.groups}
     event = Adapted.parse("j1", 4, SHARES, groups, coordinator=plan.ps_shards[0])
-    assert event is not None and event.kind == "shares" and event.groups == (0, 1) and event.group == -1
+    assert event is not None and event.kind == "shares" and event.groups == (0, 1) and event.group is None
     assert status_line(event) == ("[adapt] groups 0/1 from data step 40: shares of the global batch 32/32 -> "
                                   "51/13 (measured 3,228/790 samples/s; slowest step 40 ms -> 16 ms)")
     # Only shard 0 sends them, about the plan's groups, keeping the global batch.

@@ -12,6 +12,7 @@ import pytest
 
 from hgcli.cli import main
 from hgcli.launch.record import JobBook
+from hgcli.schema.records import PsPushRecord, encode
 from hgcli.schema.stages import JobRecord, RankRecord, Role
 from tests.launch.plans import local_cluster, make_plan
 
@@ -52,8 +53,9 @@ def job(tmp_path, monkeypatch):
     for step in range(STEPS + 12):   # group 1 goes on for 22 s after group 0 has finished
         rows.append((100 + 1.0 * step, 2, {"group": 1, "step": step, "loss": 2.5 - 0.05 * step, "samples": 8}))
     for version, staleness in enumerate(STALENESS, 1):
-        rows.append((100.2 + version, 3, {"role": "ps", "event": "ps_push", "shard": 0, "group": version % 2,
-                                          "version": version, "staleness": staleness}))
+        push = PsPushRecord(shard=0, group=version % 2, version=version, staleness=staleness, delay=staleness,
+                            scale=1.0, update_s=0.01)
+        rows.append((100.2 + version, 3, {"role": "ps", **encode(push)}))
     rows += [(105.1, 0, {"event": "eval", "step": 10, "accuracy": 0.5}),
              (110.1, 0, {"event": "eval", "step": 20, "accuracy": 0.75}),
              (120.0, 0, {"event": "final", "accuracy": 0.8})]

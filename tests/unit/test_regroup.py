@@ -13,6 +13,7 @@ from hgcli.launch.request import LaunchRequest
 from hgcli.launch.metrics import MetricsBoard
 from hgcli.plan.pipeline import replan_on
 from hgcli.plan.placement import AUTO_MARGIN
+from hgcli.schema.records import RatesRecord, RegroupRecord, SnapshotRecord, encode
 from hgcli.schema.stages import Cluster, JobSpec, NodeSpec, Strategy
 from tests.bench_inventory import store_inventory
 from tests.unit.plan_clusters import A100 as FAST, T4 as SLOW, cluster, link
@@ -39,10 +40,11 @@ def board_with(plan, noise: float | None, snapshot: bool = True) -> MetricsBoard
     board = MetricsBoard(plan)
     for r in plan.workers:
         batch = r.batch_size or 1
-        board.add(r.rank, {"event": "rates", "compute_samples_per_s": r.benched_samples_per_s or 100.0,
-                           "samples": 100 * batch, "steps": 100, "compute_noise": noise})
+        board.add(r.rank, encode(RatesRecord(group=r.group or 0, step=100,
+                                             compute_samples_per_s=r.benched_samples_per_s or 100.0,
+                                             samples=100 * batch, steps=100, compute_noise=noise)))
         if snapshot:
-            board.add(r.rank, {"event": "snapshot", "step": 40})
+            board.add(r.rank, encode(SnapshotRecord(step=40)))
     return board
 
 
@@ -107,8 +109,9 @@ def test_the_launchers_regroup_record_is_a_mark_on_the_jobs_time_line(private_st
     plan = replan_on(spec, JobSpec(), ["n0", "n1"])
     series = Series(plan)
     series.add(0, {"time": 100.0, "step": 1, "samples": 32, "loss": 1.0})
-    points = series.add(0, {"time": 130.0, "event": "adapt", "kind": "regroup", "attempt": 1,
-                            "predicted_before": 2000.0, "predicted_after": 2600.0})
+    regroup = RegroupRecord(attempt=1, strategy=Strategy.HYBRID, groups=((0,), (1,)), predicted_before=2000.0,
+                            predicted_after=2600.0)
+    points = series.add(0, {"time": 130.0, **encode(regroup)})
     assert [(p.run, p.tag, p.value, p.step) for p in points] == [("job", "regroup", 1.3, 30)]
 
 
@@ -118,10 +121,10 @@ def recent_board(plan, recent_noise: float | None, run_noise: float = 1.0) -> Me
     board = MetricsBoard(plan)
     for r in plan.workers:
         batch, rate = r.batch_size or 1, r.benched_samples_per_s or 100.0
-        board.add(r.rank, {"event": "rates", "compute_samples_per_s": rate, "samples": 100 * batch,
-                           "steps": 100, "compute_noise": run_noise, "recent_samples_per_s": rate,
-                           "recent_noise": recent_noise})
-    board.add(plan.groups[0].ranks[0], {"event": "snapshot", "step": 60})
+        board.add(r.rank, encode(RatesRecord(group=r.group or 0, step=100, compute_samples_per_s=rate,
+                                             samples=100 * batch, steps=100, compute_noise=run_noise,
+                                             recent_samples_per_s=rate, recent_noise=recent_noise)))
+    board.add(plan.groups[0].ranks[0], encode(SnapshotRecord(step=60)))
     return board
 
 

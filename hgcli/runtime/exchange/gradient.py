@@ -37,6 +37,7 @@ from ..metrics import MetricsSink
 from ..adapt.rebalance import GroupSplit
 from ..ps.shards import ELEMENTWISE, ShardLayout, plan_layout
 from .calls import ShardCalls, rpc_async
+from ...schema.records import SyncRecord
 from .staging import Staging
 from ...schema.stages import Wire
 
@@ -192,8 +193,8 @@ class PSExchange:
         t2 = time.perf_counter()
         self._idle_since = t2
         self.sync_s += t2 - t0
-        self.metrics.emit(event="sync", group=self.group.group_id, version=self.version, samples=samples,
-                          allreduce_s=allreduce_s, push_s=t1 - t0, broadcast_s=t2 - t1)
+        self.metrics.record(SyncRecord(group=self.group.group_id, version=self.version, samples=samples,
+                                       allreduce_s=allreduce_s, push_s=t1 - t0, broadcast_s=t2 - t1))
 
     # --- state ----------------------------------------------------------------------------------
     def fill_state(self, state: dict[str, torch.Tensor], model: torch.nn.Module) -> None:

@@ -59,6 +59,7 @@ from ..errors import TrainingError
 from .grad_window import GradWindow
 from .link import GroupLink
 from ..metrics import MetricsSink
+from ...schema.records import RatesRecord, SkipRecord
 from .member_slots import MemberSlots
 from ..adapt.rebalance import GroupSplit, Rebalancer
 # The small all-reduce's layout: the bench sizes its measurement by it (node/bench/group.py).
@@ -287,8 +288,7 @@ class GroupEngine:
             self._skipped = True
             self.skipped_steps += 1
             self._clear_grads()
-            self.metrics.emit(event="skip", group=self.group_id, step=self.local_step,
-                              version=self.version)
+            self.metrics.record(SkipRecord(group=self.group_id, step=self.local_step, version=self.version))
             return
         if self.max_grad_norm is not None:
             self._grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
@@ -328,10 +328,11 @@ class GroupEngine:
         if self.clock.window_done(seconds, samples):
             # What the finish record will say, so far: the launcher re-groups a job on it while it
             # runs (launch/adapt.py), as the next plan of the script is fitted to the finish record.
-            self.metrics.emit(event="rates", group=self.group_id, step=self.local_step,
-                              compute_samples_per_s=self.compute_rate,
-                              samples=self.samples_seen, steps=self.local_step,
-                              compute_noise=self.compute_noise, **self.clock.recent_figures())
+            recent = self.clock.recent_figures()
+            self.metrics.record(RatesRecord(
+                group=self.group_id, step=self.local_step, compute_samples_per_s=self.compute_rate,
+                samples=self.samples_seen, steps=self.local_step, compute_noise=self.compute_noise,
+                recent_samples_per_s=recent["recent_samples_per_s"], recent_noise=recent["recent_noise"]))
 
     @property
     def compute_noise(self) -> float | None:

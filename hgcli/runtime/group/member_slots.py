@@ -11,6 +11,7 @@ from ..adapt.clock import ComputeClock
 from ..emulate import Emulator
 from ..metrics import MetricsSink
 from ..adapt.rebalance import Change, Rebalancer
+from ...schema.records import RebalanceRecord
 from .step_reduce import MEMBER_SLOTS, step_reduce_numel
 
 
@@ -60,7 +61,8 @@ class MemberSlots:
         """The group re-split its batch (every member decided the same): the leader reports it."""
         self.changes.append(change)
         if self.rank == self.ranks[0]:
-            self.metrics.emit(event="adapt", kind="rebalance", group=self.group_id, step=change.step,
-                              data_step=change.from_step, ranks=list(self.ranks), before=list(change.before),
-                              batches=list(change.after), rates=[round(r, 3) for r in change.rates],
-                              step_before_s=change.step_before_s, step_after_s=change.step_after_s)
+            self.metrics.record(RebalanceRecord(
+                group=self.group_id, step=change.step, data_step=change.from_step, ranks=tuple(self.ranks),
+                before=tuple(change.before), batches=tuple(change.after),
+                rates=tuple(round(r, 3) for r in change.rates),
+                step_before_s=change.step_before_s, step_after_s=change.step_after_s))

@@ -22,6 +22,7 @@ from ..env import RankEnv
 from ..errors import TrainingError
 from ..groups import init_distributed, shutdown
 from ..metrics import MetricsSink
+from ...schema.records import PsReadyRecord, ResumedRecord, SavedState
 
 THREADS_ENV = "HGTRAIN_PS_THREADS"
 
@@ -91,14 +92,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"PS shard {shard}: " + (f"resumed from checkpoint version {version}"
                   if version is not None else "no complete checkpoint, starting fresh"), flush=True)
             if version is not None and shard == 0:   # the launcher's `resumed` event
-                metrics.emit(event="resumed", source="checkpoint", step=version, samples=None)
+                metrics.record(ResumedRecord(source=SavedState.CHECKPOINT, step=version, samples=None))
         init_distributed(env, plan)
         io = ShardIO(server, leaders={g.id: g.ranks[0] for g in plan.groups})
         handlers.serve(server, io)
         # Joined the job, nothing held yet: what the shard's state costs is above this.
-        ready = {"rss_kb": memory_kb("VmRSS"), "threads": torch.get_num_threads()}
-        server._trace("ready", **ready)
-        metrics.emit(event="ps_ready", shard=shard, **ready)
+        rss = memory_kb("VmRSS")
+        server._trace("ready", rss_kb=rss, threads=torch.get_num_threads())
+        metrics.record(PsReadyRecord(shard=shard, rss_kb=rss, threads=torch.get_num_threads()))
         server.wait()
         server.close()
         shutdown(plan, env.timeout_s)     # its barrier: every leader has what was sent to it

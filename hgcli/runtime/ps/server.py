@@ -66,6 +66,7 @@ from .shards import Segment
 from ...schema.stages import Wire
 from ..errors import TrainingError
 from ..metrics import MetricsSink
+from ...schema.records import PsEndRecord, PsPushRecord, SharesRecord
 
 
 # In an answer's fields: "the shard's parameters in the wire format". How they reach the group is the
@@ -202,8 +203,8 @@ class ShardServer:
                         version=self.version, staleness=staleness, delay=delay, samples=samples, scale=scale,
                         clocks=dict(adm.clock), active=sorted(adm.active),
                         lr=[h.get("lr") for h in hyper], update_s=update_s)
-            self.metrics.emit(event="ps_push", shard=self.shard, group=group, version=self.version,
-                              staleness=staleness, delay=delay, scale=scale, update_s=update_s)
+            self.metrics.record(PsPushRecord(shard=self.shard, group=group, version=self.version,
+                                             staleness=staleness, delay=delay, scale=scale, update_s=update_s))
             if self.coordinator:
                 self._request(group, fut)
             else:
@@ -291,10 +292,10 @@ class ShardServer:
         groups = list(self.shares.groups)
         self._trace("shares", data_step=change.from_step, groups=groups, before=list(change.before),
                     after=list(change.after))
-        self.metrics.emit(event="adapt", kind="shares", step=change.step, data_step=change.from_step,
-                          groups=groups, before=list(change.before), batches=list(change.after),
-                          rates=[round(r, 3) for r in change.rates], step_before_s=change.step_before_s,
-                          step_after_s=change.step_after_s)
+        self.metrics.record(SharesRecord(
+            step=change.step, data_step=change.from_step, groups=tuple(groups), before=tuple(change.before),
+            batches=tuple(change.after), rates=tuple(round(r, 3) for r in change.rates),
+            step_before_s=change.step_before_s, step_after_s=change.step_after_s))
 
     def _deliver_copy(self, group: int, fut: Future, fields: tuple[Any, ...]) -> None:
         """In process (tests, tools): the answer with a copy of the parameters."""
@@ -358,10 +359,11 @@ class ShardServer:
 
     def close(self) -> None:
         self.checkpoints.close()
-        end = {"version": self.version, "update_s": self.held.update_s, "peak_rss_kb": memory_kb("VmHWM"),
-               "impl": self.held.opt_impl}
+        peak = memory_kb("VmHWM")
+        end = {"version": self.version, "update_s": self.held.update_s, "peak_rss_kb": peak, "impl": self.held.opt_impl}
         self._trace("end", **end)
-        self.metrics.emit(event="ps_end", shard=self.shard, **end)
+        self.metrics.record(PsEndRecord(shard=self.shard, version=self.version, update_s=self.held.update_s,
+                                        peak_rss_kb=peak, impl=self.held.opt_impl))
         self._trace.close()
 
 
