@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -24,12 +23,11 @@ from .group.engine import GroupEngine, GroupSpec, resolve_bucket_mb
 from .exchange.gradient import PSExchange
 from .metrics import MetricsSink
 from .exchange.position import DataPosition, fetch_restored
-from .adapt.shares import block_layout
 from .adapt.rebalance import GroupSplit
+from .adapt.shares import group_split
 from .data.sampler import RankBatchSampler, dataset_length, make_loader
-from ..schema.records import FinishRecord, ResumedRecord, SavedState, SnapshotRecord
-from . import snapshot
-from .snapshot import Snapshotter, snapshot_path
+from ..schema.records import FinishRecord
+from .rank_snapshots import RankSnapshots
 
 
 def _implicit_plan(env: RankEnv) -> m.Plan:
@@ -51,6 +49,25 @@ def _check_plan(plan: m.Plan) -> None:
         for r in g.ranks:
             if plan.rank(r).group != g.id or plan.rank(r).role is not m.Role.WORKER:
                 raise TrainingError(f"plan: rank {r} is listed in group {g.id} but is not its worker")
+
+
+def rank_device(env: RankEnv, me: m.RankPlan) -> torch.device:
+    """A real GPU rank's device: under hgtrain it sees only its own GPU (CUDA_VISIBLE_DEVICES) as
+    cuda:0; under plain torchrun every GPU of the node, and takes the LOCAL_RANK one."""
+    if not (me.device.startswith("gpu") and not me.emulated and torch.cuda.is_available()):
+        return torch.device("cpu")
+    index = env.local_rank if env.plan is None else 0
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def same_node(env: RankEnv, plan: m.Plan, rank: int, ranks: tuple[int, ...]) -> tuple[int, ...]:
+    """Positions in ``ranks`` of the ranks on ``rank``'s node, by the plan (torchrun's implicit plan
+    names no nodes and runs no emulation: just this rank)."""
+    if env.plan is None:
+        return (ranks.index(rank),)
+    node = plan.rank(rank).node
+    return tuple(i for i, r in enumerate(ranks) if plan.rank(r).node == node)
 
 
 class Context:
@@ -77,19 +94,17 @@ class Context:
                                  slowdown=[(s.after_s, s.factor) for s in me.slowdown])
         if me.emulated or env.speed < 1.0:
             torch.set_num_threads(1)        # emulated devices share one CPU
-        self.device = self._device(me)
+        self.device = rank_device(env, me)
         self._pgs = init_distributed(env, self.plan) if env.world_size > 1 else {}
         self._sync: GroupEngine | None = None
         self._data = DataPosition()
-        self._split = self._group_split() if env.adapt else None
+        self._split = group_split(self.plan, self.group) if env.adapt else None
         self._split_taken = False           # the first data source (the training data) follows it
-        # All-reduce snapshots (snapshot.py): written by the first worker of each node; the group's
-        # steps and samples before this attempt (a resumed job's snapshot), for the next snapshot.
-        self._snapshots = self._snapshotter()
-        self._scheduler: Any = None
-        self._model: torch.nn.Module | None = None
-        self._step_base = 0
-        self._samples_base = 0
+        # All-reduce snapshots (snapshot.py): taken by the first worker of each node, resumed by all.
+        self._snapshots = RankSnapshots(env=env, plan=self.plan, group_plan=self.group_plan, batches=self._batches,
+                                        emulator=self.emulator, metrics=self.metrics, data=self._data,
+                                        device=self.device, pg=self._pgs.get(self.group),
+                                        first_worker=self.worker_index == 0)
 
     # --- identity -------------------------------------------------------------------------------
     @property
@@ -145,16 +160,12 @@ class Context:
                 raise TrainingError(f"rank {self.rank}: group {self.group} all-reduces with NCCL, but {where}")
             print(f"hgtrain: rank {self.rank} has a GPU but trains on the CPU: {where}", file=sys.stderr,
                   flush=True)
-        self._model, self._scheduler = model, scheduler
-        if self._snapshots is not None:
-            # First of the pre-hooks: the state between two steps, before the data position counts
-            # the next step's batch and before the aggregation applies its gradient.
-            optimizer.register_step_pre_hook(self._snapshot_before_step)
+        self._snapshots.attach(model, optimizer, scheduler)    # the first of the step's pre-hooks
         self._data.hook(optimizer)      # before the aggregation's hook: a push carries its own batch
         ranks = self.group_plan.ranks
         spec = GroupSpec(rank=self.rank, group_id=self.group, ranks=ranks, pg=self._pgs.get(self.group),
                          batches=tuple(self.plan.rank(r).batch_size or self.env.batch_size for r in ranks),
-                         accumulate=self.group_plan.accumulate, share_with=self._same_node(ranks),
+                         accumulate=self.group_plan.accumulate, share_with=same_node(self.env, self.plan, self.rank, ranks),
                          default_batch=self.env.batch_size or 1, split=self._split)
         engine = GroupEngine(model=model, optimizer=optimizer, spec=spec, emulator=self.emulator,
                              metrics=self.metrics, timeout_s=self.env.timeout_s, max_grad_norm=max_grad_norm,
@@ -165,12 +176,12 @@ class Context:
                 first_worker=self.plan.workers[0].rank, metrics=self.metrics, timeout_s=self.env.timeout_s,
                 overlap=self.plan.overlap, wire=self.plan.wire, data_position=self._data.current,
                 frozen=engine.frozen, split=self._split)
-        resume = self.env.snapshots.resume_step if self.env.snapshots is not None else None
+        resume = self._snapshots.resume_step
         if resume is not None:
             # Before DDP's start broadcasts rank 0's parameters, and before the first group seeds
             # the PS with its own (a plan re-grouped from an all-reduce one: launch/adapt.py).
-            self._resume_snapshot(resume, engine)
-        self._sync = engine
+            self._snapshots.resume(resume, engine)
+        self._sync = self._snapshots.engine = engine
         trained = engine.start()
         if self.plan.ps_shards and resume is None:
             self._restore_data_position()
@@ -234,10 +245,7 @@ class Context:
 
     def finish(self) -> None:
         """Wait for the other groups, take the final parameters, and leave the job."""
-        if self._snapshots is not None:
-            self._snapshots.close()
-            if self._snapshots.error:
-                print(f"hgtrain: rank {self.rank}: {self._snapshots.error}", file=sys.stderr, flush=True)
+        self._snapshots.close()
         if self._sync is not None:
             self._sync.finish()
             self.metrics.record(FinishRecord(
@@ -251,39 +259,8 @@ class Context:
             except RuntimeError as exc:
                 raise TrainingError(f"rank {self.rank}: leaving the job failed: {exc}") from exc
 
-    def _device(self, me: m.RankPlan) -> torch.device:
-        """A real GPU rank's device: under hgtrain it sees only its own GPU (CUDA_VISIBLE_DEVICES) as
-        cuda:0; under plain torchrun every GPU of the node, and takes the LOCAL_RANK one."""
-        if not (me.device.startswith("gpu") and not me.emulated and torch.cuda.is_available()):
-            return torch.device("cpu")
-        index = self.env.local_rank if self.env.plan is None else 0
-        torch.cuda.set_device(index)
-        return torch.device("cuda", index)
-
-    def _same_node(self, ranks: tuple[int, ...]) -> tuple[int, ...]:
-        """Positions in ``ranks`` of the ranks on this rank's node, by the plan (torchrun's implicit
-        plan names no nodes and runs no emulation: just this rank)."""
-        if self.env.plan is None:
-            return (ranks.index(self.rank),)
-        node = self.plan.rank(self.rank).node
-        return tuple(i for i, r in enumerate(ranks) if self.plan.rank(r).node == node)
-
     def _batch_sizes(self, default: int) -> list[int]:
         return [b or default for b in self._batches]
-
-    def _group_split(self) -> GroupSplit | None:
-        """The group's re-splittable batches (adapt/rebalance.py) when its members are adjacent in the
-        plan's worker order (the planner's plans always are) and have plan batches: for a group of two
-        or more (its members' split), and in a plan of several groups for every group (their shares
-        of the global batch, which the PS's shard 0 moves: adapt/shares.py)."""
-        layout = block_layout(self.plan)
-        if layout is None:
-            return None
-        block = [g for g, _, _ in layout].index(self.group)
-        _, first, planned = layout[block]
-        if len(layout) > 1 and self.plan.ps_shards:
-            return GroupSplit(first, planned, block=block, totals=[sum(b) for _, _, b in layout])
-        return GroupSplit(first, planned) if len(planned) > 1 else None
 
     def _take_split(self, batch_size: int) -> GroupSplit | None:
         """The split, for the process's first data source when it cuts the plan's batches."""
@@ -291,97 +268,6 @@ class Context:
             return None
         self._split_taken = True
         return self._split
-
-    # --- all-reduce snapshots (snapshot.py) -------------------------------------------------------
-    def _snapshotter(self) -> Snapshotter | None:
-        """This rank's, when the launcher asked for snapshots and it is the first worker of its node
-        in a plan without PS ranks, or of the first group in a plan with them (a re-grouped job
-        watched for the way back to all-reduce, launch/adapt.py: every group has its own steps, and
-        its first group's state is the one the way back resumes)."""
-        s = self.env.snapshots
-        if s is None or not (s.every or s.seconds) or self.env.plan is None:
-            return None
-        if self.plan.ps_shards:
-            if self.rank != self.plan.groups[0].ranks[0]:
-                return None
-        else:
-            node = self.plan.rank(self.rank).node
-            if min(w.rank for w in self.plan.workers if w.node == node) != self.rank:
-                return None
-        return Snapshotter(Path(s.directory), every=s.every, seconds=s.seconds)
-
-    def _samples_per_step(self) -> int | None:
-        batches = [b for b in self._batches if b]
-        return self.group_plan.accumulate * sum(batches) if len(batches) == len(self._batches) else None
-
-    def _snapshot_before_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        engine, snap = self._sync, self._snapshots
-        if engine is None or snap is None or self._model is None or engine.local_step % engine.accumulate:
-            return      # not started, or inside an accumulation window
-        for written in snap.written():   # the launcher re-groups a job only to a state on disk (launch/adapt.py)
-            self.metrics.record(SnapshotRecord(step=written))
-        step = self._step_base + engine.local_step // engine.accumulate
-        if step == self._step_base or not snap.due(step):
-            return
-        # Under PS ranks the group's samples are not the job's, and the optimizer that matters is the
-        # PS's: the local one steps on nothing, so the way back starts a fresh one.
-        asynchronous = bool(self.plan.ps_shards)
-        per_step = None if asynchronous else self._samples_per_step()
-        with self.emulator.untimed():       # a copy to host memory: not the device's training work
-            snap.take(step, {
-                "samples": None if per_step is None else self._samples_base + (step - self._step_base) * per_step,
-                "model": self._model.state_dict(), "optimizer": None if asynchronous else opt.state_dict(),
-                "scheduler": self._scheduler.state_dict() if self._scheduler is not None else None,
-                "data": self._data.current(), "world_size": self.world_size})
-
-    def _resume_snapshot(self, step: int, engine: GroupEngine) -> None:
-        """Load the snapshot of ``step`` into the model, optimizer, scheduler and data position. A
-        member whose node lacks the file (it joined at this restart) gets it from the first that has it."""
-        import torch.distributed as dist
-
-        assert self.env.snapshots is not None and self._model is not None
-        directory = Path(self.env.snapshots.directory)
-        state: dict[str, Any] | None = None
-        problem = f"no file {snapshot_path(directory, step)}"
-        with self.emulator.untimed():       # start-up, not the device's work
-            if snapshot_path(directory, step).exists():
-                try:
-                    state = snapshot.load(directory, step)
-                except ValueError as exc:
-                    problem = str(exc)
-            ranks = self.group_plan.ranks
-            if len(ranks) > 1:
-                pg = self._pgs.get(self.group)
-                have = torch.zeros(len(ranks), dtype=torch.int64, device=self.device)
-                have[ranks.index(self.rank)] = int(state is not None)
-                engine.link.collective(lambda: dist.all_reduce(have, group=pg), "all-reduce")
-                holders = [r for r, h in zip(ranks, have.tolist()) if h]
-                if not holders:
-                    raise TrainingError(f"rank {self.rank}: no rank of group {self.group} has the snapshot of step "
-                                        f"{step} to resume from: {problem}")
-                if len(holders) < len(ranks):
-                    box = [state if self.rank == holders[0] else None]
-                    where = self.device if self.device.type == "cuda" else None
-                    engine.link.collective(lambda: dist.broadcast_object_list(box, src=holders[0], group=pg,
-                                                                         device=where), "broadcast")
-                    state = box[0]
-            if state is None:
-                raise TrainingError(f"rank {self.rank}: cannot resume from the snapshot of step {step}: {problem}")
-            self._model.load_state_dict(state["model"])
-            if state.get("optimizer") is not None:
-                engine.opt.load_state_dict(state["optimizer"])
-            if self._scheduler is not None and state.get("scheduler") is not None:
-                self._scheduler.load_state_dict(state["scheduler"])
-            if state.get("data") is not None:
-                # Another world (a re-grouped plan) may count other steps per epoch: same share.
-                self._data.restore(state["data"], rescale=state.get("world_size") != self.world_size)
-        self._step_base = step
-        self._samples_base = int(state.get("samples") or 0)
-        if self._snapshots is not None:
-            self._snapshots.start_at(step)
-        if self.is_first_worker:
-            self.metrics.record(ResumedRecord(source=SavedState.SNAPSHOT, step=step, samples=state.get("samples")))
-        print(f"hgtrain: rank {self.rank} resumed from the snapshot of step {step}", flush=True)
 
     def _restore_data_position(self) -> None:
         """After a PS resume, the group continues from the data position its checkpoint recorded."""

@@ -126,3 +126,18 @@ class GroupShares:
         for start, totals in state.get("schedule", []):
             self.split.change(int(start), [int(t) for t in totals])
         return True
+
+
+def group_split(plan: Any, group: int) -> GroupSplit | None:
+    """Group ``group``'s re-splittable batches (rebalance.py) when its members are adjacent in the
+    plan's worker order (the planner's plans always are) and have plan batches: for a group of two or
+    more (its members' split), and in a plan of several groups with PS ranks for every group (their
+    shares of the global batch, which the PS's shard 0 moves)."""
+    layout = block_layout(plan)
+    if layout is None:
+        return None
+    block = [g for g, _, _ in layout].index(group)
+    _, first, planned = layout[block]
+    if len(layout) > 1 and plan.ps_shards:
+        return GroupSplit(first, planned, block=block, totals=[sum(b) for _, _, b in layout])
+    return GroupSplit(first, planned) if len(planned) > 1 else None
