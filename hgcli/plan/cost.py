@@ -50,11 +50,11 @@ def plan_overlap(job: JobSpec) -> bool:
 @dataclass(frozen=True)
 class Device:
     """A usable worker device with its fitted cost: mean step time = a + c * batch, batch <= cap;
-    ``noise`` = mean delay of a step / its noise-free time (hgcli.plan.placement.step_noise);
+    ``noise`` = mean delay of a step / its noise-free time (hgcli.plan.fit.step_noise);
     ``benched`` = the largest batch its bench timed (0: costed from matmul figures); ``fitted``: the
-    cost is fitted to a job's measured compute (placement._fit_to_rates), which had the node's CPU
+    cost is fitted to a job's measured compute (devices.fit_to_rates), which had the node's CPU
     contention and the group's synchronous step in it already; ``together``: the cost is scaled to
-    the device's steps beside its node's other devices (placement._beside_neighbours), which had the
+    the device's steps beside its node's other devices (devices.beside_neighbours), which had the
     contention between them in it already."""
 
     node: int          # index in inventory node order

@@ -1,4 +1,4 @@
-"""Plans from a node's devices benched together (DeviceProfile.together, placement._beside_neighbours):
+"""Plans from a node's devices benched together (DeviceProfile.together, devices.beside_neighbours):
 the contention the together bench measured is in each device's cost and the prediction; the ideal
 stays each device's own speed; profiles without the field plan as before."""
 from __future__ import annotations
