@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 
 from ..errors import UsageError
-from .cost import KNEE_TOLERANCE, Device
+from .cost import KNEE_TOLERANCE
+from .costed import Device
 
 
 def summarise(notes: list[str], limit: int = 6, sep: str = "; ") -> str:

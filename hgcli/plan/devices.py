@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from ..errors import StateError
 from ..schema.stages import DeviceProfile, Inventory, Profiles, ScriptRates
-from .cost import Device
+from .costed import Device
 from .fit import fit_time, memory_cap, timed
 from .kinds import find_kinds, pooled
 

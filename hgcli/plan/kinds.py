@@ -6,7 +6,7 @@ import math
 import statistics
 
 from ..schema.stages import DeviceProfile
-from .cost import Device
+from .costed import Device
 from .fit import matmul_figure, timed
 
 # Benches of one device model on two nodes (or minutes apart) differ by up to this factor each way

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..schema.stages import Prediction, Strategy
-from .cost import Device, Option
+from .costed import Device, Option
 
 # Devices whose throughputs differ by at most this factor are "like" and may share an all-reduce group.
 LIKE_SPEED_RATIO = 1.25

@@ -295,7 +295,7 @@ def test_auto_keeps_like_speed_devices_synchronous_even_when_ps_is_predicted_fas
     """Rule 2: ps (one asynchronous group per device) is taken on request only; the reason says what
     the predictions favoured and how to ask for it. Where every class is one device, ps is hybrid's
     own layout and the reason does not mention it."""
-    from hgcli.plan.cost import Option
+    from hgcli.plan.costed import Option
     from hgcli.plan.strategy import choose
 
     def option(strategy, groups, rate):

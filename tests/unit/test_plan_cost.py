@@ -8,7 +8,8 @@ import pytest
 from hgcli.schema.stages import ExchangeProfile, GroupSyncProfile, JobSpec, Measurement, ModelSpec, StepSample, Strategy
 from hgcli.plan.fit import _monotone, fit_time
 from hgcli.plan.placement import make_plan
-from hgcli.plan.cost import INTRA_NODE_LATENCY_S, oversubscription, straggle
+from hgcli.plan.delays import oversubscription, straggle
+from hgcli.plan.network import INTRA_NODE_LATENCY_S
 
 from tests.unit.plan_clusters import A100, T4, cluster, measured
 
@@ -200,7 +201,8 @@ def test_a_single_shard_push_waits_for_cores_by_its_fixed_cost():
     from hgcli.plan.batches import assign_batches
     from hgcli.plan.devices import usable_devices
     from hgcli.plan.placement import _exchanges
-    from hgcli.plan.cost import CostModel, Network
+    from hgcli.plan.cost import CostModel
+    from hgcli.plan.network import Network
 
     inventory, profiles = cluster([[A100, A100, T4, T4]], model=ModelSpec("tiny", 5000))
     devices = tuple(dataclasses.replace(p, exchange=exchange(0.0030, 0.0001, latency=0.0012, nbytes=20_000))
