@@ -30,7 +30,7 @@ its run's throughput over 6 equal slices of its steady window. auto's strategy i
 in most rounds (the first round's on a tie).
 On a homogeneous cluster auto is one all-reduce group by rule 1 (docs/planning.md), whatever the
 predictions say; so the benchmark also reports what the predictions alone favour
-(``hgcli.plan.placement.predicted_best`` of the median predictions: auto's own margins without rule 1), judged
+(``hgcli.plan.strategy.predicted_best`` of the median predictions: auto's own margins without rule 1), judged
 the same way, to tell the cost model's ranking from the rule's choice.
 
     PYTHONPATH=$PWD python3 benchmarks/cost_model_accuracy.py      (about 13 minutes; --rounds 1: 4-5)
@@ -197,7 +197,7 @@ def evaluate(name: str, speeds: list[float], args: argparse.Namespace, workdir: 
                              "compute_share": statistics.median(run["compute_share"] for run in runs),
                              "sync_ms_per_step": statistics.median(run["sync_ms_per_step"] for run in runs),
                              "load_1min": statistics.median(run["load_1min"] for run in runs)}
-    from hgcli.plan.placement import predicted_best
+    from hgcli.plan.strategy import predicted_best
 
     choices = [r["auto"] for r in rounds]
     chosen = max(choices, key=lambda c: (choices.count(c), -choices.index(c)))

@@ -6,7 +6,7 @@ stepping together. A script's step is not that model's: its data loading, its la
 whose devices share the CPU the contention those add. The runtime measures what each device computed (samples per second of
 compute, waits for other members left out, at its mean batch), the launcher stores it at the job's
 end under the script's identity, and ``prepare_plan`` fits the bench's per-device costs to it for the
-next launch of that script (hgcli/plan/placement.py, ``_fit_to_rates``).
+next launch of that script (hgcli/plan/devices.py, ``fit_to_rates``).
 
 A script is the module of ``python -m MODULE`` or the first ``*.py``/``*.sh`` path of the command,
 not its arguments: ``train.py --epochs 3`` and ``train.py --epochs 30`` are one script. Rates are

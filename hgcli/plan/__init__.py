@@ -1,3 +1,5 @@
-"""The plan stage: Inventory + Profiles + JobSpec -> Plan. Placement and batch sizes (``placement``), the cost
-model (``cost``), plan files (``files``), and probe -> bench -> plan reusing what is stored (``pipeline``).
+"""The plan stage: Inventory + Profiles + JobSpec -> Plan. The planner's entry (``placement``) and its
+steps (``devices``, ``fit``, ``kinds``, ``batches``, ``strategy``), the cost model (``cost``, with
+``costed``, ``network``, ``delays``, ``pricing``, ``ps``), plan files (``files``), and probe -> bench
+-> plan reusing what is stored (``pipeline``).
 """

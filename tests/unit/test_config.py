@@ -632,7 +632,8 @@ def test_arbitrary_nodelists_fail_only_with_config_error(text):
 
 
 def test_example_file_loads_and_docs_cover_every_key():
-    from hgcli.config.cluster import EMULATE_KEYS, NODE_KEYS, ROOT_KEYS, SSH_KEYS
+    from hgcli.config.checks import EMULATE_KEYS
+    from hgcli.config.clusterfile import NODE_KEYS, ROOT_KEYS, SSH_KEYS
 
     example = ROOT_DIR / "cluster.example.toml"
     cluster = load_cluster(example)

@@ -23,7 +23,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "hgcli"
 NODE_SIDE = ("hgcli.node", "hgcli.runtime", "hgcli.integrations", "hgcli.schema", "hgcli.state", "hgcli.errors")
-CONTROLLER = ("hgcli.cli", "hgcli.config", "hgcli.probe", "hgcli.bench", "hgcli.plan", "hgcli.launch",
+CONTROLLER = ("hgcli.cli", "hgcli.commands", "hgcli.config", "hgcli.probe", "hgcli.bench", "hgcli.plan", "hgcli.launch",
               "hgcli.jobs", "hgcli.remote", "hgcli.render", "hgcli.schema", "hgcli.state", "hgcli.errors")
 
 # The layers, lowest first; a package is named by its first part under hgcli/ (``hgcli`` itself: the
@@ -33,7 +33,7 @@ CONTROLLER = ("hgcli.cli", "hgcli.config", "hgcli.probe", "hgcli.bench", "hgcli.
 GROUND = (("hgcli",), ("errors",), ("schema",), ("state",))
 # The controller above the ground floor, in the order of the pipeline's dependencies.
 CONTROLLER_LAYERS = (("remote",), ("config",), ("probe", "bench"), ("plan",), ("launch",), ("jobs",), ("render",),
-                     ("cli",), ("__main__",))
+                     ("commands",), ("cli",), ("__main__",))
 # Apart from the controller: code that runs on nodes and in ranks, and what stands on it. They import
 # the ground floor and the lower apart layers, never the controller.
 APART = (("runtime",), ("node",), ("integrations", "examples", "local"))

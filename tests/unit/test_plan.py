@@ -15,7 +15,9 @@ from hgcli.schema.stages import (
     from_dict, to_dict,
 )
 from hgcli.plan.cost import KNEE_TOLERANCE
-from hgcli.plan.placement import LIKE_SPEED_RATIO, MEMORY_USABLE_FRACTION, make_plan, predicted_best
+from hgcli.plan.fit import MEMORY_USABLE_FRACTION
+from hgcli.plan.placement import make_plan
+from hgcli.plan.strategy import LIKE_SPEED_RATIO, predicted_best
 from hgcli.plan.files import load_plan, write_plan
 
 from tests.unit.plan_clusters import A100, T4, Kind, cluster, link, measured
@@ -293,8 +295,8 @@ def test_auto_keeps_like_speed_devices_synchronous_even_when_ps_is_predicted_fas
     """Rule 2: ps (one asynchronous group per device) is taken on request only; the reason says what
     the predictions favoured and how to ask for it. Where every class is one device, ps is hybrid's
     own layout and the reason does not mention it."""
-    from hgcli.plan.cost import Option
-    from hgcli.plan.placement import _choose
+    from hgcli.plan.costed import Option
+    from hgcli.plan.strategy import choose
 
     def option(strategy, groups, rate):
         return Option(strategy, groups, (1,) * len(groups), (0,) if len(groups) > 1 else (), 2, rate, "summary")
@@ -302,23 +304,23 @@ def test_auto_keeps_like_speed_devices_synchronous_even_when_ps_is_predicted_fas
     options = {Strategy.ALLREDUCE: option(Strategy.ALLREDUCE, ((0, 1, 2, 3),), 100.0),
                Strategy.HYBRID: option(Strategy.HYBRID, ((0, 1), (2, 3)), 120.0),
                Strategy.PS: option(Strategy.PS, ((0,), (1,), (2,), (3,)), 150.0)}
-    chosen, reason = _choose(Strategy.AUTO, options, classes=2, devices=4)
+    chosen, reason = choose(Strategy.AUTO, options, classes=2, devices=4)
     assert chosen.strategy is Strategy.HYBRID
     assert reason.startswith("hybrid predicted 120 samples/s, 20% above allreduce (100)")
     assert "ps (every device its own asynchronous group) was predicted 25% above it" in reason
     assert "--strategy ps asks for it" in reason
-    chosen, reason = _choose(Strategy.PS, options, classes=2, devices=4)
+    chosen, reason = choose(Strategy.PS, options, classes=2, devices=4)
     assert chosen.strategy is Strategy.PS and reason.endswith("; auto would choose hybrid")
 
     options[Strategy.HYBRID] = option(Strategy.HYBRID, ((0, 1), (2, 3)), 102.0)   # hybrid within the margin
-    chosen, reason = _choose(Strategy.AUTO, options, classes=2, devices=4)
+    chosen, reason = choose(Strategy.AUTO, options, classes=2, devices=4)
     assert chosen.strategy is Strategy.ALLREDUCE and "ps (every device its own" in reason
 
     one_each = ((0,), (1,), (2,))
     options = {Strategy.ALLREDUCE: option(Strategy.ALLREDUCE, ((0, 1, 2),), 100.0),
                Strategy.HYBRID: option(Strategy.HYBRID, one_each, 120.0),
                Strategy.PS: option(Strategy.PS, one_each, 130.0)}
-    chosen, reason = _choose(Strategy.AUTO, options, classes=3, devices=3)
+    chosen, reason = choose(Strategy.AUTO, options, classes=3, devices=3)
     assert chosen.strategy is Strategy.HYBRID and "--strategy ps" not in reason
 
 

@@ -10,7 +10,10 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from hgcli.plan.cost import KNEE_TOLERANCE, MAX_PUSH_GLOBAL_BATCHES
-from hgcli.plan.placement import _kinds, _usable_devices, knee, make_plan
+from hgcli.plan.batches import knee
+from hgcli.plan.devices import usable_devices
+from hgcli.plan.kinds import find_kinds
+from hgcli.plan.placement import make_plan
 from hgcli.schema.stages import (
     ExchangeProfile, GpuInfo, Inventory, JobSpec, Measurement, ModelSpec, NodeInfo, Plan, Profiles, StepSample,
     Strategy, DeviceProfile,
@@ -99,7 +102,7 @@ def test_flat_steps_split_the_global_batch_by_speed():
 
 def test_a_large_global_batch_puts_every_device_past_its_knee_split_by_speed():
     inventory, profiles = cluster([[A100, A100, T4, T4]])
-    devices, _, _ = _usable_devices(inventory, profiles, 4e6)
+    devices, _, _ = usable_devices(inventory, profiles, 4e6)
     knees = [knee(d) for d in devices]
     assert knees == [130, 130, 103, 103]
     plan = make_plan(inventory, profiles, JobSpec(strategy=Strategy.ALLREDUCE, global_batch=2000))
@@ -115,7 +118,7 @@ def test_a_large_global_batch_puts_every_device_past_its_knee_split_by_speed():
 def test_the_knee_is_measured_against_the_best_the_memory_allows():
     small = dataclasses.replace(A100, name="A100-small", memory_mib=math.ceil((600 + 40 * 50) / 0.9))
     inventory, profiles = cluster([[small], [A100]])
-    (capped, roomy), _, _ = _usable_devices(inventory, profiles, 4e6)
+    (capped, roomy), _, _ = usable_devices(inventory, profiles, 4e6)
     assert capped.cap == 50
     k = knee(capped)
     assert capped.rate(k) >= (1 - KNEE_TOLERANCE) * capped.rate(50) > capped.rate(k - 1)
@@ -190,8 +193,8 @@ def test_the_homogeneous_cluster_of_three_hosts_is_one_allreduce_group_with_equa
 def test_a_device_measured_four_times_slower_is_its_own_kind():
     inventory, profiles = cluster([[A100, A100], [A100, A100]])
     slow_node = jittered(profiles, [1.0, 1.0, 4.0, 4.0], widen=0.3)
-    devices, _, _ = _usable_devices(inventory, slow_node, 4e6)
-    assert _kinds(devices, list(slow_node.devices)) == [[0, 1], [2, 3]]
+    devices, _, _ = usable_devices(inventory, slow_node, 4e6)
+    assert find_kinds(devices, list(slow_node.devices)) == [[0, 1], [2, 3]]
     plan = make_plan(inventory, slow_node, JobSpec(global_batch=256))
     assert "homogeneous" not in plan.reason
     assert batches(plan)[0] > 2 * batches(plan)[2]
@@ -200,8 +203,8 @@ def test_a_device_measured_four_times_slower_is_its_own_kind():
 def test_kinds_need_the_same_name_memory_and_declared_speed():
     other = dataclasses.replace(A100, name="A100-80GB", memory_mib=81920)
     inventory, profiles = cluster([[A100, other, dataclasses.replace(A100, speed=0.9)]])
-    devices, _, _ = _usable_devices(inventory, profiles, 4e6)
-    assert _kinds(devices, list(profiles.devices)) == [[0], [1], [2]]
+    devices, _, _ = usable_devices(inventory, profiles, 4e6)
+    assert find_kinds(devices, list(profiles.devices)) == [[0], [1], [2]]
 
 
 def global_batch_for(devices: list[Kind], pick: float) -> int:
@@ -255,10 +258,10 @@ def test_a_clear_four_times_difference_still_splits_one_model(data, pick, widen,
     half = len(devices) // 2
     factors = [f * (4.0 if i >= half else 1.0) for i, f in enumerate(jitter)]
     noisy = jittered(profiles, factors, widen)
-    usable, _, _ = _usable_devices(inventory, noisy, 4e6)
+    usable, _, _ = usable_devices(inventory, noisy, 4e6)
     slow = {(p.node, p.device) for p in noisy.devices[half:]}
     node_names = [n.name for n in inventory.nodes]
-    kinds = _kinds(usable, [next(p for p in noisy.devices if (p.node, p.device) == (node_names[d.node], d.device))
+    kinds = find_kinds(usable, [next(p for p in noisy.devices if (p.node, p.device) == (node_names[d.node], d.device))
                             for d in usable])
     assert len(kinds) == 2
     for kind in kinds:

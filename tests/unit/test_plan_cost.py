@@ -6,8 +6,10 @@ import dataclasses
 import pytest
 
 from hgcli.schema.stages import ExchangeProfile, GroupSyncProfile, JobSpec, Measurement, ModelSpec, StepSample, Strategy
-from hgcli.plan.placement import _fit_time, _monotone, make_plan
-from hgcli.plan.cost import INTRA_NODE_LATENCY_S, oversubscription, straggle
+from hgcli.plan.fit import _monotone, fit_time
+from hgcli.plan.placement import make_plan
+from hgcli.plan.delays import oversubscription, straggle
+from hgcli.plan.network import INTRA_NODE_LATENCY_S
 
 from tests.unit.plan_clusters import A100, T4, cluster, measured
 
@@ -26,7 +28,7 @@ def test_fit_is_on_the_fastest_repeat_and_ignores_an_outlier_median():
     # Every size's median is 10% above its fastest repeat, except one size whose median an outlier
     # repeat pushed to 3x.
     steps = [StepSample(b, spread(t, t * (3.0 if b == 16 else 1.1))) for b, t in exact]
-    a, c, noise = _fit_time(with_steps(profiles.devices[0], steps), 4e6)
+    a, c, noise = fit_time(with_steps(profiles.devices[0], steps), 4e6)
     assert noise == pytest.approx(0.1 / 0.6931, rel=1e-3)      # median excess 10%, exponential delays
     assert a / (1 + noise) == pytest.approx(0.001, rel=1e-6)     # the noise-free line is exact
     assert c / (1 + noise) == pytest.approx(0.0001, rel=1e-6)
@@ -36,7 +38,7 @@ def test_a_non_monotone_measurement_is_pooled_never_a_negative_slope():
     assert _monotone([(16, 2.0), (64, 1.0), (128, 3.0)]) == [(16, 1.5), (64, 1.5), (128, 3.0)]
     inventory, profiles = cluster([[A100]])
     steps = [StepSample(16, measured(0.004)), StepSample(64, measured(0.002)), StepSample(128, measured(0.006))]
-    a, c, _ = _fit_time(with_steps(profiles.devices[0], steps), 4e6)
+    a, c, _ = fit_time(with_steps(profiles.devices[0], steps), 4e6)
     assert a >= 0 and c > 0
     assert a + c * 16 <= a + c * 64 <= a + c * 128
 
@@ -62,7 +64,7 @@ def test_a_flat_step_time_is_a_fixed_cost_not_a_line_through_the_origin(digits):
     r = (lambda v: v) if digits is None else (lambda v: round(v, digits))
     steps = [StepSample(b, spread(r(low), r(med))) for b, low, med in H200_STEPS]
     gpu = dataclasses.replace(with_steps(profiles.devices[0], steps), matmul_tflops={"fp32": measured(51.0)})
-    a, c, noise = _fit_time(gpu, 4 * 5514)
+    a, c, noise = fit_time(gpu, 4 * 5514)
     assert a / (1 + noise) == pytest.approx(0.0015937, rel=1e-3)     # the pooled fastest repeats
     assert 0 < c * 2048 < 0.01 * a                                     # per-sample part: from the matmul rate
     profiles = dataclasses.replace(profiles, devices=(gpu,))
@@ -186,7 +188,7 @@ def test_one_size_measured_during_a_burst_of_load_does_not_bend_the_line():
     exact = {4: 0.0014, 16: 0.0018, 64: 0.0033, 128: 0.0053}
     steps = [StepSample(b, spread(t * (2.0 if b == 128 else 1.0), t * (2.2 if b == 128 else 1.1)))
              for b, t in exact.items()]
-    a, c, noise = _fit_time(with_steps(profiles.devices[0], steps), 4e6)
+    a, c, noise = fit_time(with_steps(profiles.devices[0], steps), 4e6)
     line = [(a + c * b) / (1 + noise) for b in exact]
     assert all(abs(fit / t - 1) < 0.08 for fit, t in zip(line, exact.values()))
     assert noise == pytest.approx(0.1 / 0.6931, rel=0.1)
@@ -196,16 +198,19 @@ def test_a_single_shard_push_waits_for_cores_by_its_fixed_cost():
     """Only the RPC's fixed cost (waking its threads) waits for a core; the per-byte part does not.
     With one shard holding the whole model the wait used to cancel out (the stretched fixed cost
     was taken off the measured round trip)."""
-    from hgcli.plan.placement import _assign_batches, _exchanges, _usable_devices
-    from hgcli.plan.cost import CostModel, Network
+    from hgcli.plan.batches import assign_batches
+    from hgcli.plan.devices import usable_devices
+    from hgcli.plan.placement import _exchanges
+    from hgcli.plan.cost import CostModel
+    from hgcli.plan.network import Network
 
     inventory, profiles = cluster([[A100, A100, T4, T4]], model=ModelSpec("tiny", 5000))
     devices = tuple(dataclasses.replace(p, exchange=exchange(0.0030, 0.0001, latency=0.0012, nbytes=20_000))
                     for p in profiles.devices)
     profiles = dataclasses.replace(profiles, devices=devices)
     names = [n.name for n in inventory.nodes]
-    usable, _, _ = _usable_devices(inventory, profiles, 20_000.0)
-    _, batches = _assign_batches(usable, 256, names)
+    usable, _, _ = usable_devices(inventory, profiles, 20_000.0)
+    _, batches = assign_batches(usable, 256, names)
     model = CostModel(usable, batches, Network(names, profiles.links), 20_000.0, 256, inventory,
                       JobSpec(strategy=Strategy.PS, global_batch=256), _exchanges(inventory, profiles))
     whole = {0: 20_000.0}

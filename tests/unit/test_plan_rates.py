@@ -1,4 +1,4 @@
-"""Plans fitted to a script's measured compute (hgcli/bench/rates.py, placement._fit_to_rates): what
+"""Plans fitted to a script's measured compute (hgcli/bench/rates.py, devices.fit_to_rates): what
 one job measured sets the next plan's per-device costs; the stored file, its key and its staleness."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Plans from a node's devices benched together (DeviceProfile.together, placement._beside_neighbours):
+"""Plans from a node's devices benched together (DeviceProfile.together, devices.beside_neighbours):
 the contention the together bench measured is in each device's cost and the prediction; the ideal
 stays each device's own speed; profiles without the field plan as before."""
 from __future__ import annotations
@@ -9,7 +9,8 @@ import json
 import pytest
 
 from hgcli.plan.contention import contention_note
-from hgcli.plan.cost import Device, _compute_cpu
+from hgcli.plan.costed import Device
+from hgcli.plan.delays import compute_cpu
 from hgcli.plan.placement import make_plan
 from hgcli.schema.stages import (Inventory, JobSpec, Measurement, MeasuredRate, Profiles, ScriptRates,
                                  Strategy, TogetherProfile, TogetherStep, from_dict, to_dict)
@@ -114,8 +115,8 @@ def test_rates_measured_in_a_job_fit_on_top_of_the_together_cost():
 
 def test_a_device_benched_together_does_not_crowd_its_node_a_second_time():
     d = Device(node=0, device="gpu0", emulated=True, speed=1.0, a=0.0, c=0.001, cap=None)
-    assert _compute_cpu(d, 10) == pytest.approx(0.01)
-    assert _compute_cpu(dataclasses.replace(d, together=True), 10) == 0.0
+    assert compute_cpu(d, 10) == pytest.approx(0.01)
+    assert compute_cpu(dataclasses.replace(d, together=True), 10) == 0.0
     # On a node of 2 cores asked for 2.5 by its emulated devices, the cost model crowds alone figures
     # (x busy / cores) but not together figures, which had that contention in them.
     inventory, profiles = cluster([[A100, A100, T4, T4]])
@@ -139,7 +140,7 @@ def test_the_contention_note_says_whether_the_prediction_holds_it():
 
 
 def test_uneven_steps_beside_the_neighbours_make_a_synchronous_group_wait_for_its_latest_member():
-    from hgcli.plan.cost import straggle
+    from hgcli.plan.delays import straggle
 
     inventory, profiles = cluster([[A100, A100, A100, A100]])
     job = JobSpec(strategy=Strategy.ALLREDUCE, global_batch=128)

@@ -12,7 +12,7 @@ from hgcli.launch.adapt import RegroupWatch, snapshot_every, watched
 from hgcli.launch.request import LaunchRequest
 from hgcli.launch.metrics import MetricsBoard
 from hgcli.plan.pipeline import replan_on
-from hgcli.plan.placement import AUTO_MARGIN
+from hgcli.plan.strategy import AUTO_MARGIN
 from hgcli.schema.records import RatesRecord, RegroupRecord, SnapshotRecord, encode
 from hgcli.schema.stages import Cluster, JobSpec, NodeSpec, Strategy
 from tests.bench_inventory import store_inventory
