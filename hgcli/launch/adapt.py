@@ -5,7 +5,7 @@ measures, predicts a gain.
 Inside a group, the runtime rebalances the batch as speeds change (runtime/adapt/rebalance.py). What it
 cannot fix is noise: a synchronous step waits for the slowest member, and when a different worker
 is slow at every step, no split helps. Groups that exchange through parameter servers do not wait
-for each other. The planner prices that wait (``plan/cost.py``, ``straggle``) from each device's
+for each other. The planner prices that wait (``plan/delays.py``, ``straggle``) from each device's
 compute noise, but at launch it knows only the bench's, taken of each device alone.
 
 So while an all-reduce job runs, each worker reports its compute rate and noise so far every few
@@ -21,7 +21,7 @@ The way back: while the re-grouped plan runs, the first worker of its first grou
 state (its model holds the parameters the PS last answered), and the launcher plans again from the
 rates of the workers' last steps (``recent_*`` in the ``rates`` records). When the stragglers have
 recovered, so that the asynchronous plan is no longer predicted more than the planner's
-``AUTO_MARGIN`` above all-reduce (where ``--strategy auto`` keeps all-reduce, plan/placement.py), at
+``AUTO_MARGIN`` above all-reduce (where ``--strategy auto`` keeps all-reduce, plan/strategy.py), at
 ``BACK_LOOKS`` looks in a row, the job goes back to all-reduce, resuming that snapshot with a fresh
 optimizer state (the PS's is not carried over, as on the way there). Out at a predicted gain of
 ``GAIN``, back below ``AUTO_MARGIN``: a job whose prediction sits between the two stays as it is.
@@ -155,7 +155,7 @@ class RegroupWatch:
     def _back(self, plan: Plan, noise: float) -> Regroup | None:
         """The way back: ``plan`` is the planner's choice on the same nodes, fitted to the rates
         of the workers' last steps."""
-        from ..plan.placement import AUTO_MARGIN
+        from ..plan.strategy import AUTO_MARGIN
 
         now_rate = plan.predicted(self.plan.strategy) or 0.0
         new_rate = plan.predicted(Strategy.ALLREDUCE) or 0.0

@@ -22,8 +22,6 @@ from .cost import CostModel
 from .costed import Device, Option, plan_overlap
 from .devices import beside_neighbours, fit_to_rates, usable_devices
 from .network import Network
-# AUTO_MARGIN lives with the choice it tunes (strategy.py); hgcli/launch/adapt.py reads it from here.
-from .strategy import AUTO_MARGIN as AUTO_MARGIN
 from .strategy import choose, hybrid_layouts, speed_classes
 
 # Per-device batch when the job does not say.
