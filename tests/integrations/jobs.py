@@ -76,8 +76,26 @@ def torchrun(tmp_path: Path, nproc: int, script: str, *args: str) -> list[dict[s
     proc = subprocess.run([PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
                            str(SCRIPTS / script), str(out), *args], capture_output=True, text=True,
                           env=env, cwd=tmp_path, timeout=TIMEOUT_S)
+    if proc.returncode != 0 and TEARDOWN_ABORT in proc.stderr and _all_written(out, nproc):
+        # The framework's own run under torchrun finished and wrote every rank's results, then a rank
+        # aborted at interpreter exit (gloo's threads torn down while the process group lived: a
+        # teardown race of the peer, with no hgtrain code in the process; CI met it in this reference
+        # arm now and then, Lightning's and the Trainer's). What is compared is those results.
+        return read_ranks(out, nproc)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return read_ranks(out, nproc)
+
+
+TEARDOWN_ABORT = "terminate called without an active exception"
+
+
+def _all_written(out: Path, world: int) -> bool:
+    """Every rank's results file is there and whole (it is written once, at the script's end)."""
+    try:
+        read_ranks(out, world)
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def refusal(plan: Plan, tmp_path: Path, code: str) -> subprocess.CompletedProcess[str]:
