@@ -20,6 +20,8 @@ from .env import RankEnv
 from .errors import TrainingError
 from .groups import group_backend, init_distributed, shutdown
 from .group.engine import GroupEngine, GroupSpec, resolve_bucket_mb
+from .group.fsdp import ShardOptions
+from .group.sharded import ShardedEngine
 from .exchange.gradient import PSExchange
 from .metrics import MetricsSink
 from .exchange.position import DataPosition, fetch_restored
@@ -96,7 +98,7 @@ class Context:
             torch.set_num_threads(1)        # emulated devices share one CPU
         self.device = rank_device(env, me)
         self._pgs = init_distributed(env, self.plan) if env.world_size > 1 else {}
-        self._sync: GroupEngine | None = None
+        self._sync: GroupEngine | ShardedEngine | None = None
         self._data = DataPosition()
         self._split = group_split(self.plan, self.group) if env.adapt else None
         self._split_taken = False           # the first data source (the training data) follows it
@@ -138,8 +140,10 @@ class Context:
              **ddp_options: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         """Join ``model`` and ``optimizer`` to the group's training; returns the module to train
         through (torch's ``DistributedDataParallel`` around ``model`` in a group of two or more, the
-        model itself in a group of one) and the optimizer, whose ``step()`` now takes the group's
-        samples-weighted gradient (and, with parameter servers, their answer).
+        model itself in a group of one; in an fsdp group the model itself, sharded in place by FSDP2)
+        and the optimizer, whose ``step()`` now takes the group's samples-weighted gradient (and, with
+        parameter servers, their answer). An fsdp group returns a new optimizer of the same class,
+        parameter groups and hyperparameters over the sharded parameters: step that one.
 
         ``max_grad_norm``: clip the group's aggregated gradient to this 2-norm before the local step
         or the push; a script's own ``clip_grad_norm_`` before ``opt.step()`` sees the aggregate too.
@@ -160,13 +164,11 @@ class Context:
                 raise TrainingError(f"rank {self.rank}: group {self.group} all-reduces with NCCL, but {where}")
             print(f"hgtrain: rank {self.rank} has a GPU but trains on the CPU: {where}", file=sys.stderr,
                   flush=True)
+        spec = self._group_spec()
+        if self.group_plan.engine is m.Engine.FSDP:
+            return self._wrap_sharded(model, optimizer, spec, max_grad_norm, scheduler, ddp_options)
         self._snapshots.attach(model, optimizer, scheduler)    # the first of the step's pre-hooks
         self._data.hook(optimizer)      # before the aggregation's hook: a push carries its own batch
-        ranks = self.group_plan.ranks
-        spec = GroupSpec(rank=self.rank, group_id=self.group, ranks=ranks, pg=self._pgs.get(self.group),
-                         batches=tuple(self.plan.rank(r).batch_size or self.env.batch_size for r in ranks),
-                         accumulate=self.group_plan.accumulate, share_with=same_node(self.env, self.plan, self.rank, ranks),
-                         default_batch=self.env.batch_size or 1, split=self._split)
         engine = GroupEngine(model=model, optimizer=optimizer, spec=spec, emulator=self.emulator,
                              metrics=self.metrics, timeout_s=self.env.timeout_s, max_grad_norm=max_grad_norm,
                              bucket_mb=resolve_bucket_mb(bucket_mb, os.environ), ddp_options=ddp_options)
@@ -186,6 +188,32 @@ class Context:
         if self.plan.ps_shards and resume is None:
             self._restore_data_position()
         return trained, optimizer
+
+    def _group_spec(self) -> GroupSpec:
+        ranks = self.group_plan.ranks
+        return GroupSpec(rank=self.rank, group_id=self.group, ranks=ranks, pg=self._pgs.get(self.group),
+                         batches=tuple(self.plan.rank(r).batch_size or self.env.batch_size for r in ranks),
+                         accumulate=self.group_plan.accumulate, share_with=same_node(self.env, self.plan, self.rank, ranks),
+                         default_batch=self.env.batch_size or 1, split=self._split)
+
+    def _wrap_sharded(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, spec: GroupSpec,
+                      max_grad_norm: float | None, scheduler: Any,
+                      ddp_options: dict[str, Any]) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        """An fsdp group's wrap: the model sharded in place (FSDP2 makes it an ``FSDPModule``; there
+        is no ``.module``), and the optimizer rebuilt over its shards, which the script steps."""
+        if ddp_options:
+            raise TrainingError(f"ctx.wrap() of an fsdp group does not take {', '.join(sorted(ddp_options))} "
+                                f"(DDP's options)")
+        if self.env.snapshots is not None or scheduler is not None:
+            raise TrainingError("fsdp groups take no training-state snapshots yet (launch --restarts, "
+                                "ctx.wrap(scheduler=)): they need torch's distributed checkpoints")
+        engine = ShardedEngine(model=model, optimizer=optimizer, spec=spec, device=self.device,
+                               emulator=self.emulator, metrics=self.metrics, max_grad_norm=max_grad_norm,
+                               options=ShardOptions.from_environ(os.environ))
+        self._sync = engine
+        trained, opt = engine.start()
+        self._data.hook(opt)
+        return trained, opt
 
     def shard(self, data: Sequence[torch.Tensor], *, batch_size: int, epochs: int = 1,
               seed: int = 0) -> Iterator[tuple[torch.Tensor, ...]]:
@@ -271,7 +299,7 @@ class Context:
 
     def _restore_data_position(self) -> None:
         """After a PS resume, the group continues from the data position its checkpoint recorded."""
-        assert self._sync is not None
+        assert isinstance(self._sync, GroupEngine)
         with self.emulator.untimed():       # start-up, not the device's work
             pos = fetch_restored(rank=self.rank, leader=self.group_plan.ranks[0], group_id=self.group,
                                  n_members=len(self.group_plan.ranks), pg=self._pgs.get(self.group),

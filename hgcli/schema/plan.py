@@ -64,6 +64,19 @@ PLAN_NEEDS: Mapping[Strategy, tuple[str, ...]] = MappingProxyType(
     {Strategy.ALLREDUCE: ("torch", "gloo"), Strategy.HYBRID: _PS_NEEDS, Strategy.PS: _PS_NEEDS})
 
 
+class Engine(str, enum.Enum):
+    """How a synchronous group trains together (GroupPlan.engine): torch DDP (every member holds the
+    whole model) or torch FSDP2 (the parameters, gradients and optimizer state sharded over the
+    members)."""
+
+    DDP = "ddp"
+    FSDP = "fsdp"
+
+    @classmethod
+    def _missing_(cls, value: object) -> Engine:
+        raise ValueError(f"engine must be one of {', '.join(e.value for e in cls)}, got {value!r}")
+
+
 class Role(str, enum.Enum):
     """What a rank of a plan does: train (worker) or hold a parameter-server shard (ps)."""
 
@@ -83,9 +96,10 @@ class JobSpec:
     # Hybrid communication (docs/runtime-reference.md, "Overlap" and "Wire format"); None = the planner's default.
     overlap: bool | None = None       # a leader's PS exchange runs while its group computes the next step
     wire: Wire = Wire.FP32            # number format of pushes and pulls on the wire
+    engine: Engine | None = None      # every group's engine; None (auto): DDP where a replica fits
 
     def __post_init__(self) -> None:
-        settle(self, wire=Wire(self.wire))
+        settle(self, wire=Wire(self.wire), engine=None if self.engine is None else Engine(self.engine))
 
 
 @dataclass(frozen=True)
@@ -95,6 +109,10 @@ class GroupPlan:
     id: int
     ranks: tuple[int, ...]
     accumulate: int = 1            # local steps accumulated before the group pushes to the PS
+    engine: Engine = Engine.DDP    # additive: older plan files are DDP groups
+
+    def __post_init__(self) -> None:
+        settle(self, engine=Engine(self.engine))
 
 
 @dataclass(frozen=True)

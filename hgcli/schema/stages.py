@@ -20,7 +20,7 @@ from .base import CPU, SCHEMA_VERSION, Device, digest, frozen_map
 from .cluster import Cluster, EmulateSpec, HostKeyPolicy, NodeSpec, Slowdown, SrunSettings, SshSettings
 from .inventory import GpuInfo, Inventory, NodeInfo, PythonRuntime
 from .job import JobRecord, RankRecord
-from .plan import PLAN_NEEDS, GroupPlan, Ideal, JobSpec, Plan, Prediction, RankPlan, Role, Strategy, Wire, prediction
+from .plan import PLAN_NEEDS, Engine, GroupPlan, Ideal, JobSpec, Plan, Prediction, RankPlan, Role, Strategy, Wire, prediction
 from .profiles import (
     DeviceProfile, ExchangeProfile, GroupSyncProfile, LinkProfile, MeasuredRate, Measurement, ModelSpec, Profiles,
     ScriptRates, StepSample, TogetherProfile, TogetherStep,
@@ -37,7 +37,7 @@ __all__ = [
     "GpuInfo", "Inventory", "NodeInfo", "PythonRuntime",
     "DeviceProfile", "ExchangeProfile", "GroupSyncProfile", "LinkProfile", "MeasuredRate", "Measurement", "ModelSpec",
     "Profiles", "ScriptRates", "StepSample", "TogetherProfile", "TogetherStep",
-    "PLAN_NEEDS", "GroupPlan", "Ideal", "JobSpec", "Plan", "Prediction", "RankPlan", "Role", "Strategy", "Wire",
+    "PLAN_NEEDS", "Engine", "GroupPlan", "Ideal", "JobSpec", "Plan", "Prediction", "RankPlan", "Role", "Strategy", "Wire",
     "prediction",
     "JobRecord", "RankRecord",
 ]

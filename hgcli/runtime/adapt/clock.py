@@ -12,6 +12,7 @@ import statistics
 import time
 from typing import Iterable
 
+from ...schema.records import RatesRecord
 from .rebalance import steady_seconds
 
 NOISE_WINDOWS = 2048        # windows a member's compute_noise is taken over (the run's latest)
@@ -109,6 +110,35 @@ class ComputeClock:
     def compute_rate(self) -> float | None:
         """Samples per second of this member's compute over the run (waits for others excluded)."""
         return self.computed_total / self.compute_total_s if self.compute_total_s > 0 else None
+
+    def rates_due(self, seconds: float, samples: float, *, group: int, step: int,
+                  samples_seen: int) -> RatesRecord | None:
+        """A window computed (``window_done``); the ``rates`` record when one is due: what the finish
+        record will say, so far (the launcher re-groups a job on it while it runs, launch/adapt.py,
+        as the next plan of the script is fitted to the finish record)."""
+        if not self.window_done(seconds, samples):
+            return None
+        recent = self.recent_figures()
+        return RatesRecord(group=group, step=step, compute_samples_per_s=self.compute_rate, samples=samples_seen,
+                           steps=step, compute_noise=self.compute_noise,
+                           recent_samples_per_s=recent["recent_samples_per_s"], recent_noise=recent["recent_noise"])
+
+
+class ClockedMember:
+    """A group member's speed as its ComputeClock measured it, read by the finish record (a group
+    engine's base)."""
+
+    clock: ComputeClock
+
+    @property
+    def compute_noise(self) -> float | None:
+        """ComputeClock.compute_noise: how uneven this member's steps are."""
+        return self.clock.compute_noise
+
+    @property
+    def compute_rate(self) -> float | None:
+        """Samples per second of this member's compute over the run (waits for others excluded)."""
+        return self.clock.compute_rate
 
 
 def noise_of(per_sample: Iterable[float]) -> float | None:

@@ -53,13 +53,13 @@ import torch.distributed as dist
 
 from . import amp
 from .. import flat as flatten_
-from ..adapt.clock import ComputeClock
+from ..adapt.clock import ClockedMember, ComputeClock
 from ..emulate import Emulator
 from ..errors import TrainingError
 from .grad_window import GradWindow
 from .link import GroupLink
 from ..metrics import MetricsSink
-from ...schema.records import RatesRecord, SkipRecord
+from ...schema.records import SkipRecord
 from .member_slots import MemberSlots
 from ..adapt.rebalance import GroupSplit, Rebalancer
 # The small all-reduce's layout: the bench sizes its measurement by it (node/bench/group.py).
@@ -112,7 +112,7 @@ class GroupSpec:
     split: GroupSplit | None = None
 
 
-class GroupEngine:
+class GroupEngine(ClockedMember):
     """One rank's part of its group: the hooks on the module and optimizer, DDP and its comm hook.
 
     It owns the step's small all-reduce (``reduce``) and what its member slots drive (``slots``:
@@ -325,24 +325,10 @@ class GroupEngine:
             self._computed_window(time.perf_counter() - self.clock.window_began, mine)
 
     def _computed_window(self, seconds: float, samples: float) -> None:
-        if self.clock.window_done(seconds, samples):
-            # What the finish record will say, so far: the launcher re-groups a job on it while it
-            # runs (launch/adapt.py), as the next plan of the script is fitted to the finish record.
-            recent = self.clock.recent_figures()
-            self.metrics.record(RatesRecord(
-                group=self.group_id, step=self.local_step, compute_samples_per_s=self.compute_rate,
-                samples=self.samples_seen, steps=self.local_step, compute_noise=self.compute_noise,
-                recent_samples_per_s=recent["recent_samples_per_s"], recent_noise=recent["recent_noise"]))
-
-    @property
-    def compute_noise(self) -> float | None:
-        """ComputeClock.compute_noise: how uneven this member's steps are."""
-        return self.clock.compute_noise
-
-    @property
-    def compute_rate(self) -> float | None:
-        """Samples per second of this member's compute over the run (waits for others excluded)."""
-        return self.clock.compute_rate
+        due = self.clock.rates_due(seconds, samples, group=self.group_id, step=self.local_step,
+                                   samples_seen=self.samples_seen)
+        if due is not None:
+            self.metrics.record(due)
 
     def _clear_grads(self) -> None:
         for p in self.params:

@@ -1,0 +1,89 @@
+"""Shard a model over its group with torch's FSDP2 (``fully_shard`` on a DeviceMesh of the group's
+own process group).
+
+Which modules become FSDP units: each child of every ``nn.ModuleList`` (a transformer's blocks), then
+the root, as torchtitan wraps a model. Each unit all-gathers its parameters just before its forward
+and frees them after, so a rank holds one block's full parameters at a time besides its own shards;
+the root holds what is left (embeddings, heads, norms). A name pattern (``--shard-modules``, i.e.
+``HGTRAIN_SHARD_MODULES``; ``fnmatch`` on ``named_modules()`` names, e.g. ``encoder.layer.*``)
+chooses the units instead. Units are wrapped deepest first, as FSDP2 requires of nested units.
+"""
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+
+from ..errors import TrainingError
+
+SHARD_ENV = "HGTRAIN_SHARD_MODULES"
+
+
+@dataclass(frozen=True)
+class ShardOptions:
+    """How a group shards its model: ``pattern`` (None: each child of every ModuleList), ``bf16``
+    (FSDP2's mixed precision: bf16 parameters in forward and backward, the fp32 shards kept),
+    ``offload`` (the shards, their gradients and the optimizer's step on the CPU)."""
+
+    pattern: str | None = None
+    bf16: bool = False
+    offload: bool = False
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str], **options: bool) -> "ShardOptions":
+        pattern = environ.get(SHARD_ENV, "").strip() or None
+        return cls(pattern=pattern, **options)
+
+
+def shard_units(model: torch.nn.Module, pattern: str | None) -> list[tuple[str, torch.nn.Module]]:
+    """The modules that become FSDP units below the root, by qualified name, deepest first; only
+    modules that hold parameters (a unit of none would gather nothing)."""
+    if pattern is None:
+        chosen = [(f"{name}.{i}" if name else str(i), child) for name, module in model.named_modules()
+                  if isinstance(module, torch.nn.ModuleList) for i, child in enumerate(module)]
+    else:
+        chosen = [(name, module) for name, module in model.named_modules()
+                  if name and fnmatch.fnmatchcase(name, pattern)]
+        if not chosen:
+            raise TrainingError(f"{SHARD_ENV} / --shard-modules {pattern!r} matches no module of "
+                                f"{type(model).__name__} (names as model.named_modules() gives them, "
+                                f"e.g. {_examples(model)})")
+    with_params = [(name, module) for name, module in chosen if any(True for _ in module.parameters())]
+    if pattern is not None and not with_params:
+        raise TrainingError(f"{SHARD_ENV} / --shard-modules {pattern!r} matches only modules without "
+                            f"parameters ({', '.join(name for name, _ in chosen[:4])}): nothing to shard")
+    # named_modules() lists a parent before its children: reversed, every child comes first.
+    return with_params[::-1]
+
+
+def shard(model: torch.nn.Module, pg: Any, device: torch.device, options: ShardOptions) -> torch.nn.Module:
+    """``fully_shard`` each unit, then the root, over ``pg``; returns the model itself (FSDP2 makes
+    it an ``FSDPModule`` in place)."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    if not any(p.requires_grad for p in model.parameters()):
+        raise TrainingError(f"{type(model).__name__} has no trained parameters: an fsdp group has "
+                            f"nothing to shard (plan it with --engine ddp)")
+    if pg is None:
+        raise TrainingError("an fsdp group needs a process group: run the script under 'hgtrain launch', "
+                            "hgcli.local or torchrun")
+    units = shard_units(model, options.pattern)
+    mesh = DeviceMesh.from_group(pg, device.type)
+    mp = MixedPrecisionPolicy()
+    if options.bf16:
+        # Gloo reduces bf16 no better than fp32 and in fewer builds: fp32 reductions there.
+        reduce = torch.bfloat16 if device.type == "cuda" else torch.float32
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce)
+    offload = CPUOffloadPolicy() if options.offload else OffloadPolicy()
+    for _, module in units:
+        fully_shard(module, mesh=mesh, mp_policy=mp, offload_policy=offload)
+    fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=offload)
+    return model
+
+
+def _examples(model: torch.nn.Module) -> str:
+    names = [name for name, _ in model.named_modules() if name][:4]
+    return ", ".join(names) if names else "none: the model has no submodules"
