@@ -18,7 +18,7 @@ import click
 from . import __version__
 from .commands import jobs, pipeline
 from .commands.launch_options import LaunchCommand, check_launch_flags, env_entry, launch_sink, nnodes_spec, secret_name
-from .commands.options import checked, cluster_option, json_option, load_cluster_arg, nproc_option, ranks_option, raw_option
+from .commands.options import checked, cluster_option, engine_of, engine_option, json_option, load_cluster_arg, nproc_option, ranks_option, raw_option
 from .errors import EXIT_ERROR, EXIT_INTERRUPTED, HgError
 from .schema.stages import Strategy
 
@@ -54,6 +54,11 @@ for command in (pipeline.probe, pipeline.bench, pipeline.plan, jobs.status, jobs
 @click.option("--ps", "ps_ranks", type=click.IntRange(min=1), default=None,
               help="Number of parameter-server ranks of a hybrid or ps plan (without --plan). "
                    "Default: chosen by the cost model.")
+@engine_option
+@click.option("--shard-modules", default=None, metavar="PATTERN",
+              help="fsdp groups: shard these modules (fnmatch on model.named_modules() names, e.g. "
+                   "'layers.*'), then the root, instead of each child of every nn.ModuleList "
+                   "(HGTRAIN_SHARD_MODULES on every rank).")
 @click.option("--env", "env", multiple=True, metavar="NAME[=VALUE]", callback=checked(env_entry),
               help="Set a variable on every rank (repeatable; beats --env-file); a bare NAME forwards "
                    "this machine's value.")
@@ -93,7 +98,8 @@ for command in (pipeline.probe, pipeline.bench, pipeline.plan, jobs.status, jobs
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def launch(ctx: click.Context, cluster_file: Path | None, nproc_per_node: int | None, plan_file: Path | None,
-           strategy: str, global_batch: int | None, ps_ranks: int | None, env: tuple[str, ...],
+           strategy: str, global_batch: int | None, ps_ranks: int | None, engine: str, shard_modules: str | None,
+           env: tuple[str, ...],
            env_file: Path | None, secret_env: tuple[str, ...], ranks: str | None, detach: bool, grace_s: float,
            heartbeat_timeout_s: float, restarts: int, nnodes: str | None, checkpoint_every: int,
            checkpoint_seconds: float, tensorboard: Path | None, adapt: bool, as_json: bool, raw: bool,
@@ -110,6 +116,7 @@ def launch(ctx: click.Context, cluster_file: Path | None, nproc_per_node: int | 
     from .launch.request import LaunchRequest
     from .schema.stages import JobSpec, Strategy
     from .config.ranklist import parse_rank_list
+    from .runtime.env import SHARD_ENV
 
     if not command:
         raise click.UsageError("no command to launch: hgtrain launch [OPTIONS] -- COMMAND [ARGS]...")
@@ -120,7 +127,9 @@ def launch(ctx: click.Context, cluster_file: Path | None, nproc_per_node: int | 
                        tensorboard=tensorboard)
     request = LaunchRequest(
         cluster=cluster, command=command, plan_file=plan_file,
-        job=JobSpec(strategy=Strategy(strategy), global_batch=global_batch, ps_ranks=ps_ranks), env=env,
+        job=JobSpec(strategy=Strategy(strategy), global_batch=global_batch, ps_ranks=ps_ranks,
+                    engine=engine_of(engine)),
+        env=env + ((f"{SHARD_ENV}={shard_modules}",) if shard_modules else ()),
         env_file=env_file,
         secret_env=secret_env, detach=detach, grace_s=grace_s, heartbeat_timeout_s=heartbeat_timeout_s, restarts=restarts,
         checkpoint_every=checkpoint_every, checkpoint_seconds=checkpoint_seconds,

@@ -13,7 +13,7 @@ import click
 from ..errors import UsageError
 
 if TYPE_CHECKING:
-    from ..schema.stages import Cluster
+    from ..schema.stages import Cluster, Engine
 
 F = TypeVar("F", bound=Callable[..., Any])   # a command function, decorated with options
 
@@ -121,3 +121,19 @@ def nproc_option(f: F) -> F:
         "--nproc-per-node", "nproc_per_node", type=click.IntRange(min=1), default=None, metavar="N",
         help="The embedded local cluster, or every node of a Slurm allocation: the first N GPUs, or N "
              "identical emulated devices where this machine has no GPUs (as torchrun's --nproc-per-node).")(f)
+
+
+def engine_option(f: F) -> F:
+    """``--engine`` for plan and launch: how each synchronous group trains (GroupPlan.engine)."""
+    return click.option("--engine", type=click.Choice(["auto", "ddp", "fsdp"]), default="auto", show_default=True,
+                        help="How each synchronous group trains: ddp (every rank holds the whole model) or "
+                             "fsdp (torch FSDP2: parameters, gradients and optimizer state sharded over "
+                             "the group; allreduce plans only, for now). auto is ddp for now: the planner "
+                             "does not yet model memory. See docs/planning.md.")(f)
+
+
+def engine_of(value: str) -> "Engine | None":
+    """The JobSpec engine of an ``--engine`` value (None: auto, the planner's choice)."""
+    from ..schema.stages import Engine
+
+    return None if value == "auto" else Engine(value)

@@ -9,7 +9,7 @@ import click
 
 from ..errors import NodesFailedError
 from ..schema.stages import Strategy, Wire
-from .options import cluster_option, json_option, load_cluster_arg, nproc_option
+from .options import cluster_option, engine_of, engine_option, json_option, load_cluster_arg, nproc_option
 
 
 @click.command()
@@ -91,6 +91,7 @@ def bench(cluster_file: Path | None, as_json: bool, quick: bool, model_spec: str
                    "(one version staler). Default: see docs/planning.md.")
 @click.option("--wire", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
               help="Hybrid/ps: number format of pushes and pulls (the PS keeps fp32).")
+@engine_option
 @json_option
 @click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path), default=None,
               help="Also write the plan as JSON to this file ('-': stdout; then the table goes to stderr). "
@@ -99,7 +100,7 @@ def bench(cluster_file: Path | None, as_json: bool, quick: bool, model_spec: str
               help="Plan on the healthy nodes/devices when some fail to probe or bench (default: exit 4).")
 def plan(cluster_file: Path | None, nproc_per_node: int | None, strategy: str, global_batch: int | None,
          ps_ranks: int | None, staleness: int | None, params: int | None, overlap: bool | None, wire: str,
-         as_json: bool, output: Path | None, skip_failed: bool) -> None:
+         engine: str, as_json: bool, output: Path | None, skip_failed: bool) -> None:
     """Build a heterogeneous placement plan and predict its throughput.
 
     Uses the stored inventory and profiles; probes and benches (quick) first when they are missing,
@@ -112,7 +113,7 @@ def plan(cluster_file: Path | None, nproc_per_node: int | None, strategy: str, g
     cluster = load_cluster_arg(cluster_file, nproc_per_node)
     model = ModelSpec(name=f"{params:,} parameters", parameters=params) if params else None
     job = JobSpec(strategy=Strategy(strategy), global_batch=global_batch, ps_ranks=ps_ranks,
-                  staleness=staleness, model=model, overlap=overlap, wire=Wire(wire))
+                  staleness=staleness, model=model, overlap=overlap, wire=Wire(wire), engine=engine_of(engine))
     on_stage = None
     if not as_json:
         from ..render.stages import stage_printer

@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from ..schema.stages import Plan, Strategy
+from ..schema.stages import Engine, Plan, Strategy
 from .elastic import plan_nodes, same_batch
 from .metrics import MetricsBoard, group_predictions
 from .request import LaunchRequest
@@ -66,9 +66,11 @@ class Regroup:
 
 
 def watched(request: LaunchRequest, plan: Plan) -> bool:
-    """Whether this attempt's plan may be re-grouped while it runs."""
+    """Whether this attempt's plan may be re-grouped while it runs (not fsdp groups: a re-grouped
+    plan has parameter servers, which sharded groups cannot use yet)."""
     return (request.adapt and request.plan_file is None and request.job.strategy is Strategy.AUTO
-            and not request.detach and not plan.ps_shards and len(plan.workers) > 1)
+            and not request.detach and not plan.ps_shards and len(plan.workers) > 1
+            and all(g.engine is Engine.DDP for g in plan.groups))
 
 
 def watched_back(request: LaunchRequest, plan: Plan) -> bool:

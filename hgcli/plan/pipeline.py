@@ -255,9 +255,11 @@ def prepare_plan(cluster: Cluster, job: JobSpec, *, quick: bool = True, skip_fai
     """Inventory (stored or probed), profiles (stored or benched), the rates the last job of
     ``script`` measured (``launch``: bench/rates.py), then the pure planner."""
     from .contention import contention_note
+    from .engines import refuse_engine
     from .placement import make_plan
 
     say = on_stage or _quiet
+    refuse_engine(job.strategy, job.engine)
     inventory = ensure_inventory(cluster, skip_failed=skip_failed, on_stage=say)
     refuse_before_bench(job.strategy, inventory)
     profiles = ensure_profiles(cluster, inventory, quick=quick, skip_failed=skip_failed, on_stage=say)

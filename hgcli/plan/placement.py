@@ -20,6 +20,7 @@ from ..schema.stages import (
 from .batches import assign_batches, below_knee_note, knee, summarise
 from .cost import CostModel
 from .costed import Device, Option, plan_overlap
+from .engines import with_engines
 from .devices import beside_neighbours, fit_to_rates, usable_devices
 from .network import Network
 from .strategy import choose, hybrid_layouts, speed_classes
@@ -86,7 +87,7 @@ def make_plan(inventory: Inventory, profiles: Profiles, job: JobSpec, rates: Scr
         reason += "; device costs from each node's devices benched together, their contention included"
     plan = _build_plan(chosen, devices, batches, node_names, predicted, global_batch, inventory.cluster,
                        reason, model, overlap=plan_overlap(job), wire=job.wire, fitted_to=fitted_to)
-    return dataclasses.replace(plan, bench_together=bench_together)
+    return with_engines(dataclasses.replace(plan, bench_together=bench_together), job.engine)
 
 
 def _check_inputs(inventory: Inventory, profiles: Profiles, job: JobSpec) -> None:

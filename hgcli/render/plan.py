@@ -6,7 +6,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from ..schema.stages import Ideal, Plan, Prediction, RankPlan, Role, Strategy
+from ..schema.stages import Engine, Ideal, Plan, Prediction, RankPlan, Role, Strategy
 from .safe import cell, visible
 
 # A plan may be a hand-edited file and names nodes and devices from the cluster file and the probe:
@@ -33,6 +33,10 @@ def plan_tree(plan: Plan) -> Tree:
         if r.node not in nodes:
             nodes[r.node] = root.add(cell(r.node, style="bold cyan"))
         nodes[r.node].add(_rank_label(r, accumulate, shard))
+    for g in plan.groups:
+        what = ("DDP: every rank holds the whole model" if g.engine is Engine.DDP
+                else "FSDP2: parameters, gradients and optimizer state sharded over its ranks")
+        root.add(Text(f"group {g.id} · {g.engine.value} · {len(g.ranks)} rank(s) · {what}"))
     if plan.ps_shards:
         root.add(Text(f"staleness bound {plan.staleness_bound} versions · parameters in "
                       f"{len(plan.ps_shards)} PS shard(s)"))

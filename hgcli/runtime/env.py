@@ -17,6 +17,10 @@ from .errors import TrainingError
 
 DEFAULT_TIMEOUT_S = 120.0
 PS_MODULE = "hgcli.runtime.ps"
+# fsdp groups: the modules to shard, a name pattern (launch --shard-modules; runtime/group/fsdp.py).
+SHARD_ENV = "HGTRAIN_SHARD_MODULES"
+FSDP_BF16_ENV = "HGTRAIN_FSDP_BF16"         # 1: FSDP2's bf16 mixed precision
+FSDP_OFFLOAD_ENV = "HGTRAIN_FSDP_OFFLOAD"   # 1: FSDP2's CPU offload of the shards and the optimizer step
 
 
 @dataclass(frozen=True)
@@ -93,7 +97,7 @@ class RankEnv:
                    batch_size=batch, speed=speed, job_id=env.get("HGTRAIN_JOB_ID"),
                    metrics_fd=int(fd) if fd else None,
                    timeout_s=float(env.get("HGTRAIN_TIMEOUT") or DEFAULT_TIMEOUT_S), plan=plan,
-                   adapt=_flag(env, "HGTRAIN_ADAPT"), snapshots=SnapshotEnv.from_environ(env))
+                   adapt=flag(env, "HGTRAIN_ADAPT"), snapshots=SnapshotEnv.from_environ(env))
 
 
 def rank_env(plan: model.Plan, rank: int, *, master_addr: str, master_port: int, plan_path: str,
@@ -212,7 +216,7 @@ def ps_argv(python: str = sys.executable, *, checkpoint_dir: str | None = None,
     return argv
 
 
-def _flag(env: Mapping[str, str], name: str) -> bool:
+def flag(env: Mapping[str, str], name: str) -> bool:
     raw = (env.get(name) or "0").strip().lower()
     if raw in ("1", "true", "yes", "on"):
         return True

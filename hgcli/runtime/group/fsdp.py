@@ -16,9 +16,8 @@ from typing import Any, Mapping
 
 import torch
 
+from ..env import FSDP_BF16_ENV, FSDP_OFFLOAD_ENV, SHARD_ENV, flag
 from ..errors import TrainingError
-
-SHARD_ENV = "HGTRAIN_SHARD_MODULES"
 
 
 @dataclass(frozen=True)
@@ -32,9 +31,9 @@ class ShardOptions:
     offload: bool = False
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str], **options: bool) -> "ShardOptions":
+    def from_environ(cls, environ: Mapping[str, str]) -> "ShardOptions":
         pattern = environ.get(SHARD_ENV, "").strip() or None
-        return cls(pattern=pattern, **options)
+        return cls(pattern=pattern, bf16=flag(environ, FSDP_BF16_ENV), offload=flag(environ, FSDP_OFFLOAD_ENV))
 
 
 def shard_units(model: torch.nn.Module, pattern: str | None) -> list[tuple[str, torch.nn.Module]]:
@@ -77,7 +76,8 @@ def shard(model: torch.nn.Module, pg: Any, device: torch.device, options: ShardO
         # Gloo reduces bf16 no better than fp32 and in fewer builds: fp32 reductions there.
         reduce = torch.bfloat16 if device.type == "cuda" else torch.float32
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce)
-    offload = CPUOffloadPolicy() if options.offload else OffloadPolicy()
+    # Pinned host memory needs an accelerator: a CPU group offloads to pageable memory.
+    offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if options.offload else OffloadPolicy()
     for _, module in units:
         fully_shard(module, mesh=mesh, mp_policy=mp, offload_policy=offload)
     fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=offload)
