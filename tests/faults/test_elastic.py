@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import json
 import dataclasses
-import os
 import re
-import shutil
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -25,6 +22,7 @@ from hgcli.schema.stages import Cluster
 from tests.conftest import require_sshd
 from tests.faults.test_restarts import PY, attempt_pids
 from tests.launch.hg import WAIT_S, cluster_toml
+from tests.launch.stored import give_stored, probe_and_bench
 from tests.sshhosts import start_hosts, stop_at_once
 
 pytestmark = [pytest.mark.slow, pytest.mark.sshd]
@@ -52,13 +50,7 @@ def elastic_hosts(tmp_path_factory):
             f"[[nodes]]{block.rstrip()}\nemulate = {{ devices = [{name!r}], speed = [{speed}], "
             f"memory_mib = [40960] }}\n\n"
             for block, (name, speed) in zip(blocks[1:], (("A100", 1.0), ("A100", 1.0), ("T4", 0.4)))))
-        state = root / "state"
-        env = {**os.environ, "HGTRAIN_STATE_DIR": str(state)}
-        for argv in (["probe"], ["bench", "--quick", "--model", BENCH_MODEL]):
-            done = subprocess.run([PY, "-m", "hgcli", *argv, "-c", str(ctoml)], env=env, capture_output=True,
-                                  text=True, timeout=300)
-            assert done.returncode == 0, done.stderr
-        yield hosts, ctoml, state / "clusters"
+        yield hosts, ctoml, probe_and_bench(ctoml, root / "state", BENCH_MODEL)
     finally:
         hosts.stop()
     assert not hosts.leftover_pids()
@@ -71,7 +63,7 @@ def cluster3(elastic_hosts, hg):
     for host in hosts.hosts:
         if host.proc is None:
             host.start(hosts.authorized_keys)
-    shutil.copytree(clusters, hg.state_dir / "clusters", dirs_exist_ok=True)
+    give_stored(clusters, hg.state_dir)
     yield hosts, str(ctoml)
     for host in hosts.hosts:     # a test that failed half-way may leave one down
         if host.proc is None:

@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 import re
 import sys
+from pathlib import Path
 
 import pytest
 
 from tests.faults.test_restarts import attempt_pids
+from tests.launch.stored import give_stored, probe_and_bench
 
 pytestmark = pytest.mark.slow
 PY = sys.executable
@@ -25,15 +27,31 @@ emulate = { devices = ["NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-40GB"], speed 
 """
 
 
-def regrouped_run(hg, tmp_path, *, back_after: str, every: int, epochs: int = 0,
+BENCH_MODEL = "hgcli.examples.models:example@32,64,96"
+
+
+def write_cluster(path: Path, text: str) -> Path:
+    path.write_text(text)
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture(scope="module")
+def benched(tmp_path_factory) -> Path:
+    """The two devices probed and benched once for the module (a slowdown is not part of what is
+    benched, so the slowed variant below has the same stored profiles)."""
+    root = tmp_path_factory.mktemp("regroup")
+    return probe_and_bench(write_cluster(root / "cluster.toml", CLUSTER), root / "state", BENCH_MODEL)
+
+
+def regrouped_run(hg, tmp_path, benched: Path, *, back_after: str, every: int, epochs: int = 0,
                   script: tuple[str, ...] = (), cluster: str = CLUSTER) -> tuple[str, list[dict]]:
     """The example MLP (or ``script``) launched --json on the two like devices, re-grouped after 4 s
     and back after ``back_after`` s (forced); its stdout and events, once it succeeded."""
-    ctoml = tmp_path / "cluster.toml"
-    ctoml.write_text(cluster)
-    ctoml.chmod(0o600)
+    ctoml = write_cluster(tmp_path / "cluster.toml", cluster)
+    give_stored(benched, hg.state_dir)
     env = hg.env(HGTRAIN_TEST_REGROUP_AFTER="4", HGTRAIN_TEST_REGROUP_BACK_AFTER=back_after,
-                 HGTRAIN_BENCH_MODEL="hgcli.examples.models:example@32,64,96")
+                 HGTRAIN_BENCH_MODEL=BENCH_MODEL)
     script = script or ("hgcli.examples.train_mlp", "--epochs", str(epochs), "--hidden", "256", "--eval-every", "1000")
     code, out, err = hg.run("-c", str(ctoml), "--json", "--checkpoint-every", str(every), "--", PY, "-m", *script,
                             env=env, timeout=600)
@@ -41,12 +59,12 @@ def regrouped_run(hg, tmp_path, *, back_after: str, every: int, epochs: int = 0,
     return out, [json.loads(line) for line in out.splitlines()]
 
 
-def test_a_regrouped_job_resumes_its_snapshot_under_a_ps_and_finishes(hg, tmp_path):
+def test_a_regrouped_job_resumes_its_snapshot_under_a_ps_and_finishes(hg, tmp_path, benched):
     # Not back within the run: on these like devices the planner would choose all-reduce again.
     # Device 1 slows down an hour after the launch (never, in this test): the re-grouped attempt's
     # rank meets it as long after the launch, not an hour after its own start.
     slowed = CLUSTER.replace("memory_mib = [40960, 40960] }", "memory_mib = [40960, 40960], slowdown = [[1, 3600, 2]] }")
-    out, events = regrouped_run(hg, tmp_path, back_after="100000", every=300, epochs=20, cluster=slowed)
+    out, events = regrouped_run(hg, tmp_path, benched, back_after="100000", every=300, epochs=20, cluster=slowed)
     started = next(e for e in events if e["event"] == "job_started")
     assert started["strategy"] == "allreduce"
     regrouped = [e for e in events if e["event"] == "regrouped"]
@@ -74,8 +92,8 @@ def test_a_regrouped_job_resumes_its_snapshot_under_a_ps_and_finishes(hg, tmp_pa
     assert attempt_pids(started["job_id"]) == []
 
 
-def test_a_regrouped_job_goes_back_to_allreduce_from_its_first_groups_snapshot(hg, tmp_path):
-    _, events = regrouped_run(hg, tmp_path, back_after="4", every=150, epochs=30)
+def test_a_regrouped_job_goes_back_to_allreduce_from_its_first_groups_snapshot(hg, tmp_path, benched):
+    _, events = regrouped_run(hg, tmp_path, benched, back_after="4", every=150, epochs=30)
     started = next(e for e in events if e["event"] == "job_started")
     regrouped = [(e["attempt"], e["old_strategy"], e["new_strategy"]) for e in events if e["event"] == "regrouped"]
     assert regrouped == [(1, "allreduce", "ps"), (2, "ps", "allreduce")], regrouped
@@ -93,12 +111,12 @@ def test_a_regrouped_job_goes_back_to_allreduce_from_its_first_groups_snapshot(h
     assert attempt_pids(started["job_id"]) == []
 
 
-def test_a_job_regrouped_after_its_first_epoch_trains_the_epochs_left(hg, tmp_path):
+def test_a_job_regrouped_after_its_first_epoch_trains_the_epochs_left(hg, tmp_path, benched):
     # The bundled ResNet (--quick: 32 steps of 2 x 32 images an epoch, 3 epochs): its snapshots are at
     # epoch ends, so the re-grouped attempt resumes in a later epoch and its loop first passes over
     # the epochs the restored data position has done, with its step count still 0. Its LR schedule
     # (warm-up, cosine) continues from the snapshot's step.
-    out, events = regrouped_run(hg, tmp_path, back_after="100000", every=32, script=("hgcli.examples.train", "--quick"))
+    out, events = regrouped_run(hg, tmp_path, benched, back_after="100000", every=32, script=("hgcli.examples.train", "--quick"))
     started = next(e for e in events if e["event"] == "job_started")
     assert [e["new_strategy"] for e in events if e["event"] == "regrouped"] == ["ps"]
     resumed = [e["step"] for e in events if e["event"] == "resumed" and e["source"] == "snapshot"]

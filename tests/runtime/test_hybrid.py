@@ -16,8 +16,10 @@ def trace_events(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-@pytest.mark.parametrize("n_ps", [1, 2])
-def test_two_groups_converge_on_the_example(tmp_path, n_ps):
+def test_two_groups_converge_on_the_example(tmp_path):
+    """Two PS shards: one shard is the same code with every parameter in shard 0 (and the default of
+    the launch tests' hybrid plans, tests/launch)."""
+    n_ps = 2
     plan = emulated_plan([[1.0, 1.0], [0.25, 0.25]], [[64, 64], [16, 16]], n_ps=n_ps,
                          staleness_bound=2)
     trace = tmp_path / "trace.jsonl"
