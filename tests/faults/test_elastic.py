@@ -22,7 +22,7 @@ from hgcli.schema.stages import Cluster
 from tests.conftest import require_sshd
 from tests.faults.test_restarts import PY, attempt_pids
 from tests.launch.hg import WAIT_S, cluster_toml
-from tests.launch.stored import give_stored, probe_and_bench
+from tests.stored import give_stored, probe_and_bench
 from tests.sshhosts import start_hosts, stop_at_once
 
 pytestmark = [pytest.mark.slow, pytest.mark.sshd]
@@ -50,7 +50,7 @@ def elastic_hosts(tmp_path_factory):
             f"[[nodes]]{block.rstrip()}\nemulate = {{ devices = [{name!r}], speed = [{speed}], "
             f"memory_mib = [40960] }}\n\n"
             for block, (name, speed) in zip(blocks[1:], (("A100", 1.0), ("A100", 1.0), ("T4", 0.4)))))
-        yield hosts, ctoml, probe_and_bench(ctoml, root / "state", BENCH_MODEL)
+        yield hosts, ctoml, probe_and_bench(ctoml, root / "state", "--model", BENCH_MODEL)
     finally:
         hosts.stop()
     assert not hosts.leftover_pids()
@@ -59,11 +59,11 @@ def elastic_hosts(tmp_path_factory):
 @pytest.fixture
 def cluster3(elastic_hosts, hg):
     """Every host up, and the module's probe and bench in this test's state directory."""
-    hosts, ctoml, clusters = elastic_hosts
+    hosts, ctoml, benched = elastic_hosts
     for host in hosts.hosts:
         if host.proc is None:
             host.start(hosts.authorized_keys)
-    give_stored(clusters, hg.state_dir)
+    give_stored(benched, hg.state_dir)
     yield hosts, str(ctoml)
     for host in hosts.hosts:     # a test that failed half-way may leave one down
         if host.proc is None:

@@ -94,13 +94,11 @@ def test_devices_of_a_node_run_in_turn_and_unreachable_nodes_are_listed(two_node
 
 
 @pytest.mark.timeout(900)   # the suite's one bench of the embedded cluster at every quick size
-def test_cli_bench_default_local_cluster_quick(capsys):
+def test_cli_bench_default_local_cluster_quick(embedded_cluster_benched):
+    """``hgtrain probe`` then ``bench --json --quick`` with no cluster file (conftest.py: run once,
+    and also the stored profiles of the clean venv's main job)."""
     cluster = default_cluster()
-    store_inventory(inventory_of(cluster))
-    code = main(["bench", "--json", "--quick"])
-    out, err = capsys.readouterr()
-    profiles = from_dict(Profiles, json.loads(out))
-    assert code == 0, err
+    profiles = from_dict(Profiles, json.loads(embedded_cluster_benched.stdout))
     assert profiles.cluster == cluster.fingerprint()
     assert profiles.model.name == "example"     # the default: what the main job trains
     assert all(d.error is None and d.steps for d in profiles.devices)

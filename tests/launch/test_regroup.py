@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.faults.test_restarts import attempt_pids
-from tests.launch.stored import give_stored, probe_and_bench
+from tests.stored import Benched, give_stored, probe_and_bench
 
 pytestmark = pytest.mark.slow
 PY = sys.executable
@@ -37,14 +37,14 @@ def write_cluster(path: Path, text: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def benched(tmp_path_factory) -> Path:
+def benched(tmp_path_factory) -> Benched:
     """The two devices probed and benched once for the module (a slowdown is not part of what is
     benched, so the slowed variant below has the same stored profiles)."""
     root = tmp_path_factory.mktemp("regroup")
-    return probe_and_bench(write_cluster(root / "cluster.toml", CLUSTER), root / "state", BENCH_MODEL)
+    return probe_and_bench(write_cluster(root / "cluster.toml", CLUSTER), root / "state", "--model", BENCH_MODEL)
 
 
-def regrouped_run(hg, tmp_path, benched: Path, *, back_after: str, every: int, epochs: int = 0,
+def regrouped_run(hg, tmp_path, benched: Benched, *, back_after: str, every: int, epochs: int = 0,
                   script: tuple[str, ...] = (), cluster: str = CLUSTER) -> tuple[str, list[dict]]:
     """The example MLP (or ``script``) launched --json on the two like devices, re-grouped after 4 s
     and back after ``back_after`` s (forced); its stdout and events, once it succeeded."""
