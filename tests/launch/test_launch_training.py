@@ -99,7 +99,7 @@ def test_rank_sigkilled_inside_a_collective_ends_every_rank_without_a_hang(hg, t
     plan = make_plan(cluster, [["a", "b", "b"]])
     ctoml = cluster_toml(tmp_path / "cluster.toml", cluster)
     run = hg.start("-c", str(ctoml), "--plan", str(plan_file(tmp_path, plan)), "--json", "--grace", "3",
-                   "--", PY, "-m", "hgcli.examples.train", "--epochs", "50")
+                   "--", PY, "-m", "hgcli.examples.train_mlp", "--epochs", "50")   # the MLP: steps of little CPU
     pids = run.wait_all_started(3)
     run.wait_event(lambda ev: any(e["event"] == "metric" and e["data"].get("step", 0) >= 5 for e in ev))
     os.kill(pids[2], signal.SIGKILL)          # mid-training: its peers are inside all-reduces
