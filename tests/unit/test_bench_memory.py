@@ -47,3 +47,16 @@ def test_state_units_and_activations_of_a_benched_model():
     # over 3 MiB; the peak (counted in whole MiB) less the state grows with the batch.
     assert large > small >= 0 and large >= 3 * 4096 * 64 * 4
     assert measured.activation_bytes(4096) == pytest.approx(large) and measured.least_bytes() >= 2 * root
+
+
+def test_the_node_bench_puts_the_figures_in_the_device_profile():
+    from tests.unit.test_bench_node import cpu_bench, profile_of      # one bench per session, shared
+
+    p = profile_of(cpu_bench())
+    parameters = (784 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10) * 4
+    m = p.memory
+    # mlp has no ModuleList: the root is its one unit, holding every parameter.
+    assert (m.parameter_bytes, m.state_bytes, m.largest_unit_bytes) == (parameters, 4 * parameters, parameters)
+    assert [a.batch_size for a in m.activations] == [s.batch_size for s in p.steps] == [4, 16, 64, 256]
+    assert all(a.bytes == max(0, (s.memory_mib << 20) - 3 * parameters) for a, s in zip(m.activations, p.steps))
+    assert m.activations[-1].bytes > m.activations[0].bytes
