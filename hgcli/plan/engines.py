@@ -45,7 +45,20 @@ def with_engines(plan: Plan, engine: Engine | None,
         groups.append(dataclasses.replace(g, engine=layout.engine))
         for rank, need in members:
             ranks[rank.rank] = fitted_rank(rank, need, layout)
-    return dataclasses.replace(plan, groups=tuple(groups), ranks=tuple(ranks))
+    return dataclasses.replace(plan, groups=tuple(groups), ranks=tuple(ranks),
+                               reason=plan.reason + memory_note(ranks))
+
+
+def memory_note(ranks: list[RankPlan]) -> str:
+    """The reason's word on the workers that micro-batch, and on offloaded groups (how to launch them)."""
+    micro = [r for r in ranks if r.micro_batches > 1]
+    offloaded = sorted({r.group for r in ranks if r.memory is not None and r.memory.offload and r.group is not None})
+    note = (f"; {len(micro)} device(s) run their batch as micro-batches, their memory holding less than their "
+            f"share of the speed" if micro else "")
+    if offloaded:
+        note += (f"; group(s) {', '.join(map(str, offloaded))} keep their state in host memory: launch with "
+                 f"--env HGTRAIN_FSDP_OFFLOAD=1")
+    return note
 
 
 def _layouts(engine: Engine | None, members: int, parameter_servers: bool) -> list[Layout]:

@@ -68,6 +68,7 @@ def test_small_devices_that_hold_no_replica_train_sharded_within_their_memory():
         assert r.memory.headroom_gib == pytest.approx((usable - state_held - activations(micro)) / GIB, abs=2e-3)
     # Every device's share of the speed is more than its memory holds at once: micro-batches.
     assert all(r.micro_batches == 2 for r in plan.workers)
+    assert "; 4 device(s) run their batch as micro-batches" in plan.reason and "OFFLOAD" not in plan.reason
 
 
 def test_a_group_that_cannot_shard_its_state_in_memory_offloads_it():
@@ -77,6 +78,8 @@ def test_a_group_that_cannot_shard_its_state_in_memory_offloads_it():
     assert [g.engine for g in plan.groups] == [Engine.FSDP]
     assert all(r.memory.offload and r.memory.state_gib == pytest.approx(0.6, abs=1e-3) for r in plan.workers)
     assert "fsdp+offload · state 0.60 GiB" in str(plan_tree(plan).children[0].children[1].label)
+    assert plan.reason.endswith("; group(s) 0 keep their state in host memory: launch with "
+                                "--env HGTRAIN_FSDP_OFFLOAD=1")
 
 
 def test_a_model_that_fits_nowhere_is_refused_in_one_line():
