@@ -28,10 +28,6 @@ class Layout:
     members: int = 1
     offload: bool = False
 
-    @property
-    def label(self) -> str:
-        return f"{self.engine.value}+offload" if self.offload else self.engine.value
-
 
 @dataclass(frozen=True)
 class MemoryNeed:
