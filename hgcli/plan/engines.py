@@ -14,6 +14,7 @@ from collections.abc import Mapping
 
 from ..errors import UsageError
 from ..schema.stages import Device, Engine, Plan, RankPlan, Strategy
+from .costed import Device as CostedDevice
 from .memory import REPLICA, Layout, MemoryNeed, micro_batches
 
 
@@ -59,6 +60,23 @@ def memory_note(ranks: list[RankPlan]) -> str:
         note += (f"; group(s) {', '.join(map(str, offloaded))} keep their state in host memory: launch with "
                  f"--env HGTRAIN_FSDP_OFFLOAD=1")
     return note
+
+
+def micro_priced(devices: list[CostedDevice], batches: list[int], engine: Engine | None,
+                 shardable: bool) -> list[CostedDevice]:
+    """The devices as the cost model prices them at ``batches``: one whose batch runs as m
+    micro-batches pays its fixed cost once per micro-batch (m a + c b). The layout is the one
+    ``with_engines`` gives: where the plan may shard and a device holds no replica, one sharded
+    group of all (``auto`` plans allreduce then); otherwise replicas, or fsdp over all where asked."""
+    needs = [d.memory for d in devices]
+    if not any(needs):
+        return devices
+    layout = group_layout(engine, needs, len(devices), parameter_servers=not shardable)
+    out = []
+    for d, batch in zip(devices, batches):
+        parts = micro_batches(batch, d.memory.cap(layout)) if d.memory is not None else 1
+        out.append(dataclasses.replace(d, a=d.a * parts) if parts > 1 else d)
+    return out
 
 
 def _layouts(engine: Engine | None, members: int, parameter_servers: bool) -> list[Layout]:

@@ -20,7 +20,7 @@ from ..schema.stages import (
 from .batches import assign_batches, below_knee_note, knee, summarise
 from .cost import CostModel
 from .costed import Device, Option, plan_overlap
-from .engines import may_shard, with_engines
+from .engines import may_shard, micro_priced, with_engines
 from .memory import REPLICA, fits_nowhere
 from .devices import beside_neighbours, fit_to_rates, usable_devices
 from .network import Network
@@ -57,6 +57,7 @@ def make_plan(inventory: Inventory, profiles: Profiles, job: JobSpec, rates: Scr
                          or f"no usable devices to plan on ({why}); run 'hgtrain bench' again")
     global_batch = job.global_batch if job.global_batch is not None else DEFAULT_BATCH_PER_DEVICE * len(devices)
     real, batches = assign_batches(devices, global_batch, node_names)
+    devices = micro_priced(devices, batches, job.engine, shardable)     # the split by speed stays
     net = Network(node_names, profiles.links)
     cost = CostModel(devices, batches, net, model_bytes, global_batch, inventory, job,
                      _exchanges(inventory, profiles), _group_syncs(inventory, profiles),

@@ -69,6 +69,10 @@ def test_small_devices_that_hold_no_replica_train_sharded_within_their_memory():
     # Every device's share of the speed is more than its memory holds at once: micro-batches.
     assert all(r.micro_batches == 2 for r in plan.workers)
     assert "; 4 device(s) run their batch as micro-batches" in plan.reason and "OFFLOAD" not in plan.reason
+    # Priced with the fixed cost paid once per micro-batch: (2 a + c b) / speed.
+    for r, kind in zip(plan.workers, [BIG, BIG, SMALL, SMALL]):
+        step = (2 * kind.a + kind.c * r.batch_size) / kind.speed
+        assert r.benched_samples_per_s == pytest.approx(r.batch_size / step, rel=1e-3)
 
 
 def test_a_group_that_cannot_shard_its_state_in_memory_offloads_it():
