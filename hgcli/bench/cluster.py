@@ -35,6 +35,7 @@ DEVICE_TIMEOUT_S = {True: 300.0, False: 1800.0}
 # A node with no profile of its own (unreachable, or failed in the inventory) is listed under this
 # device name with its error, so the failure is in the profiles and not silently missing.
 NODE_DEVICE = Device("node")
+MIB = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -177,13 +178,17 @@ def _bench_node(cluster: Cluster, node: NodeSpec, info: NodeInfo | None, quick: 
 def emulated_profile(base: DeviceProfile, target: DeviceTarget) -> DeviceProfile:
     """``target``'s profile from its node's CPU measured at ``base.speed``: rates x (speed / base
     speed), times / that; a batch whose measured memory exceeds the device's declared memory is its
-    out-of-memory."""
+    out-of-memory. With the model's memory profile (``base.memory``) that holds only where not even a
+    sharded rank with its state offloaded holds one sample (``MemoryProfile.least_bytes``): below
+    that, every step's time is kept (compute does not depend on memory) and the planner's memory
+    model decides which engine and batch fit (docs/planning.md, "Memory")."""
     speed = target.speed if target.speed is not None else 1.0
     ratio = speed / base.speed
     cap = target.memory_mib
+    shardable = base.memory is not None and cap is not None and base.memory.least_bytes() <= cap * MIB
     steps, error = [], base.error
     for s in base.steps:
-        if cap is not None and s.memory_mib is not None and s.memory_mib > cap:
+        if cap is not None and s.memory_mib is not None and s.memory_mib > cap and not shardable:
             error = error or (f"out of memory at batch {s.batch_size}: a step needs {s.memory_mib} MiB, "
                               f"the emulated device has {cap} MiB")
             break

@@ -128,8 +128,9 @@ def engine_option(f: F) -> F:
     return click.option("--engine", type=click.Choice(["auto", "ddp", "fsdp"]), default="auto", show_default=True,
                         help="How each synchronous group trains: ddp (every rank holds the whole model) or "
                              "fsdp (torch FSDP2: parameters, gradients and optimizer state sharded over "
-                             "the group; allreduce plans only, for now). auto is ddp for now: the planner "
-                             "does not yet model memory. See docs/planning.md.")(f)
+                             "the group; allreduce plans only, for now). auto: each group's cheapest that "
+                             "fits its devices' memory (ddp, else fsdp, else fsdp with the state offloaded). "
+                             "See docs/planning.md.")(f)
 
 
 def engine_of(value: str) -> "Engine | None":

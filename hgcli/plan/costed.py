@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..schema.stages import Device as DeviceName, JobSpec, Strategy
+from .memory import MemoryNeed
 
 # Hybrid plans overlap each leader's PS exchange with its group's next step unless the job says
 # (--overlap/--no-overlap); benchmarks/hybrid_links.py measured it (docs/planning.md, "Overlap").
@@ -28,7 +29,8 @@ class Device:
     cost is fitted to a job's measured compute (devices.fit_to_rates), which had the node's CPU
     contention and the group's synchronous step in it already; ``together``: the cost is scaled to
     the device's steps beside its node's other devices (devices.beside_neighbours), which had the
-    contention between them in it already."""
+    contention between them in it already. ``memory``: the model's and the device's memory
+    (plan/memory.py); with it ``cap`` is None, since micro-batches, not the memory, bound its batch."""
 
     node: int          # index in inventory node order
     device: DeviceName
@@ -41,6 +43,7 @@ class Device:
     benched: int = 0
     fitted: bool = False
     together: bool = False
+    memory: MemoryNeed | None = None
 
     def time(self, batch: float) -> float:
         return self.a + self.c * batch

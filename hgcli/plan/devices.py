@@ -11,6 +11,7 @@ from ..errors import StateError
 from ..schema.stages import DeviceProfile, Inventory, Profiles, ScriptRates
 from .costed import Device
 from .fit import fit_time, memory_cap, timed
+from .memory import memory_need, no_room_note
 from .kinds import find_kinds, pooled
 
 _DIGITS = re.compile(r"(\d+)")
@@ -21,10 +22,12 @@ def _natural_key(text: str) -> tuple:
     return tuple(int(p) if p.isdigit() else p for p in _DIGITS.split(text))
 
 
-def usable_devices(inventory: Inventory, profiles: Profiles,
-                    model_bytes: float) -> tuple[list[Device], list[str], list[list[int]]]:
+def usable_devices(inventory: Inventory, profiles: Profiles, model_bytes: float,
+                    shardable: bool = False) -> tuple[list[Device], list[str], list[list[int]]]:
     """Devices the plan may use, in node then device order, a note for each one left out, and their
-    kinds (indices into the devices). Devices of one kind (``find_kinds``) share one cost."""
+    kinds (indices into the devices). Devices of one kind (``find_kinds``) share one cost. A device
+    with the model's memory profile is left out when it cannot hold one sample as a DDP replica, or,
+    where the plan may shard (``shardable``), not even as a sharded rank with its state offloaded."""
     node_index = {n.name: i for i, n in enumerate(inventory.nodes)}
     node_ok = {n.name: n.ok for n in inventory.nodes}
     usable: list[tuple[int, tuple, Device, DeviceProfile]] = []
@@ -48,12 +51,15 @@ def usable_devices(inventory: Inventory, profiles: Profiles,
         if fit is None:
             skipped.append(f"{label} (no step times or matmul figures)")
             continue
-        cap = memory_cap(p, model_bytes)
-        if cap is not None and cap < 1:
-            skipped.append(f"{label} (cannot hold one sample in {p.memory_total_mib} MiB)")
+        need = memory_need(p)
+        cap = memory_cap(p, model_bytes) if need is None else None
+        no_room = no_room_note(need, shardable, p.memory_total_mib) if need is not None else (
+            f"cannot hold one sample in {p.memory_total_mib} MiB" if cap is not None and cap < 1 else None)
+        if no_room is not None:
+            skipped.append(f"{label} ({no_room})")
             continue
         dev = Device(node_index[p.node], p.device, p.emulated, p.speed, fit[0], fit[1], cap, fit[2],
-                     benched=max((s.batch_size for s in timed(p)), default=0))
+                     benched=max((s.batch_size for s in timed(p)), default=0), memory=need)
         usable.append((dev.node, _natural_key(p.device), dev, p))
     usable.sort(key=lambda t: (t[0], t[1]))
     devices = [d for _, _, d, _ in usable]

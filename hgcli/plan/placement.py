@@ -20,7 +20,8 @@ from ..schema.stages import (
 from .batches import assign_batches, below_knee_note, knee, summarise
 from .cost import CostModel
 from .costed import Device, Option, plan_overlap
-from .engines import with_engines
+from .engines import may_shard, micro_priced, with_engines
+from .memory import REPLICA, fits_nowhere
 from .devices import beside_neighbours, fit_to_rates, usable_devices
 from .network import Network
 from .strategy import choose, hybrid_layouts, speed_classes
@@ -43,16 +44,20 @@ def make_plan(inventory: Inventory, profiles: Profiles, job: JobSpec, rates: Scr
     model = job.model or profiles.model or DEFAULT_MODEL
     model_bytes = float(model.parameters * model.bytes_per_parameter)
     node_names = [n.name for n in inventory.nodes]
-    alone, skipped, kinds = usable_devices(inventory, profiles, model_bytes)
+    # A re-plan around kept PS shards has parameter servers whatever the strategy: no sharded groups.
+    shardable = may_shard(job.strategy, job.engine) and not keep_ps
+    alone, skipped, kinds = usable_devices(inventory, profiles, model_bytes, shardable)
     together = beside_neighbours(alone, kinds, node_names, profiles)
     devices = fit_to_rates(together, kinds, node_names, rates) if rates is not None else together
     fitted_to = rates.job_id if rates is not None and any(d.fitted for d in devices) else None
     bench_together = any(d.together for d in devices)
     if not devices:
         why = summarise(skipped) if skipped else "the profiles list no devices"
-        raise UsageError(f"no usable devices to plan on ({why}); run 'hgtrain bench' again")
+        raise UsageError(fits_nowhere(list(profiles.devices), shardable)
+                         or f"no usable devices to plan on ({why}); run 'hgtrain bench' again")
     global_batch = job.global_batch if job.global_batch is not None else DEFAULT_BATCH_PER_DEVICE * len(devices)
     real, batches = assign_batches(devices, global_batch, node_names)
+    devices = micro_priced(devices, batches, job.engine, shardable)     # the split by speed stays
     net = Network(node_names, profiles.links)
     cost = CostModel(devices, batches, net, model_bytes, global_batch, inventory, job,
                      _exchanges(inventory, profiles), _group_syncs(inventory, profiles),
@@ -66,14 +71,7 @@ def make_plan(inventory: Inventory, profiles: Profiles, job: JobSpec, rates: Scr
     hybrid = cost.best_async(Strategy.HYBRID, hybrid_layouts(devices, classes))
     ps = cost.best_async(Strategy.PS, [tuple((i,) for i in range(len(devices)))])
     options = {Strategy.ALLREDUCE: allreduce, Strategy.HYBRID: hybrid, Strategy.PS: ps}
-    if kept and job.strategy in (Strategy.AUTO, Strategy.HYBRID, Strategy.PS):
-        pick = job.strategy if job.strategy is not Strategy.AUTO else max(
-            (Strategy.HYBRID, Strategy.PS), key=lambda s: options[s].samples_per_s)
-        chosen = options[pick]
-        reason = (f"re-planned keeping the PS shards on {', '.join(dict.fromkeys(keep_ps))}, whose checkpoints "
-                  f"hold the training state: {pick.value} ({chosen.summary})")
-    else:
-        chosen, reason = choose(job.strategy, options, len(classes), len(devices))
+    chosen, reason = _choose(job, options, kept, keep_ps, len(classes), devices)
     reason += below_knee_note(batches, [knee(d) for d in devices], global_batch)
     if skipped:
         reason += "; not used: " + summarise(skipped)
@@ -87,7 +85,26 @@ def make_plan(inventory: Inventory, profiles: Profiles, job: JobSpec, rates: Scr
         reason += "; device costs from each node's devices benched together, their contention included"
     plan = _build_plan(chosen, devices, batches, node_names, predicted, global_batch, inventory.cluster,
                        reason, model, overlap=plan_overlap(job), wire=job.wire, fitted_to=fitted_to)
-    return with_engines(dataclasses.replace(plan, bench_together=bench_together), job.engine)
+    needs = {(node_names[d.node], d.device): d.memory for d in devices if d.memory is not None}
+    return with_engines(dataclasses.replace(plan, bench_together=bench_together), job.engine, needs)
+
+
+def _choose(job: JobSpec, options: dict[Strategy, Option], kept: bool, keep_ps: tuple[str, ...], classes: int,
+            devices: list[Device]) -> tuple[Option, str]:
+    """The chosen option and why: around the kept PS shards (a re-plan), allreduce where auto's
+    devices cannot all hold a replica (sharded groups are allreduce only), else strategy.choose."""
+    if kept and job.strategy in (Strategy.AUTO, Strategy.HYBRID, Strategy.PS):
+        pick = job.strategy if job.strategy is not Strategy.AUTO else max(
+            (Strategy.HYBRID, Strategy.PS), key=lambda s: options[s].samples_per_s)
+        chosen = options[pick]
+        return chosen, (f"re-planned keeping the PS shards on {', '.join(dict.fromkeys(keep_ps))}, whose "
+                        f"checkpoints hold the training state: {pick.value} ({chosen.summary})")
+    unreplicated = sum(d.memory is not None and d.memory.cap(REPLICA) < 1 for d in devices)
+    if unreplicated and job.strategy is Strategy.AUTO:
+        ar = options[Strategy.ALLREDUCE]
+        return ar, (f"{unreplicated} of {len(devices)} devices cannot hold a replica with its optimizer state, "
+                    f"so their group shards it, and sharded groups train under allreduce only ({ar.summary})")
+    return choose(job.strategy, options, classes, len(devices))
 
 
 def _check_inputs(inventory: Inventory, profiles: Profiles, job: JobSpec) -> None:

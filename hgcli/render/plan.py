@@ -27,12 +27,16 @@ def plan_tree(plan: Plan) -> Tree:
     root = Tree(Text.assemble(("plan", "bold"), f" {plan.strategy.value} · world size {plan.world_size} · "
                               f"global batch {plan.global_batch}{model}"))
     accumulate = {g.id: g.accumulate for g in plan.groups}
+    engines = {g.id: g.engine for g in plan.groups}
     shard = {rank: i for i, rank in enumerate(plan.ps_shards)}
     nodes: dict[str, Tree] = {}
     for r in plan.ranks:
         if r.node not in nodes:
             nodes[r.node] = root.add(cell(r.node, style="bold cyan"))
-        nodes[r.node].add(_rank_label(r, accumulate, shard))
+        label = _rank_label(r, accumulate, shard)
+        if r.memory is not None and r.group is not None:
+            label.append(memory_label(r, engines[r.group]))
+        nodes[r.node].add(label)
     for g in plan.groups:
         what = ("DDP: every rank holds the whole model" if g.engine is Engine.DDP
                 else "FSDP2: parameters, gradients and optimizer state sharded over its ranks")
@@ -54,6 +58,18 @@ def _rank_label(r: RankPlan, accumulate: dict[int, int], shard: dict[int, int]) 
     if r.emulated:
         text.append(f" EMULATED (speed {r.speed:g})", style="yellow")
     return text
+
+
+def memory_label(r: RankPlan, engine: Engine) -> str:
+    """The worker's memory line: engine, state and activations, micro-batches, headroom (GiB)."""
+    m = r.memory
+    if m is None:
+        return ""
+    layout = engine.value + ("+offload" if m.offload else "")
+    each = -(-(r.batch_size or 0) // r.micro_batches)
+    micro = f" · {each} x {r.micro_batches} micro-batches" if r.micro_batches > 1 else ""
+    return (f" · {layout} · state {m.state_gib:.2f} GiB · activations {m.activation_gib:.2f} GiB{micro}"
+            f" · headroom {m.headroom_gib:.2f} of {m.usable_gib:.2f} GiB")
 
 
 def prediction_table(plan: Plan) -> Table:

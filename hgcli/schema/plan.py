@@ -116,6 +116,19 @@ class GroupPlan:
 
 
 @dataclass(frozen=True)
+class RankMemory:
+    """A worker's predicted device memory at its micro-batch under its group's engine (the memory
+    model of docs/planning.md, "Memory"), in GiB."""
+
+    state_gib: float               # parameters, gradients, optimizer state held on the device (a shard
+                                   # and the gathered units under fsdp; the gathered units alone offloaded)
+    activation_gib: float          # peak activations of one micro-batch
+    usable_gib: float              # the part of the device's memory the planner fills
+    headroom_gib: float            # usable - state - activations (never below 0 in a plan)
+    offload: bool = False          # the group keeps its shards and optimizer state in host memory
+
+
+@dataclass(frozen=True)
 class RankPlan:
     """One rank of a plan: role, node, device, group and batch, and the emulated speed the runtime
     applies."""
@@ -134,9 +147,18 @@ class RankPlan:
     # script's measured rates when the plan is (Plan.fitted_to). For the summary's per-device line;
     # None: not from a bench (hand-made plans, older files).
     benched_samples_per_s: float | None = None
+    # Gradient accumulation within a step: the device's batch_size samples run as this many
+    # micro-batches of at most ceil(batch_size / micro_batches), where its memory holds fewer than its
+    # share of the speed. Additive: older plan files run one.
+    micro_batches: int = 1
+    # The planner's memory figures for this worker; None where the profiles carry no memory model
+    # (older benches, PS ranks, hand-made plans).
+    memory: RankMemory | None = None
 
     def __post_init__(self) -> None:
         settle(self, device=as_device(self.device))
+        if self.micro_batches < 1:
+            raise ValueError(f"rank {self.rank}: micro_batches must be at least 1, got {self.micro_batches}")
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,54 @@ class TogetherProfile:
     steps: tuple[TogetherStep, ...]
 
 
+# Units a sharded (FSDP2) rank holds unsharded at once: the one it computes and the next one it
+# prefetches (in backward, the unit's unsharded gradients take the prefetched one's place).
+GATHERED_UNITS = 2
+
+
+@dataclass(frozen=True)
+class ActivationSample:
+    """The peak bytes of a training step's activations (what autograd keeps for backward, and the
+    batch) at one batch size."""
+
+    batch_size: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class MemoryProfile:
+    """What the user's model needs in device memory, apart from the device's speed: the planner's
+    memory model (docs/planning.md, "Memory") prices each engine's rank from it."""
+
+    parameter_bytes: int           # measured: every parameter's elements x element size
+    # Computed, not measured: parameters + gradients + AdamW's two moments (4 x parameter_bytes), the
+    # state of the optimizer most training scripts use (the bench itself steps SGD with momentum).
+    state_bytes: int
+    # The largest FSDP2 unit's parameters (one child of an nn.ModuleList, or what the root keeps for
+    # itself): a sharded rank holds it unsharded while it computes that unit.
+    largest_unit_bytes: int
+    # Measured at the bench's batch sizes: the step's peak less the state it stepped with.
+    activations: tuple[ActivationSample, ...] = ()
+
+    def activation_bytes(self, batch: float) -> float:
+        """Activations at ``batch``: on the line through the smallest and the largest batch measured
+        (activations grow linearly with the batch), never below 0; proportional to the batch with
+        one measurement, 0 with none."""
+        points = sorted((a.batch_size, a.bytes) for a in self.activations if a.batch_size > 0)
+        if not points:
+            return 0.0
+        (b0, y0), (b1, y1) = points[0], points[-1]
+        if b1 == b0:
+            return max(0.0, y0 * batch / b0)
+        slope = max(0.0, (y1 - y0) / (b1 - b0))
+        return max(0.0, y0 + slope * (batch - b0))
+
+    def least_bytes(self) -> float:
+        """The least device memory a training rank of this model needs: one sample's activations and
+        the gathered units, its state sharded and offloaded to host memory (FSDP2 with CPU offload)."""
+        return self.activation_bytes(1) + GATHERED_UNITS * self.largest_unit_bytes
+
+
 @dataclass(frozen=True)
 class DeviceProfile:
     """What the bench measured of one device (step times per batch, alone and beside its node's
@@ -97,6 +145,9 @@ class DeviceProfile:
     # None in profiles of one-device nodes, of a together bench that failed, and of older benches
     # (the planner then costs the device from ``steps`` alone, as before).
     together: TogetherProfile | None = None
+    # The benched model's memory needs (with --model); None in older profiles, whose devices the
+    # planner caps by the steps' memory alone, as before (every rank a DDP replica).
+    memory: MemoryProfile | None = None
 
     def __post_init__(self) -> None:
         settle(self, device=as_device(self.device), matmul_tflops=frozen_map(self.matmul_tflops))

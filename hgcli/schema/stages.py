@@ -20,10 +20,13 @@ from .base import CPU, SCHEMA_VERSION, Device, digest, frozen_map
 from .cluster import Cluster, EmulateSpec, HostKeyPolicy, NodeSpec, Slowdown, SrunSettings, SshSettings
 from .inventory import GpuInfo, Inventory, NodeInfo, PythonRuntime
 from .job import JobRecord, RankRecord
-from .plan import PLAN_NEEDS, Engine, GroupPlan, Ideal, JobSpec, Plan, Prediction, RankPlan, Role, Strategy, Wire, prediction
+from .plan import (
+    PLAN_NEEDS, Engine, GroupPlan, Ideal, JobSpec, Plan, Prediction, RankMemory, RankPlan, Role, Strategy, Wire,
+    prediction,
+)
 from .profiles import (
-    DeviceProfile, ExchangeProfile, GroupSyncProfile, LinkProfile, MeasuredRate, Measurement, ModelSpec, Profiles,
-    ScriptRates, StepSample, TogetherProfile, TogetherStep,
+    GATHERED_UNITS, ActivationSample, DeviceProfile, ExchangeProfile, GroupSyncProfile, LinkProfile, MeasuredRate, Measurement,
+    MemoryProfile, ModelSpec, Profiles, ScriptRates, StepSample, TogetherProfile, TogetherStep,
 )
 # The states, re-exported: a rank's state is the same member on the node and in the job record.
 from .states import JobState, RankState
@@ -35,6 +38,7 @@ __all__ = [
     "CPU", "SCHEMA_VERSION", "Device", "digest", "frozen_map",
     "Cluster", "EmulateSpec", "HostKeyPolicy", "NodeSpec", "Slowdown", "SrunSettings", "SshSettings",
     "GpuInfo", "Inventory", "NodeInfo", "PythonRuntime",
+    "GATHERED_UNITS", "ActivationSample", "MemoryProfile", "RankMemory",
     "DeviceProfile", "ExchangeProfile", "GroupSyncProfile", "LinkProfile", "MeasuredRate", "Measurement", "ModelSpec",
     "Profiles", "ScriptRates", "StepSample", "TogetherProfile", "TogetherStep",
     "PLAN_NEEDS", "Engine", "GroupPlan", "Ideal", "JobSpec", "Plan", "Prediction", "RankPlan", "Role", "Strategy", "Wire",

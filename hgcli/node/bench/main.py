@@ -19,10 +19,13 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...schema.stages import DeviceProfile, ExchangeProfile, GroupSyncProfile, Measurement, StepSample, to_dict
+from ...schema.stages import (
+    DeviceProfile, ExchangeProfile, GroupSyncProfile, Measurement, MemoryProfile, StepSample, to_dict,
+)
 from ..remedy import OR_ANOTHER_PYTHON, module_problem
 from . import exchange as exchangebench
 from . import group as groupbench
+from . import memory as memorybench
 from . import micro as microbench
 from . import modelspec
 from . import step as stepbench
@@ -84,6 +87,7 @@ class Results:
     model_parameters: int | None = None
     exchange: ExchangeProfile | None = None
     group_sync: GroupSyncProfile | None = None
+    memory: MemoryProfile | None = None     # the model's state and units; activations from ``steps``
 
 
 class DeviceFailure(Exception):
@@ -204,6 +208,7 @@ def measure(torch: Any, args: argparse.Namespace, target: Target, results: Resul
     progress(f"model {args.model}")
     loaded = _load_model(args.model_ref)
     results.model_parameters = sum(p.numel() for p in loaded.model.parameters())
+    results.memory = _model_memory(loaded.model, args)
     # The PS exchange is the node's (its CPU and RPC stack), not the device's: measured once per
     # node, with its first device (emulated devices of a node share one measurement, bench.py).
     if (target.emulated or args.device in ("cpu", "gpu0")) and not args.no_exchange:
@@ -230,6 +235,17 @@ def measure(torch: Any, args: argparse.Namespace, target: Target, results: Resul
         except Exception as exc:  # gloo unavailable or a child failed: the planner uses the link formula
             emit({"type": FrameType.NOTE, "node": args.node, "device": args.device,
                   "message": f"synchronous step not measured: {first_line(exc)}"})
+
+
+def _model_memory(model: Any, args: argparse.Namespace) -> MemoryProfile | None:
+    """The model's memory figures, or None with a note: without them the planner caps the device by
+    its steps' memory, as for older profiles."""
+    try:
+        return memorybench.model_memory(model)
+    except Exception as exc:  # the user's model: its structure is not ours to vouch for
+        emit({"type": FrameType.NOTE, "node": args.node, "device": args.device,
+              "message": f"memory figures not measured: {first_line(exc)}"})
+        return None
 
 
 def group_batch(steps: list[StepSample], speed: float) -> int:
@@ -262,6 +278,7 @@ def build_profile(torch: Any, args: argparse.Namespace, target: Target | None, r
         torch_version=torch.__version__ if torch else None,
         driver_version=target.driver_version if target else None,
         exchange=r.exchange, group_sync=r.group_sync,
+        memory=memorybench.with_activations(r.memory, r.steps) if r.memory is not None else None,
     )
 
 
