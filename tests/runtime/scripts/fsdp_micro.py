@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import hgcli.runtime as hg
 from tests.runtime.scripts.fsdp_train import LR, MOMENTUM, Blocks
 
-SAMPLES, UPDATES = 48, 4
+SAMPLES = 60
 
 
 def data() -> tuple[torch.Tensor, torch.Tensor]:
