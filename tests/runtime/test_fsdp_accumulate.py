@@ -74,3 +74,18 @@ def test_the_data_position_moves_one_step_per_micro_batches():
     assert micro.position() == (0, 1)
     sampler = RankBatchSampler(SAMPLES, [4, 7], 1, seed=0, micro=2)
     assert len(sampler) == 2 * (SAMPLES // 11) and [len(i) for i in list(sampler)[:2]] == [4, 3]
+
+
+def test_a_batch_smaller_than_its_micro_batches_is_refused_in_one_line():
+    from hgcli.runtime.context import Context
+    from hgcli.runtime.env import RankEnv
+    from hgcli.runtime.errors import TrainingError
+
+    plan = micro_plan(m.Engine.DDP, [1], [2])
+    # Not emulated: an emulated rank would set this process's torch threads to one.
+    plan = dataclasses.replace(plan, ranks=(dataclasses.replace(plan.ranks[0], emulated=False),))
+    ctx = Context(RankEnv(rank=0, world_size=1, local_rank=0, local_world_size=1, role=m.Role.WORKER, group=0,
+                          batch_size=1, speed=1.0, job_id=None, metrics_fd=None, timeout_s=10.0, plan=plan))
+    with pytest.raises(TrainingError, match="rank 0: a batch of 1 cannot be stepped as 2 micro-batches") as err:
+        ctx.shard(data(), batch_size=8)
+    assert "\n" not in str(err.value)
