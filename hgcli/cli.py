@@ -17,7 +17,8 @@ import click
 
 from . import __version__
 from .commands import jobs, pipeline
-from .commands.launch_options import LaunchCommand, check_launch_flags, env_entry, launch_sink, nnodes_spec, secret_name
+from .commands.launch_options import (LaunchCommand, activation_checkpointing_option, check_launch_flags, env_entry,
+                                      launch_sink, nnodes_spec, secret_name, sharding_env)
 from .commands.options import checked, cluster_option, engine_of, engine_option, json_option, load_cluster_arg, nproc_option, ranks_option, raw_option
 from .errors import EXIT_ERROR, EXIT_INTERRUPTED, HgError
 from .schema.stages import Strategy
@@ -59,6 +60,7 @@ for command in (pipeline.probe, pipeline.bench, pipeline.plan, jobs.status, jobs
               help="fsdp groups: shard these modules (fnmatch on model.named_modules() names, e.g. "
                    "'layers.*'), then the root, instead of each child of every nn.ModuleList "
                    "(HGTRAIN_SHARD_MODULES on every rank).")
+@activation_checkpointing_option
 @click.option("--env", "env", multiple=True, metavar="NAME[=VALUE]", callback=checked(env_entry),
               help="Set a variable on every rank (repeatable; beats --env-file); a bare NAME forwards "
                    "this machine's value.")
@@ -99,7 +101,7 @@ for command in (pipeline.probe, pipeline.bench, pipeline.plan, jobs.status, jobs
 @click.pass_context
 def launch(ctx: click.Context, cluster_file: Path | None, nproc_per_node: int | None, plan_file: Path | None,
            strategy: str, global_batch: int | None, ps_ranks: int | None, engine: str, shard_modules: str | None,
-           env: tuple[str, ...],
+           activation_checkpointing: bool, env: tuple[str, ...],
            env_file: Path | None, secret_env: tuple[str, ...], ranks: str | None, detach: bool, grace_s: float,
            heartbeat_timeout_s: float, restarts: int, nnodes: str | None, checkpoint_every: int,
            checkpoint_seconds: float, tensorboard: Path | None, adapt: bool, as_json: bool, raw: bool,
@@ -116,7 +118,6 @@ def launch(ctx: click.Context, cluster_file: Path | None, nproc_per_node: int | 
     from .launch.request import LaunchRequest
     from .schema.stages import JobSpec, Strategy
     from .config.ranklist import parse_rank_list
-    from .runtime.env import SHARD_ENV
 
     if not command:
         raise click.UsageError("no command to launch: hgtrain launch [OPTIONS] -- COMMAND [ARGS]...")
@@ -129,7 +130,7 @@ def launch(ctx: click.Context, cluster_file: Path | None, nproc_per_node: int | 
         cluster=cluster, command=command, plan_file=plan_file,
         job=JobSpec(strategy=Strategy(strategy), global_batch=global_batch, ps_ranks=ps_ranks,
                     engine=engine_of(engine)),
-        env=env + ((f"{SHARD_ENV}={shard_modules}",) if shard_modules else ()),
+        env=env + sharding_env(shard_modules, activation_checkpointing),
         env_file=env_file,
         secret_env=secret_env, detach=detach, grace_s=grace_s, heartbeat_timeout_s=heartbeat_timeout_s, restarts=restarts,
         checkpoint_every=checkpoint_every, checkpoint_seconds=checkpoint_seconds,

@@ -104,3 +104,17 @@ def launch_sink(*, as_json: bool, ranks: frozenset[int] | None, raw: bool = Fals
         # stderr redirected away from the terminal (2> file) gets the ranks' stderr lines, plain
         return RichSink(ranks, err=None if sys.stderr.isatty() else sys.stderr)
     return PlainSink(ranks, raw=raw)
+
+
+activation_checkpointing_option = click.option(
+    "--activation-checkpointing", is_flag=True,
+    help="fsdp groups: recompute each sharded block's activations in backward instead of keeping them "
+         "(less memory, about one more forward; HGTRAIN_ACTIVATION_CHECKPOINT=1 on every rank).")
+
+
+def sharding_env(shard_modules: str | None, activation_checkpointing: bool) -> tuple[str, ...]:
+    """The variables through which --shard-modules and --activation-checkpointing reach every rank."""
+    from ..runtime.env import ACTIVATION_CHECKPOINT_ENV, SHARD_ENV
+
+    return (((f"{SHARD_ENV}={shard_modules}",) if shard_modules else ())
+            + ((f"{ACTIVATION_CHECKPOINT_ENV}=1",) if activation_checkpointing else ()))

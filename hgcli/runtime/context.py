@@ -6,9 +6,10 @@ is one all-reduce group over all ranks; with HGTRAIN_PLAN it follows the plan.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch.utils.data import DataLoader
@@ -30,6 +31,7 @@ from .adapt.shares import group_split
 from .data.sampler import RankBatchSampler, dataset_length, make_loader
 from ..schema.records import FinishRecord
 from .rank_snapshots import RankSnapshots
+from .sharded_snapshots import ShardedSnapshots
 
 
 def _implicit_plan(env: RankEnv) -> m.Plan:
@@ -100,7 +102,10 @@ class Context:
         self._pgs = init_distributed(env, self.plan) if env.world_size > 1 else {}
         self._sync: GroupEngine | ShardedEngine | None = None
         self._data = DataPosition()
-        self._split = group_split(self.plan, self.group) if env.adapt else None
+        self.micro_batches = _micro_batches(me)
+        # A re-split could cut a batch below its micro-batches: groups that accumulate keep the plan's.
+        accumulating = any(self.plan.rank(r).micro_batches > 1 for r in self.group_plan.ranks)
+        self._split = group_split(self.plan, self.group) if env.adapt and not accumulating else None
         self._split_taken = False           # the first data source (the training data) follows it
         # All-reduce snapshots (snapshot.py): taken by the first worker of each node, resumed by all.
         self._snapshots = RankSnapshots(env=env, plan=self.plan, group_plan=self.group_plan, batches=self._batches,
@@ -193,7 +198,9 @@ class Context:
         ranks = self.group_plan.ranks
         return GroupSpec(rank=self.rank, group_id=self.group, ranks=ranks, pg=self._pgs.get(self.group),
                          batches=tuple(self.plan.rank(r).batch_size or self.env.batch_size for r in ranks),
-                         accumulate=self.group_plan.accumulate, share_with=same_node(self.env, self.plan, self.rank, ranks),
+                         accumulate=self.group_plan.accumulate, micro_batches=self.micro_batches,
+                         steps_differ=len({self.plan.rank(r).micro_batches for r in ranks}) > 1,
+                         share_with=same_node(self.env, self.plan, self.rank, ranks),
                          default_batch=self.env.batch_size or 1, split=self._split)
 
     def _wrap_sharded(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, spec: GroupSpec,
@@ -204,14 +211,24 @@ class Context:
         if ddp_options:
             raise TrainingError(f"ctx.wrap() of an fsdp group does not take {', '.join(sorted(ddp_options))} "
                                 f"(DDP's options)")
-        if self.env.snapshots is not None or scheduler is not None:
-            raise TrainingError("fsdp groups take no training-state snapshots yet (launch --restarts, "
-                                "ctx.wrap(scheduler=)): they need torch's distributed checkpoints")
+        if scheduler is not None:
+            raise TrainingError("ctx.wrap(scheduler=) of an fsdp group: the group rebuilds the optimizer "
+                                "(FSDP2 replaces the parameters), so a scheduler must be built on the one "
+                                "ctx.wrap returns, and its snapshots hold no scheduler state")
         engine = ShardedEngine(model=model, optimizer=optimizer, spec=spec, device=self.device,
                                emulator=self.emulator, metrics=self.metrics, max_grad_norm=max_grad_norm,
                                options=ShardOptions.from_environ(os.environ))
         self._sync = engine
-        trained, opt = engine.start()
+        snaps = self.env.snapshots
+        dcp = None if snaps is None else ShardedSnapshots(
+            engine=engine, config=snaps, world_size=self.world_size, per_step=self._snapshots.per_step,
+            emulator=self.emulator, metrics=self.metrics, data=self._data)
+        restore: Callable[[], None] | None = None
+        if dcp is not None and snaps is not None and snaps.resume_step is not None:
+            restore = functools.partial(dcp.resume, snaps.resume_step)
+        trained, opt = engine.start(restore)
+        if dcp is not None:
+            dcp.attach()
         self._data.hook(opt)
         return trained, opt
 
@@ -219,7 +236,7 @@ class Context:
               seed: int = 0) -> Iterator[tuple[torch.Tensor, ...]]:
         """This rank's batches of ``data`` (a tuple of tensors); ``batch_size`` unless the plan says."""
         stream = ShardStream(data, self._batch_sizes(batch_size), self.worker_index, epochs=epochs, seed=seed,
-                             split=self._take_split(batch_size))
+                             split=self._take_split(batch_size), micro=self._micro(batch_size))
         self._data.track(stream)        # the first data source is the training data: its position is kept
         return iter(stream)
 
@@ -244,7 +261,7 @@ class Context:
         The first one made is the training data: its position is checkpointed and restored."""
         sampler = RankBatchSampler(dataset_length(dataset), self._batch_sizes(batch_size), self.worker_index,
                                    shuffle=shuffle, seed=seed, drop_last=drop_last,
-                                   split=self._take_split(batch_size))
+                                   split=self._take_split(batch_size), micro=self._micro(batch_size))
         self._data.track(sampler)
         return sampler
 
@@ -290,6 +307,14 @@ class Context:
     def _batch_sizes(self, default: int) -> list[int]:
         return [b or default for b in self._batches]
 
+    def _micro(self, default: int) -> int:
+        """This rank's micro-batches per step: each of them is one ``opt.step()`` of the script's loop."""
+        mine = self._batch_sizes(default)[self.worker_index]
+        if mine < self.micro_batches:
+            raise TrainingError(f"rank {self.rank}: a batch of {mine} cannot be stepped as "
+                                f"{self.micro_batches} micro-batches (the plan's micro_batches)")
+        return self.micro_batches
+
     def _take_split(self, batch_size: int) -> GroupSplit | None:
         """The split, for the process's first data source when it cuts the plan's batches."""
         if self._split is None or self._split_taken or self._batches != self._batch_sizes(batch_size):
@@ -309,6 +334,12 @@ class Context:
             self._data.restore(pos)
             print(f"hgtrain: rank {self.rank} (group {self.group}): data continues from epoch "
                   f"{pos['epoch']} step {pos['step']} (PS checkpoint)", flush=True)
+
+
+def _micro_batches(me: m.RankPlan) -> int:
+    if me.micro_batches < 1:
+        raise TrainingError(f"plan: rank {me.rank} has micro_batches={me.micro_batches}: at least 1")
+    return me.micro_batches
 
 
 def init(*, echo: bool = False) -> Context:

@@ -21,6 +21,8 @@ PS_MODULE = "hgcli.runtime.ps"
 SHARD_ENV = "HGTRAIN_SHARD_MODULES"
 FSDP_BF16_ENV = "HGTRAIN_FSDP_BF16"         # 1: FSDP2's bf16 mixed precision
 FSDP_OFFLOAD_ENV = "HGTRAIN_FSDP_OFFLOAD"   # 1: FSDP2's CPU offload of the shards and the optimizer step
+# 1: fsdp groups recompute each unit's activations in backward (launch --activation-checkpointing)
+ACTIVATION_CHECKPOINT_ENV = "HGTRAIN_ACTIVATION_CHECKPOINT"
 
 
 @dataclass(frozen=True)

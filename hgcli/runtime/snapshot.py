@@ -14,6 +14,9 @@ is still being written is skipped rather than waited for. File ``snapshot-s{step
 ``KEEP`` are kept. The launcher lists the steps on each node (``steps_in``, no torch) and names the step
 to resume, the newest on any node (``HGTRAIN_RESUME_STEP``); a rank on a node without that file (one
 that joined at this restart) gets it from the first rank that has it.
+
+An fsdp group's snapshot is a directory ``snapshot-s{step:010d}.dcp`` of torch's distributed
+checkpoint, every rank writing its own shards (sharded_snapshots.py); ``steps_in`` lists both kinds.
 """
 from __future__ import annotations
 
@@ -25,11 +28,16 @@ from typing import Any, BinaryIO, Callable
 
 FORMAT = "hgtrain-snapshot/1"
 KEEP = 2
-_NAME = re.compile(r"^snapshot-s(\d{10})\.pt$")
+_NAME = re.compile(r"^snapshot-s(\d{10})\.(?:pt|dcp)$")
 
 
 def snapshot_path(directory: Path, step: int) -> Path:
     return directory / f"snapshot-s{step:010d}.pt"
+
+
+def dcp_path(directory: Path, step: int) -> Path:
+    """An fsdp group's snapshot of ``step``: a distributed checkpoint's directory."""
+    return directory / f"snapshot-s{step:010d}.dcp"
 
 
 def steps_in(directory: Path) -> list[int]:

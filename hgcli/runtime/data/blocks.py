@@ -76,6 +76,18 @@ def step_slice(n: int, batch_sizes: Sequence[int], index: int, step: int,
     return start, start + sizes[index]
 
 
+def micro_slices(start: int, stop: int, micro: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` cut into ``micro`` adjacent micro-batches, as even as can be (the first ones
+    one sample larger), so a rank that accumulates still takes exactly its batch's samples; with
+    fewer samples than micro-batches, the last ones are empty (the engine still steps them, so the
+    group's windows stay matched)."""
+    size, extra = divmod(stop - start, micro)
+    cuts = [start]
+    for k in range(micro):
+        cuts.append(cuts[-1] + size + (1 if k < extra else 0))
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
 def shard_batches(tensors: Sequence[torch.Tensor], batch_sizes: Sequence[int], index: int, *,
                   epochs: int, seed: int, split: GroupSplit | None = None) -> Iterator[tuple[torch.Tensor, ...]]:
     """``split``: the group's rebalanced sizes by data step (``epoch * steps + step``), followed."""
@@ -85,15 +97,18 @@ def shard_batches(tensors: Sequence[torch.Tensor], batch_sizes: Sequence[int], i
 class ShardStream:
     """``ctx.shard``'s batches, with the data position ``sampler.RankBatchSampler`` keeps: (epoch,
     step) of the next batch training takes, advanced by ``note_step`` (the optimizer's step pre-hook),
-    saved in PS checkpoints and snapshots and restored before the first batch is drawn."""
+    saved in PS checkpoints and snapshots and restored before the first batch is drawn. ``micro``: the
+    rank's batch of each step comes as that many micro-batches (one ``opt.step()`` each: the engine
+    accumulates them), and the position moves one step per ``micro`` of them."""
 
     def __init__(self, tensors: Sequence[torch.Tensor], batch_sizes: Sequence[int], index: int, *,
-                 epochs: int, seed: int, split: GroupSplit | None = None) -> None:
+                 epochs: int, seed: int, split: GroupSplit | None = None, micro: int = 1) -> None:
         n = len(tensors[0])
         if any(len(t) != n for t in tensors):
             raise ValueError("all tensors of a dataset need the same first dimension")
         self.tensors, self.batch_sizes, self.index = tuple(tensors), list(batch_sizes), index
         self.n, self.epochs, self.seed, self.split = n, epochs, seed, split
+        self.micro = max(1, micro)
         self.steps = steps_per_epoch(n, batch_sizes)
         self._resume = 0                  # the restored position, as epoch * steps + step
         self._yielded = 0
@@ -116,16 +131,17 @@ class ShardStream:
                 start, stop = step_slice(self.n, self.batch_sizes, self.index, step, group_sizes(split, data_step))
                 if split is not None:
                     split.handed_out(data_step)
-                idx = perm[start:stop]
-                self._yielded += 1
-                yield tuple(t[idx] for t in self.tensors)
+                for lo, hi in micro_slices(start, stop, self.micro):
+                    idx = perm[lo:hi]
+                    self._yielded += 1
+                    yield tuple(t[idx] for t in self.tensors)
 
     def note_step(self) -> None:
         if self._consumed < self._yielded:
             self._consumed += 1
 
     def position(self) -> tuple[int, int]:
-        return divmod(self._resume + self._consumed, self.steps)
+        return divmod(self._resume + self._consumed // self.micro, self.steps)
 
     def state_dict(self) -> dict[str, int]:
         epoch, step = self.position()

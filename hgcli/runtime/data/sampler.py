@@ -18,7 +18,7 @@ from typing import Any, Iterator, Sequence
 
 from torch.utils.data import DataLoader, IterableDataset, Sampler
 
-from .blocks import epoch_order, group_sizes, step_slice, steps_per_epoch
+from .blocks import epoch_order, group_sizes, micro_slices, step_slice, steps_per_epoch
 from ..errors import TrainingError
 from ..adapt.rebalance import GroupSplit
 
@@ -28,10 +28,12 @@ _LOADER_OWNS = ("sampler", "batch_sampler", "batch_size", "shuffle", "drop_last"
 
 
 class RankBatchSampler(Sampler[list[int]]):
-    """Index lists of worker ``index``'s batches; ``batch_sizes`` are every worker's, in plan order."""
+    """Index lists of worker ``index``'s batches; ``batch_sizes`` are every worker's, in plan order.
+    ``micro``: each of this worker's batches as that many micro-batches (data/blocks.py)."""
 
     def __init__(self, n: int, batch_sizes: Sequence[int], index: int, *, shuffle: bool = True,
-                 seed: int = 0, drop_last: bool = True, split: GroupSplit | None = None) -> None:
+                 seed: int = 0, drop_last: bool = True, split: GroupSplit | None = None,
+                 micro: int = 1) -> None:
         if not 0 <= index < len(batch_sizes):
             raise ValueError(f"worker index {index} outside {len(batch_sizes)} workers")
         self.n = n
@@ -40,6 +42,7 @@ class RankBatchSampler(Sampler[list[int]]):
         self.shuffle = shuffle
         self.seed = seed
         self.drop_last = drop_last
+        self.micro = max(1, micro)
         self.steps = steps_per_epoch(n, self.batch_sizes, drop_last)
         self.epoch = 0                          # the epoch of the next pass: set_epoch, else +1 per pass
         self._resume = (0, 0)                   # restored position: earlier batches are skipped
@@ -62,8 +65,9 @@ class RankBatchSampler(Sampler[list[int]]):
         return resume_step if epoch == resume_epoch else 0
 
     def __len__(self) -> int:
-        """Batches of the next pass (fewer than ``steps`` only right after a restore)."""
-        return self.steps - self._first_step(self.epoch)
+        """Batches of the next pass (fewer than ``steps`` only right after a restore), micro-batches
+        counted one by one."""
+        return (self.steps - self._first_step(self.epoch)) * self.micro
 
     def __iter__(self) -> Iterator[list[int]]:
         epoch = self.epoch
@@ -77,8 +81,9 @@ class RankBatchSampler(Sampler[list[int]]):
                                          group_sizes(self.split, data_step))
                 if self.split is not None:
                     self.split.handed_out(data_step)
-                self._yielded += 1
-                yield order[start:stop].tolist()
+                for lo, hi in micro_slices(start, stop, self.micro):
+                    self._yielded += 1
+                    yield order[lo:hi].tolist()
         # A finished pass moves to the next epoch, so a loop that never calls set_epoch still
         # reshuffles (and still counts epochs after a restore); a set_epoch meanwhile wins.
         if self.epoch == epoch:
@@ -101,7 +106,7 @@ class RankBatchSampler(Sampler[list[int]]):
         if self._pass is None:
             return self._resume
         epoch, first = self._pass
-        step = first + self._consumed
+        step = first + self._consumed // self.micro
         here = (epoch + 1, 0) if step >= self.steps else (epoch, step)
         # An (empty) pass over an epoch before the restored one has not moved the position.
         return max(here, self._resume)

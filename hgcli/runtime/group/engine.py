@@ -27,7 +27,10 @@ every micro-batch): the first K - 1 backwards run under DDP's ``no_sync``; their
 weighted by its samples, wait beside the parameters (the step then sees no gradient: the optimizer
 does nothing), and the hook adds them into the K-th backward's buckets, so one all-reduce carries
 the window's samples-weighted sum. A GradScaler's scale is taken out of a bucket before that sum
-and put back after it, since members' scales may differ by then.
+and put back after it, since members' scales may differ by then. A rank with micro-batches
+(``RankPlan.micro_batches`` m: the data hands it its batch as m pieces, one ``opt.step()`` each)
+accumulates the same way over K * m micro-steps, its own window; every member still all-reduces
+once per update, so members with different m stay matched.
 
 After the group's gradient is in ``p.grad``: a step where any member's GradScaler found inf/NaN is
 skipped by the whole group (group/amp.py). Otherwise the gradient is clipped (``max_grad_norm``, the
@@ -105,6 +108,8 @@ class GroupSpec:
     pg: Any
     batches: tuple[int | None, ...]
     accumulate: int = 1
+    micro_batches: int = 1          # this rank's micro-batches per step (data/blocks.py)
+    steps_differ: bool = False      # members make different numbers of micro-steps per update
     share_with: tuple[int, ...] = ()
     default_batch: int = 1
     # The group's batches as the data hands them out, re-split as the members' speeds change
@@ -134,7 +139,9 @@ class GroupEngine(ClockedMember):
         self.leader = spec.ranks[0]
         self.members = len(spec.ranks)
         self.pg = spec.pg
-        self.accumulate = max(1, spec.accumulate)
+        # This rank's micro-steps (opt.step() calls) per update: the plan's accumulation times its
+        # micro-batches.
+        self.accumulate = max(1, spec.accumulate) * max(1, spec.micro_batches)
         self.emulator = emulator
         self.metrics = metrics
         self.timeout_s = timeout_s
@@ -148,7 +155,7 @@ class GroupEngine(ClockedMember):
                               timeout_s=timeout_s, params=self.params, buffers=self.buffers, device=self.device)
         self._failed = self.link.failed
         self.reduce = StepReduce(members=self.members, me=spec.ranks.index(spec.rank), pg=self.pg,
-                                 buffers=self.buffers, planned_total=_planned_total(spec, self.accumulate),
+                                 buffers=self.buffers, planned_total=_planned_total(spec, max(1, spec.accumulate)),
                                  failed=self._failed)
         self.window = GradWindow(self.params)
         self.clock = ComputeClock()

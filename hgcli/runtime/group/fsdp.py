@@ -7,6 +7,14 @@ and frees them after, so a rank holds one block's full parameters at a time besi
 the root holds what is left (embeddings, heads, norms). A name pattern (``--shard-modules``, i.e.
 ``HGTRAIN_SHARD_MODULES``; ``fnmatch`` on ``named_modules()`` names, e.g. ``encoder.layer.*``)
 chooses the units instead. Units are wrapped deepest first, as FSDP2 requires of nested units.
+
+Activation checkpointing (``--activation-checkpointing``, i.e. ``HGTRAIN_ACTIVATION_CHECKPOINT=1``):
+each unit below the root keeps only its input from the forward and recomputes its activations in
+backward, trading about one more forward for the activations of all but one block at a time. It is
+torch's composable ``checkpoint`` (torch.distributed._composable), applied to each unit before
+``fully_shard`` as torchtitan does; unlike ``checkpoint_wrapper`` it keeps the modules' names, so the
+optimizer's rebuild and the state dicts see the same parameter names. Units nested in one another
+are checkpointed at the outermost only (a recomputation inside a recomputation saves nothing).
 """
 from __future__ import annotations
 
@@ -16,7 +24,7 @@ from typing import Any, Mapping
 
 import torch
 
-from ..env import FSDP_BF16_ENV, FSDP_OFFLOAD_ENV, SHARD_ENV, flag
+from ..env import ACTIVATION_CHECKPOINT_ENV, FSDP_BF16_ENV, FSDP_OFFLOAD_ENV, SHARD_ENV, flag
 from ..errors import TrainingError
 
 
@@ -24,16 +32,19 @@ from ..errors import TrainingError
 class ShardOptions:
     """How a group shards its model: ``pattern`` (None: each child of every ModuleList), ``bf16``
     (FSDP2's mixed precision: bf16 parameters in forward and backward, the fp32 shards kept),
-    ``offload`` (the shards, their gradients and the optimizer's step on the CPU)."""
+    ``offload`` (the shards, their gradients and the optimizer's step on the CPU),
+    ``checkpoint_activations`` (each unit's activations recomputed in backward)."""
 
     pattern: str | None = None
     bf16: bool = False
     offload: bool = False
+    checkpoint_activations: bool = False
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> "ShardOptions":
         pattern = environ.get(SHARD_ENV, "").strip() or None
-        return cls(pattern=pattern, bf16=flag(environ, FSDP_BF16_ENV), offload=flag(environ, FSDP_OFFLOAD_ENV))
+        return cls(pattern=pattern, bf16=flag(environ, FSDP_BF16_ENV), offload=flag(environ, FSDP_OFFLOAD_ENV),
+                   checkpoint_activations=flag(environ, ACTIVATION_CHECKPOINT_ENV))
 
 
 def shard_units(model: torch.nn.Module, pattern: str | None) -> list[tuple[str, torch.nn.Module]]:
@@ -70,6 +81,8 @@ def shard(model: torch.nn.Module, pg: Any, device: torch.device, options: ShardO
         raise TrainingError("an fsdp group needs a process group: run the script under 'hgtrain launch', "
                             "hgcli.local or torchrun")
     units = shard_units(model, options.pattern)
+    if options.checkpoint_activations:
+        checkpoint_units(model, units)
     mesh = DeviceMesh.from_group(pg, device.type)
     mp = MixedPrecisionPolicy()
     if options.bf16:
@@ -82,6 +95,21 @@ def shard(model: torch.nn.Module, pg: Any, device: torch.device, options: ShardO
         fully_shard(module, mesh=mesh, mp_policy=mp, offload_policy=offload)
     fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=offload)
     return model
+
+
+def checkpoint_units(model: torch.nn.Module, units: list[tuple[str, torch.nn.Module]]) -> None:
+    """Torch's composable activation checkpointing on each outermost unit (``units`` deepest first,
+    as :func:`shard_units` gives them); refused in one line where there is no unit below the root."""
+    from torch.distributed._composable import checkpoint
+
+    if not units:
+        raise TrainingError(f"{ACTIVATION_CHECKPOINT_ENV} / --activation-checkpointing: {type(model).__name__} "
+                            f"has no unit below the root to checkpoint (no nn.ModuleList; name its blocks "
+                            f"with --shard-modules)")
+    names = [name for name, _ in units]
+    for name, module in units:
+        if not any(name.startswith(other + ".") for other in names):
+            checkpoint(module)
 
 
 def _examples(model: torch.nn.Module) -> str:

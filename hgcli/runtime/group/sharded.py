@@ -14,6 +14,19 @@ factor is left alone, since on gloo it asks for ``PREMUL_SUM``, which gloo refus
 batches both factors are exactly 1.0 and are skipped: a homogeneous fsdp group computes what plain
 FSDP2 computes, bit for bit.
 
+Accumulation (the plan's ``accumulate`` K and this rank's ``micro_batches`` m; the script still
+calls ``opt.step()`` after every micro-batch): the first K * m - 1 backwards run with FSDP2's
+``set_requires_gradient_sync(False)``, their gradients kept unsharded and weighted by their samples
+(group/fsdp_window.py), and the window's last backward reduce-scatters their sum; the optimizer
+steps on nothing before it. Inside the window the parameters stay unsharded
+(``set_reshard_after_backward(False)``): the next micro-step's forward gathers nothing. That is
+also what lets members with different m train together: FSDP2's all-gathers and reduce-scatters
+are collectives, so every member must run the same ones per update. With
+``set_reshard_after_forward(False)`` on every member of such a group, each gathers every unit once
+per update (in its first forward) and reduce-scatters it once (in its last backward), however
+many micro-steps it makes: a rank keeps its units' full parameters from its first forward to its
+last backward (ZeRO-2's memory rather than ZeRO-3's), the price of uneven micro-batches.
+
 The optimizer: FSDP2 replaces the parameters, so the engine rebuilds it over the shards
 (group/rebuild.py) and the script steps that one (``ctx.wrap`` returns it).
 """
@@ -31,6 +44,7 @@ from ..errors import TrainingError
 from ..metrics import MetricsSink
 from .engine import GroupSpec
 from .fsdp import ShardOptions, shard
+from .fsdp_window import check_window_support, scale_accumulated
 from .rebuild import parameter_names, rebuild_optimizer, refuse_unrebuildable
 
 
@@ -62,32 +76,34 @@ class ShardedEngine(ClockedMember):
     def __init__(self, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, spec: GroupSpec,
                  device: torch.device, emulator: Emulator, metrics: MetricsSink,
                  max_grad_norm: float | None, options: ShardOptions) -> None:
-        if spec.accumulate > 1:
-            raise TrainingError(f"group {spec.group_id} is an fsdp group with accumulate={spec.accumulate}: "
-                                f"gradient accumulation is not yet supported by fsdp groups (plan it "
-                                f"with --engine ddp)")
         if max_grad_norm is not None and not max_grad_norm > 0:
             raise TrainingError(f"max_grad_norm must be positive, not {max_grad_norm!r}")
         self.module, self.opt, self.spec, self.device = model, optimizer, spec, device
         self.rank, self.group_id, self.members = spec.rank, spec.group_id, len(spec.ranks)
         self.emulator, self.metrics, self.options = emulator, metrics, options
         self.max_grad_norm = max_grad_norm
-        # B: the plan's samples per step over the group; without plan batches every member assumes
+        # This rank's micro-steps (opt.step() calls) per update.
+        self.accumulate = max(1, spec.accumulate) * max(1, spec.micro_batches)
+        # B: the plan's samples per update over the group; without plan batches every member assumes
         # its default, the same on every rank, and B / N corrects it.
         known = [b for b in spec.batches if b]
-        self.planned_total = float(sum(known) if len(known) == self.members else self.members * spec.default_batch)
+        per_step = sum(known) if len(known) == self.members else self.members * spec.default_batch
+        self.planned_total = float(max(1, spec.accumulate) * per_step)
         self.comm = WeightedReduceScatter(self._weight)
         self.clock = ComputeClock()
         self.params: list[torch.nn.Parameter] = []
         self.local_step = self.samples_seen = self.skipped_steps = 0
         self.sync_s = 0.0               # waits on the step's samples all-reduce
         self.version = 0                # no parameter servers
-        self._samples = 0
+        self._samples = 0               # this micro-step's, counted by its forwards
+        self._earlier = 0               # the window's earlier micro-steps'
+        self._divisor: int | None = None    # what the kept gradients were divided by at this forward
         self._grad_norm: torch.Tensor | None = None
         self._hooks: list[Any] = []
 
-    def start(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-        """Shard the model, rebuild the optimizer over its shards; returns both, to train through."""
+    def start(self, restore: Callable[[], None] | None = None) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        """Shard the model, rebuild the optimizer over its shards (``restore``: then load a snapshot
+        into both, before the engine's hooks count anything); returns both, to train through."""
         from torch.distributed.fsdp import FSDPModule
 
         names = parameter_names(self.module)
@@ -96,8 +112,15 @@ class ShardedEngine(ClockedMember):
         for unit in self.module.modules():
             if isinstance(unit, FSDPModule):
                 unit.set_custom_reduce_scatter(self.comm)   # type: ignore[arg-type]
+        if self.spec.steps_differ and isinstance(self.module, FSDPModule):
+            self.module.set_reshard_after_forward(False)
+        if self.accumulate > 1:
+            check_window_support(self.module)
+            self._set_sync(False)
         self.opt = rebuild_optimizer(self.opt, names, self.module)
         self.params = [p for p in self.module.parameters() if p.requires_grad]
+        if restore is not None:
+            restore()
         self._hooks = [self.module.register_forward_pre_hook(self._count_samples),
                        self.opt.register_step_pre_hook(self._before_step),
                        self.opt.register_step_post_hook(self._after_step)]
@@ -107,19 +130,33 @@ class ShardedEngine(ClockedMember):
 
     def _count_samples(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         if module.training and torch.is_grad_enabled() and args and isinstance(args[0], torch.Tensor):
-            self._samples += args[0].shape[0] if args[0].dim() else 1
+            n = args[0].shape[0] if args[0].dim() else 1
+            self._samples += n
+            if self.local_step % self.accumulate and self._divisor is None:
+                # A later micro-step of the window: the kept sum as S / n_k while backward adds g_k.
+                self._divisor = n or 1
+                scale_accumulated(self.module, 1.0 / self._divisor)
 
     def _weight(self) -> float:
-        """``n_i W / B``: this rank's gradient's factor before FSDP2's AVG."""
-        return (self._samples or self.spec.default_batch) * self.members / self.planned_total
+        """``n_i W / B``: this rank's gradient's factor before FSDP2's AVG (n_i: the last micro-step's
+        samples; the earlier ones' are in the kept sum already, group/fsdp_window.py)."""
+        n = self._divisor if self._divisor is not None else (self._samples or self.spec.default_batch)
+        return n * self.members / self.planned_total
 
     def _before_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        mine = self._samples or self.spec.default_batch
+        n = self._samples or self.spec.default_batch
         self._samples = 0
-        self.emulator.end_compute(self.local_step, mine)
-        computed = time.perf_counter() - self.clock.window_began
+        self.emulator.end_compute(self.local_step, n)
         self.local_step += 1
-        self.samples_seen += mine
+        self.samples_seen += n
+        divisor, self._divisor = self._divisor, None
+        if self.local_step % self.accumulate:
+            # Not the window's last micro-step: its gradient joins the kept sum, weighted by its samples.
+            scale_accumulated(self.module, float(divisor if divisor is not None else n))
+            self._earlier += n
+            return
+        mine, self._earlier = self._earlier + n, 0
+        computed = time.perf_counter() - self.clock.window_began
         total = self._group_samples(mine)
         if total != self.planned_total:
             with torch.no_grad():
@@ -147,8 +184,19 @@ class ShardedEngine(ClockedMember):
         return float(n.item())
 
     def _after_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self.accumulate > 1:
+            self._set_sync((self.local_step + 1) % self.accumulate == 0)
         self.emulator.begin_compute()
-        self.clock.begin_window()
+        if self.local_step % self.accumulate == 0:
+            self.clock.begin_window()
+
+    def _set_sync(self, sync: bool) -> None:
+        """FSDP2's ``no_sync``: reduce-scatter (and reshard) only in the window's last backward."""
+        from torch.distributed.fsdp import FSDPModule
+
+        if isinstance(self.module, FSDPModule):
+            self.module.set_requires_gradient_sync(sync)
+            self.module.set_reshard_after_backward(sync)
 
     @property
     def grad_norm(self) -> float | None:
