@@ -139,7 +139,6 @@ class RankPlan:
     device: Device                 # "gpu0"... for workers; "cpu" for PS ranks
     group: int | None = None
     batch_size: int | None = None
-    micro_batches: int = 1  # the rank's batch is stepped as this many micro-batches, gradients accumulated
     local_rank: int = 0            # among the ranks of its node
     emulated: bool = False
     speed: float = 1.0             # emulated relative speed applied by the runtime
