@@ -102,7 +102,7 @@ class Context:
         self._pgs = init_distributed(env, self.plan) if env.world_size > 1 else {}
         self._sync: GroupEngine | ShardedEngine | None = None
         self._data = DataPosition()
-        self.micro_batches = _micro_batches(me)
+        self.micro_batches = me.micro_batches      # at least 1: the plan refuses less (schema/plan.py)
         # A re-split could cut a batch below its micro-batches: groups that accumulate keep the plan's.
         accumulating = any(self.plan.rank(r).micro_batches > 1 for r in self.group_plan.ranks)
         self._split = group_split(self.plan, self.group) if env.adapt and not accumulating else None
@@ -334,12 +334,6 @@ class Context:
             self._data.restore(pos)
             print(f"hgtrain: rank {self.rank} (group {self.group}): data continues from epoch "
                   f"{pos['epoch']} step {pos['step']} (PS checkpoint)", flush=True)
-
-
-def _micro_batches(me: m.RankPlan) -> int:
-    if me.micro_batches < 1:
-        raise TrainingError(f"plan: rank {me.rank} has micro_batches={me.micro_batches}: at least 1")
-    return me.micro_batches
 
 
 def init(*, echo: bool = False) -> Context:
