@@ -6,9 +6,7 @@ that file exists, because it brings in paramiko).
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
-import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +15,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..schema.names import RULE as NAME_RULE, valid_name
 from ..schema.stages import Cluster, HostKeyPolicy, NodeSpec, SshSettings
+from ..state.trusted import read_trusted_text
 from .checks import NODE_CONVERTERS, KeyPath, SourceFile, check_keys, keyname, positive_number, show, string, table
 from .nodelists import HostEntry, parse_hostfile
 
@@ -63,7 +62,7 @@ class FileSettings:
 
 
 def read_cluster_file(path: Path) -> FileSettings:
-    text = _read_private_text(path, "cluster file")
+    text = read_trusted_text(path, "cluster file", CLUSTER_STAKE)
     try:
         data = tomllib.loads(text)
     except RecursionError:
@@ -101,33 +100,13 @@ def settings_only(path: str | Path | None, node_source: str) -> FileSettings:
     return settings
 
 
-def _read_private_text(path: Path, what: str) -> str:
-    """The file's text, refused when others could have written it: whoever can edit a cluster file
-    chooses the hosts hgtrain connects to with the user's keys and what it runs there."""
-    try:
-        st = path.stat()
-        parent = path.resolve().parent.stat()
-        text = path.read_bytes().decode("utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read {what}: {exc.strerror or exc}", source=str(path)) from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{what} is not UTF-8 text: {exc.reason}", source=str(path)) from exc
-    if st.st_uid not in (os.geteuid(), 0):
-        raise ConfigError(f"refusing a {what} owned by another user (uid {st.st_uid}): whoever owns it "
-                          "chooses the hosts hgtrain connects to and what it runs there; use a copy of "
-                          "your own", source=str(path))
-    if st.st_mode & (stat.S_IWOTH | stat.S_IWGRP):
-        who = "world" if st.st_mode & stat.S_IWOTH else "group"
-        raise ConfigError(f"refusing a {who}-writable {what}: others could choose the hosts hgtrain "
-                          f"connects to; run: chmod go-w {path}", source=str(path))
-    if parent.st_mode & stat.S_IWOTH and not parent.st_mode & stat.S_ISVTX:
-        raise ConfigError(f"refusing a {what} in a world-writable directory ({path.resolve().parent}) "
-                          "without the sticky bit: anyone could replace it", source=str(path))
-    return text
+# Whoever can edit a cluster file or hostfile chooses the hosts hgtrain connects to with the user's
+# keys and what it runs there (state/trusted.py).
+CLUSTER_STAKE = "the hosts hgtrain connects to and what it runs there"
 
 
 def hostfile_decls(path: Path, defaults: NodeFields) -> list[NodeDecl]:
-    entries: list[HostEntry] = parse_hostfile(_read_private_text(path, "hostfile"), str(path))
+    entries: list[HostEntry] = parse_hostfile(read_trusted_text(path, "hostfile", CLUSTER_STAKE), str(path))
     if not entries:
         raise ConfigError("the hostfile lists no hosts", source=str(path))
     return [NodeDecl(fields={**defaults.fields, "host": e.host, "slots": e.slots}, explicit=defaults.explicit,

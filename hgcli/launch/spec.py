@@ -23,6 +23,7 @@ from typing import Mapping, Sequence
 
 from ..errors import ConfigError, UsageError
 from ..schema.stages import Plan, RankPlan, Role
+from ..state.trusted import read_trusted_text
 from ..node.agent.spec import AgentSpec, RankSpec
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -44,11 +45,9 @@ def parse_assignment(text: str, where: str) -> tuple[str, str]:
 def read_env_file(path: Path) -> dict[str, str]:
     """``NAME=VALUE`` lines (``#`` comments, blank lines and a leading ``export`` allowed; one pair of
     matching quotes around a value is removed, nothing else is interpreted)."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = getattr(exc, "strerror", None) or exc
-        raise ConfigError(f"cannot read env file: {reason}", source=str(path)) from exc
+    # Its values reach every rank's environment (PYTHONPATH, LD_PRELOAD): trusted only when nobody
+    # else could have written it.
+    text = read_trusted_text(Path(path), "env file", "what runs in every rank (its PYTHONPATH, LD_PRELOAD)")
     env: dict[str, str] = {}
     for number, line in enumerate(text.split("\n"), 1):
         stripped = line.strip()

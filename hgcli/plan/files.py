@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..state.trusted import read_trusted_text
 from ..state.userfile import write_user_file
 from ..errors import ConfigError
 from ..schema.stages import SCHEMA_VERSION, Cluster, Plan, from_dict, to_json
@@ -22,10 +23,10 @@ def write_plan(path: Path, plan: Plan) -> None:
 
 def load_plan(path: Path, cluster: Cluster) -> Plan:
     """A plan file made for this cluster; anything else is a ConfigError naming the file."""
+    # A plan names the nodes and what each rank runs: trusted only when nobody else could have written it.
+    text = read_trusted_text(Path(path), "plan file", "the nodes hgtrain starts ranks on")
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read plan file: {exc.strerror or exc}", source=str(path)) from exc
+        data = json.loads(text)
     except ValueError as exc:
         raise ConfigError(f"not a JSON plan file: {exc}", source=str(path)) from exc
     except RecursionError:

@@ -19,6 +19,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..schema.stages import NodeSpec
 from ..schema.names import valid_host
+from ..state.trusted import read_trusted_text
 from .sshlib import paramiko
 
 # OpenSSH has no hop limit; a chain longer than this is a loop or a mistake, refused with a message.
@@ -53,9 +54,12 @@ class SshConfig:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        # Whoever can write it chooses the hosts hgtrain connects to with the user's keys (its HostName,
+        # ProxyJump): trusted as OpenSSH trusts it (StrictModes), or refused.
+        text = read_trusted_text(path, "ssh config", "the hosts hgtrain connects to with your keys")
         try:
-            self._config = paramiko.SSHConfig.from_path(str(path))
-        except (OSError, paramiko.ConfigParseError, ValueError) as exc:
+            self._config = paramiko.SSHConfig.from_text(text)
+        except (paramiko.ConfigParseError, ValueError) as exc:
             raise ConfigError(f"cannot read ssh config: {exc}", source=str(path)) from exc
 
     def lookup(self, alias: str) -> HostConfig:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 
 import pytest
 
@@ -153,3 +154,28 @@ def test_strings_that_a_spreadsheet_would_run_are_written_as_text(book, capsys):
     assert row["step"] == "-3" and row["loss"] == "-1.5"     # numbers stay numbers
     assert captured.err == ""
     assert to_csv([{"e": "\rx"}]) == ("e\n'\rx\n", 0)     # (csv leaves a lone \r unquoted: not parsed back)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a symlink to another user")
+def test_another_users_symlink_is_not_followed(book, tmp_path, capsys):
+    """The audit's repro: another user's link in a sticky /tmp made `metrics -o` overwrite root's
+    0600 file with what a rank wrote, and a dangling one created a file in a root-only directory."""
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o1777)
+    os.chmod(shared, 0o1777)
+    secret = tmp_path / "secret"
+    secret.write_text("keep")
+    os.chmod(secret, 0o600)
+    link = shared / "metrics.csv"
+    link.symlink_to(secret)
+    os.lchown(link, 65534, 65534)
+    dangling = shared / "new.csv"
+    dangling.symlink_to(tmp_path / "created")
+    os.lchown(dangling, 65534, 65534)
+    for path in (link, dangling):
+        assert main(["metrics", "hg-metrics-1", "-o", str(path)]) == 2
+        assert "symlink owned by another user (uid 65534)" in capsys.readouterr().err
+    assert secret.read_text() == "keep" and not (tmp_path / "created").exists()
+    os.lchown(link, 0, 0)                        # the user's own link is followed, as before
+    assert main(["metrics", "hg-metrics-1", "-o", str(link)]) == 0
+    assert secret.read_text().startswith("time,")
