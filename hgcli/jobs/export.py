@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
+from ..schema.deepjson import loads_bounded
 from ..state import records as jobs
 from ..errors import JobError, StateError
 from ..schema.records import EVENT
@@ -52,7 +53,7 @@ def read_metrics(record: JobRecord, ranks: Iterable[int] | None = None) -> list[
         if not line:
             continue
         try:
-            row = json.loads(line)
+            row = loads_bounded(line)
         except ValueError as exc:
             raise StateError(f"{path}:{number}: not a metrics record ({exc})") from None
         if not isinstance(row, dict):

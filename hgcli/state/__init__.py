@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
 from ..errors import StateError
+from ..schema.deepjson import loads_bounded
 
 
 def state_dir() -> Path:
@@ -120,13 +121,23 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def read_json(path: Path) -> Any | None:
-    """The stored JSON, or None when absent; a corrupt file is a StateError naming it."""
+    """The stored JSON, or None when absent; a corrupt file is a StateError naming it. Opened without
+    blocking and read only when it is a regular file (a named pipe put there would hang ``status``),
+    its nesting bounded (schema/deepjson.py: a deep record would break every reader after it)."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
+        raise StateError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                raise StateError(f"cannot read {path}: not a regular file")
+            return loads_bounded(fh.read())
+    except OSError as exc:
+        raise StateError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    except ValueError as exc:
         raise StateError(f"cannot read {path}: {exc}") from exc
 
 

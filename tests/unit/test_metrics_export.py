@@ -179,3 +179,21 @@ def test_another_users_symlink_is_not_followed(book, tmp_path, capsys):
     os.lchown(link, 0, 0)                        # the user's own link is followed, as before
     assert main(["metrics", "hg-metrics-1", "-o", str(link)]) == 0
     assert secret.read_text().startswith("time,")
+
+
+def test_deep_records_on_disk_are_one_line_refusals(book, capsys):
+    """A deep job.json hid every job from the list (RecursionError); a deep metrics.jsonl line ended
+    `metrics` in an internal error, exit 1."""
+    from hgcli.state import records as jobs
+
+    deep = '{"a":' * 900 + "1" + "}" * 900
+    other = jobs.jobs_root() / "hg-deep-1"
+    other.mkdir()
+    (other / "job.json").write_text(deep)
+    assert [r.id for r in jobs.list_jobs()] == ["hg-metrics-1"]
+    path = jobs.job_dir("hg-metrics-1") / "metrics.jsonl"
+    with open(path, "a") as fh:
+        fh.write(deep + "\n")
+    assert main(["metrics", "hg-metrics-1"]) == 5
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{path}:4: not a metrics record (nested deeper than" in err[0], err

@@ -6,11 +6,12 @@ connection finds everything about a job here, even when its agent is gone.
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
+from ...schema.deepjson import loads_bounded
+from ...schema.records import clean_record
 from ...state import read_json
 from ..protocol import NodeJobState
 from .spec import check_name
@@ -78,7 +79,8 @@ def last_metrics(path: Path) -> dict[str, Any] | None:
     if line is None:
         return None
     try:
-        data = json.loads(line)
+        data = loads_bounded(line)
     except ValueError:
         return None
-    return data if isinstance(data, dict) else None
+    # A rank's numbers as it wrote them: NaN or 1e400 would make ``status --json`` print NaN.
+    return clean_record(data)[0] if isinstance(data, dict) else None

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator, Mapping, Sequence
 
+from ...schema.deepjson import MAX_DEPTH, too_deep
 from ..protocol import FrameType, LogsFrame, MetricFrame, WarningFrame
 
 CHUNK = 64 * 1024        # longest piece of a line in one frame
@@ -206,10 +207,21 @@ def frame_lines(frame: Mapping[str, Any]) -> tuple[list[str], bool]:
 
 
 def metric_frames(rank: int) -> Framer:
-    """Metrics lines are JSON objects written by the runtime; anything else is reported, not passed."""
+    """Metrics lines are JSON objects written by the runtime; anything else is reported, not passed.
+    A line nested deeper than any record (schema/deepjson.py) is dropped here, on the node, with one
+    notice for the rank: past it, every recursive reader on the controller would fail."""
+    told: list[bool] = []
+
     def make(buf: bytearray, base: int, final: bool, open_end: bool) -> list[MetricFrame | WarningFrame]:
         out: list[MetricFrame | WarningFrame] = []
         for piece, _, partial in split_lines(buf, base, final, open_end):
+            if not partial and too_deep(piece):
+                if not told:
+                    told.append(True)
+                    out.append({"type": FrameType.WARNING, "rank": rank,
+                                "message": f"rank {rank} wrote a metrics record nested deeper than {MAX_DEPTH} "
+                                           f"levels: dropped (and any more like it, without another notice)"})
+                continue
             try:
                 data = None if partial else json.loads(piece)
             except ValueError:

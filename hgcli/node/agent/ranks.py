@@ -10,7 +10,6 @@ group id, cannot be reused, which makes every ``killpg`` of the agent safe again
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -25,6 +24,7 @@ from .secrets import redact_env
 from .spec import AgentSpec, RankSpec
 from ..protocol import ExitFrame, FrameType, RankError, RankState
 from ...runtime import netbind
+from ...schema.deepjson import loads_bounded
 
 STREAMS = ("out", "err")
 ERROR_FILE_MAX = 1 << 20   # an @record error file larger than this is not read back
@@ -185,7 +185,7 @@ def read_error_file(path: Path) -> RankError | None:
     if len(raw) > ERROR_FILE_MAX:
         return None
     try:
-        data = json.loads(raw.decode("utf-8", "replace"))
+        data = loads_bounded(raw.decode("utf-8", "replace"))
     except ValueError:
         return None
     message = data.get("message") if isinstance(data, dict) else None
