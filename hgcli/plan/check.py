@@ -127,8 +127,9 @@ def _check_shards(plan: Plan, by_rank: dict[int, RankPlan]) -> None:
 def _check_local_ranks(plan: Plan) -> None:
     seen: dict[tuple[str, int], int] = {}
     for i, r in enumerate(plan.ranks):
-        if r.local_rank < 0:
-            raise PlanProblem(f"ranks[{i}].local_rank", f"must be >= 0, not {r.local_rank}")
+        if not 0 <= r.local_rank < len(plan.ranks):     # a node cannot hold more ranks than the plan has
+            raise PlanProblem(f"ranks[{i}].local_rank", f"must be between 0 and {len(plan.ranks) - 1}, "
+                                                        f"not {r.local_rank}")
         key = (r.node, r.local_rank)
         if key in seen:
             raise PlanProblem(f"ranks[{i}].local_rank", f"rank {r.rank} and rank {seen[key]} both have local "

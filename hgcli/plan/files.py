@@ -26,7 +26,7 @@ def load_plan(path: Path, cluster: Cluster) -> Plan:
     # A plan names the nodes and what each rank runs: trusted only when nobody else could have written it.
     text = read_trusted_text(Path(path), "plan file", "the nodes hgtrain starts ranks on")
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=_refuse_constant)
     except ValueError as exc:
         raise ConfigError(f"not a JSON plan file: {exc}", source=str(path)) from exc
     except RecursionError:
@@ -48,3 +48,9 @@ def load_plan(path: Path, cluster: Cluster) -> Plan:
         raise ConfigError(f"this plan was made for cluster {plan.cluster}, not this cluster "
                           f"({cluster.fingerprint()}); run 'hgtrain plan' for it", source=str(path))
     return plan
+
+
+def _refuse_constant(name: str) -> float:
+    """NaN and Infinity are no JSON (Python's parser takes them): a plan holding one would carry it
+    into the job's record and ``launch --json``."""
+    raise ValueError(f"{name} is not a number JSON allows")

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from hgcli.errors import ConfigError, HgError, StateError, UsageError
+from hgcli.schema.codec import to_json
 from hgcli.schema.stages import (
     Cluster, DeviceProfile, JobSpec, ModelSpec, NodeInfo, NodeSpec, Plan, Role, Strategy,
     from_dict, to_dict,
@@ -432,6 +433,24 @@ def test_plan_files_round_trip_and_are_refused_on_another_cluster(tmp_path):
     assert load_plan(path, here) == plan
     with pytest.raises(ConfigError, match=rf"{path}: this plan was made for cluster {here.fingerprint()}"):
         load_plan(path, there)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d["ranks"][0].update(speed="__INF__"), "Infinity is not a number JSON allows"),
+    (lambda d: d.update(predicted_samples_per_s="__NAN__"), "NaN is not a number JSON allows"),
+    (lambda d: d["ranks"][0].update(local_rank=10 ** 18), r"ranks\[0\].local_rank: must be between 0 and 1"),
+])
+def test_plan_files_with_odd_numbers_are_refused(tmp_path, edit, message):
+    """The audit's finds: a plan with NaN predictions was accepted and `launch --json` then printed
+    NaN; `speed: Infinity` and a local rank of 10^18 were taken as they came."""
+    here = Cluster(nodes=(NodeSpec("n0", "localhost"),))
+    inventory, profiles = cluster([[A100, T4]], fingerprint=here.fingerprint())
+    data = json.loads(to_json(make_plan(inventory, profiles, JobSpec(global_batch=64))))
+    edit(data)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(data).replace('"__INF__"', "Infinity").replace('"__NAN__"', "NaN"))
+    with pytest.raises(ConfigError, match=message):
+        load_plan(path, here)
 
 
 @pytest.mark.parametrize("content, message", [
