@@ -19,7 +19,7 @@ from . import __version__
 from .commands import jobs, pipeline
 from .commands.launch_options import (LaunchCommand, activation_checkpointing_option, check_launch_flags, env_entry,
                                       launch_sink, nnodes_spec, secret_name, sharding_env)
-from .commands.options import checked, cluster_option, engine_of, engine_option, json_option, load_cluster_arg, nproc_option, ranks_option, raw_option
+from .commands.options import checked, cluster_option, engine_of, engine_option, json_option, load_cluster_arg, nproc_option, ranks_option, raw_option, Seconds
 from .errors import EXIT_ERROR, EXIT_INTERRUPTED, HgError
 from .schema.stages import Strategy
 
@@ -71,9 +71,9 @@ for command in (pipeline.probe, pipeline.bench, pipeline.plan, jobs.status, jobs
                    "names like *TOKEN*, *PASSWORD*, *KEY* and URL passwords are already).")
 @ranks_option("Show only these ranks' lines and metrics, e.g. 0,2-3 (all are saved).")
 @click.option("--detach", is_flag=True, help="Start the job and return its id at once.")
-@click.option("--grace", "grace_s", type=click.FloatRange(min=0), default=10.0, show_default=True,
+@click.option("--grace", "grace_s", type=Seconds(min=0), default=10.0, show_default=True,
               help="Seconds between SIGTERM and SIGKILL when the job is stopped.")
-@click.option("--heartbeat-timeout", "heartbeat_timeout_s", type=click.FloatRange(min=1), default=30.0,
+@click.option("--heartbeat-timeout", "heartbeat_timeout_s", type=Seconds(min=1), default=30.0,
               show_default=True, help="A node silent this long is lost and the job fails.")
 @click.option("--restarts", type=click.IntRange(min=0), default=0, show_default=True,
               help="Restart the whole job this many times after a failing rank or a lost node.")
@@ -84,7 +84,7 @@ for command in (pipeline.probe, pipeline.bench, pipeline.plan, jobs.status, jobs
 @click.option("--checkpoint-every", type=click.IntRange(min=0), default=0, show_default=True,
               help="PS ranks checkpoint (all-reduce jobs with --restarts snapshot) every N updates "
                    "(0: not on a count).")
-@click.option("--checkpoint-seconds", type=click.FloatRange(min=0), default=60.0, show_default=True,
+@click.option("--checkpoint-seconds", type=Seconds(min=0), default=60.0, show_default=True,
               help="PS ranks checkpoint (all-reduce jobs with --restarts snapshot) every T seconds "
                    "(0: not on a clock).")
 @click.option("--tensorboard", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
@@ -140,6 +140,12 @@ def launch(ctx: click.Context, cluster_file: Path | None, nproc_per_node: int | 
     ctx.exit(result.exit_code)
 
 
+def _visible(text: str) -> str:
+    from .render.safe import visible
+
+    return visible(text, keep_newlines=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: map every failure to one line on stderr and a documented exit code."""
     debug = os.environ.get("HGTRAIN_DEBUG") not in (None, "", "0") or "--debug" in (argv or sys.argv[1:])
@@ -160,12 +166,14 @@ def main(argv: list[str] | None = None) -> int:
     except HgError as exc:
         if debug:
             traceback.print_exc()
-        click.echo(f"hgtrain: error: {exc}", err=True)
+        # Errors quote values from files and nodes (a plan's node names): shown, never executed.
+        click.echo(f"hgtrain: error: {_visible(str(exc))}", err=True)
         return exc.exit_code
     except Exception as exc:  # an internal bug: still one line unless --debug
         if debug:
             traceback.print_exc()
-        click.echo(f"hgtrain: internal error: {type(exc).__name__}: {exc} (rerun with --debug)", err=True)
+        click.echo(f"hgtrain: internal error: {type(exc).__name__}: {_visible(str(exc))} (rerun with --debug)",
+                   err=True)
         return EXIT_ERROR
     return code if isinstance(code, int) else 0
 

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from ..errors import NodesFailedError, UsageError
 from .options import json_option, ranks_option, raw_option, transport_option
+
+if TYPE_CHECKING:
+    from ..jobs.status import JobStatus
 
 
 @click.command()
@@ -29,6 +33,7 @@ def status(job: str | None, as_json: bool, transport: str) -> None:
 
     if job is not None:
         one = job_status(job, transport)
+        _warn_unsaved([one])
         if as_json:
             click.echo(json.dumps(status_dict(one), indent=2))
         else:
@@ -37,12 +42,20 @@ def status(job: str | None, as_json: bool, transport: str) -> None:
             render_job(one)
         return
     statuses = list_status(transport)
+    _warn_unsaved(statuses)
     if as_json:
         click.echo(json.dumps({"jobs": [status_dict(s) for s in statuses]}, indent=2))
     else:
         from ..render.status import render_status
 
         render_status(statuses)
+
+
+def _warn_unsaved(statuses: list[JobStatus]) -> None:
+    for s in statuses:
+        if s.unsaved:
+            click.echo(f"hgtrain: warning: job {s.record.id}: what its nodes said is shown but not saved "
+                       f"({s.unsaved})", err=True)
 
 
 @click.command()

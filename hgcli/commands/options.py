@@ -4,6 +4,7 @@ core's own parser, and the nodes a command's -c/--hostfile/--nproc-per-node name
 """
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
@@ -64,6 +65,19 @@ def cluster_option(f: F) -> F:
         "-c", "--cluster", "cluster_file", type=click.Path(dir_okay=False, path_type=Path),
         envvar="HGTRAIN_CLUSTER", help=CLUSTER_HELP,
     )(f)
+
+
+class Seconds(click.FloatRange):
+    """A number of seconds from ``min`` up: click's FloatRange also takes ``nan`` (which compares
+    false with every bound, so ``--heartbeat-timeout nan`` turned loss detection off) and ``inf``."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        return number
 
 
 def json_option(f: F) -> F:

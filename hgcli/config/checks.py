@@ -54,6 +54,8 @@ def show(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, str):
         return json.dumps(value)
+    if isinstance(value, int) and not -10 ** 30 < value < 10 ** 30:
+        return f"a number of {len(str(abs(value)))} digits"     # one line, not a screenful of zeros
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, dict):
@@ -92,9 +94,14 @@ def _integer(f: SourceFile, value: Any, at: KeyPath, lo: int, hi: int) -> int:
     return value
 
 
+def finite(value: int | float) -> bool:
+    """A number a float holds: math.isfinite(10**400) raises OverflowError instead of saying no."""
+    return abs(value) < 2 ** 63 if isinstance(value, int) else math.isfinite(value)
+
+
 def positive_number(f: SourceFile, value: Any, at: KeyPath) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            math.isfinite(value) and value > 0):
+            finite(value) and value > 0):
         raise f.error(at, f"{keyname(at)}: expected a number greater than 0, got {show(value)}")
     return float(value)
 
@@ -172,9 +179,9 @@ def _slowdowns(f: SourceFile, value: Any, at: KeyPath, devices: int) -> tuple[Sl
         if not isinstance(index, int) or not 0 <= index < devices:
             raise f.error(where, f"{keyname(where)}: device index {show(index)} is not one of the "
                                  f"{devices} emulated devices (0 to {devices - 1})")
-        if not (math.isfinite(after) and after >= 0):
+        if not (finite(after) and after >= 0):
             raise f.error(where, f"{keyname(where)}: AFTER_SECONDS must be a number >= 0, got {show(after)}")
-        if not (math.isfinite(factor) and factor >= 1):
+        if not (finite(factor) and factor >= 1):
             raise f.error(where, f"{keyname(where)}: FACTOR must be a number >= 1 (the speed is divided "
                                  f"by it; 1 restores it), got {show(factor)}")
         return Slowdown(device=index, after_s=float(after), factor=float(factor))

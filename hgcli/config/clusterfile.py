@@ -71,6 +71,9 @@ def read_cluster_file(path: Path) -> FileSettings:
         m = re.search(r"at line (\d+)", str(exc))
         line = m.group(1) if m else max(1, len(text.splitlines()))   # "at end of document"
         raise ConfigError(f"TOML syntax error: {exc}", source=f"{path}:{line}") from exc
+    except ValueError:              # Python's int() limit: a number of thousands of digits
+        raise ConfigError("not a cluster file: it holds a number of more than 4,300 digits",
+                          source=str(path)) from None
     f = SourceFile(path, text)
     check_keys(f, data, (), ROOT_KEYS, "the cluster file")
     ssh = _ssh_settings(f, table(f, data, ("ssh",)))

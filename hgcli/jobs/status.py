@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, cast
 
 from ..state import records as jobs
-from ..errors import HgError
+from ..errors import HgError, StateError
 from .nodes import JobNodes, agent_control, error_message, job_nodes, record_nodes
 from ..schema.stages import JobRecord, JobState, RankState, to_dict
 from ..node.protocol import FrameType, NodeJobState, StatusFrame, first
@@ -87,6 +87,7 @@ class JobStatus:
 
     record: JobRecord
     live: JobLive | None           # None for a job its record says has ended
+    unsaved: str | None = None     # why the record the nodes corrected could not be saved (shown anyway)
 
 
 def _node_live(name: str, frame: StatusFrame) -> NodeLive:
@@ -179,13 +180,18 @@ def reconcile(record: JobRecord, live: JobLive) -> JobRecord:
                                root_cause=record.root_cause or cause)
 
 
-def _save_if_still_running(fixed: JobRecord) -> JobRecord:
-    """Write the corrected record unless its launcher finished it meanwhile (its word is richer)."""
+def _save_if_still_running(fixed: JobRecord) -> JobStatus:
+    """Write the corrected record unless its launcher finished it meanwhile (its word is richer). A
+    state directory that is full or read-only does not hide what the nodes said: the status says it
+    was not saved."""
     current = jobs.load(fixed.id)
     if not current.state.is_running():
-        return current
-    jobs.save(fixed)
-    return fixed
+        return JobStatus(current, None)
+    try:
+        jobs.save(fixed)
+    except StateError as exc:
+        return JobStatus(fixed, None, unsaved=str(exc))
+    return JobStatus(fixed, None)
 
 
 def job_status(job_id: str, transport: str = "auto") -> JobStatus:
@@ -198,9 +204,10 @@ def _with_live(record: JobRecord, transport: str) -> JobStatus:
     if not record.state.is_running():
         return JobStatus(record, None)
     live = live_status(record, transport=transport)
-    if live.finished:
-        record = _save_if_still_running(reconcile(record, live))
-    return JobStatus(record, live)
+    if not live.finished:
+        return JobStatus(record, live)
+    saved = _save_if_still_running(reconcile(record, live))
+    return dataclasses.replace(saved, live=live)
 
 
 def list_status(transport: str = "auto") -> list[JobStatus]:

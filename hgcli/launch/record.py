@@ -13,7 +13,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Callable
 
 from ..state import records as jobs
 from ..errors import StateError
@@ -24,6 +24,16 @@ if TYPE_CHECKING:
 
 RECORD_EVERY_S = 2.0
 FLUSH_EVERY_S = 0.5
+METRICS = "metrics.jsonl"
+
+
+def _written(path: Path, write: Callable[[], object]) -> None:
+    """``write()`` (a write, flush or close of ``path``); a full or failing disk is a StateError
+    naming the file (exit 5), not an internal error."""
+    try:
+        write()
+    except OSError as exc:
+        raise StateError(f"cannot write {path}: {exc.strerror or exc}") from exc
 
 
 def _open_private(path: Path, *, binary: bool = False) -> IO[Any]:
@@ -81,10 +91,10 @@ class JobBook:
         now = time.monotonic()
         if now - self._flushed_at >= FLUSH_EVERY_S:
             self._flushed_at = now
-            for fh in self._logs.values():
-                fh.flush()
+            for rank, fh in self._logs.items():
+                _written(self.log_path(rank), fh.flush)
             if self._metrics is not None:
-                self._metrics.flush()
+                _written(self.dir / METRICS, self._metrics.flush)
         if self._dirty and time.monotonic() - self._saved_at >= RECORD_EVERY_S:
             self.save()
 
@@ -100,12 +110,14 @@ class JobBook:
         fh = self._logs.get(lines.rank)
         if fh is None:
             fh = self._logs[lines.rank] = _open_private(self.log_path(lines.rank), binary=True)
-        fh.write(lines.utf8())
+        _written(self.log_path(lines.rank), lambda: fh.write(lines.utf8()))
 
     def write_metric(self, rank: int, node: str, data: dict[str, Any]) -> None:
         if self._metrics is None:
-            self._metrics = _open_private(self.dir / "metrics.jsonl")
-        self._metrics.write(json.dumps({**data, "rank": rank, "node": node}, default=str) + "\n")
+            self._metrics = _open_private(self.dir / METRICS)
+        metrics = self._metrics
+        _written(self.dir / METRICS, lambda: metrics.write(json.dumps({**data, "rank": rank, "node": node},
+                                                                      default=str) + "\n"))
         self.update_rank(rank, save=False, last_metrics=data)
 
     def finish(self, state: JobState, exit_code: int, root_cause: str | None) -> None:
@@ -118,9 +130,15 @@ class JobBook:
         self.save()
 
     def close(self) -> None:
-        for fh in self._logs.values():
-            fh.close()
-        self._logs.clear()
+        files: list[tuple[Path, IO[Any]]] = [(self.log_path(rank), fh) for rank, fh in self._logs.items()]
         if self._metrics is not None:
-            self._metrics.close()
-            self._metrics = None
+            files.append((self.dir / METRICS, self._metrics))
+        self._logs, self._metrics = {}, None
+        failed: StateError | None = None
+        for path, fh in files:             # every file closed, the first failure reported
+            try:
+                _written(path, fh.close)
+            except StateError as exc:
+                failed = failed or exc
+        if failed is not None:
+            raise failed

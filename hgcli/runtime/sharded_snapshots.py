@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from ..schema.records import ResumedRecord, SavedState, SnapshotRecord
+from ..state import make_private_dirs
 from . import snapshot
 from .emulate import Emulator
 from .env import SnapshotEnv
@@ -98,7 +99,7 @@ class ShardedSnapshots:
         model_state, optim_state = get_state_dict(engine.module, engine.opt)
         try:
             # A kill's leftover .part is written over (other ranks may be creating it already).
-            part.mkdir(parents=True, exist_ok=True)
+            make_private_dirs(part)       # 0700 whatever the umask (DCP's files inside follow it)
             dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=part,
                      process_group=engine.spec.pg)
             if self.leader:

@@ -124,13 +124,13 @@ class Snapshotter:
     def _write(self, step: int, data: dict[str, Any]) -> None:
         import torch
 
-        from ..state import atomic_write
+        from ..state import atomic_write, make_private_dirs
 
         def write(fh: BinaryIO) -> None:
             torch.save(data, fh)
 
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            make_private_dirs(self.directory)     # 0700 whatever the umask
             atomic_write(snapshot_path(self.directory, step), write, mode=0o600)
             for old in steps_in(self.directory)[:-KEEP]:
                 snapshot_path(self.directory, old).unlink(missing_ok=True)

@@ -26,8 +26,8 @@ def check_name(kind: str, value: str) -> str:
 
 
 # Host names as ssh, DNS and Slurm accept them, plus IPv6 literals; no leading "-" (never an option).
-HOST = re.compile(r"^[A-Za-z0-9_.:%][A-Za-z0-9_.:%-]*$")
+HOST = re.compile(r"[A-Za-z0-9_.:%][A-Za-z0-9_.:%-]*")
 
 
 def valid_host(host: str) -> bool:
-    return bool(HOST.match(host))
+    return bool(HOST.fullmatch(host))        # not match(...$): "$" also matches before a final newline

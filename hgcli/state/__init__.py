@@ -38,21 +38,27 @@ def ensure_private_dir(path: Path) -> Path:
     web server), but one that another user owns or that group or others may write is refused: they
     could replace the records hgtrain reads (a record names the cluster status and stop contact)."""
     try:
-        missing = []
-        here = path
-        while not here.is_dir():
-            missing.append(here)
-            here = here.parent
-        if not missing:
+        if not make_private_dirs(path):
             _check_not_shared(path)
-        # mkdir's mode is filtered by the umask (a umask of 000 would leave 0777 parents, as
-        # mkdir(parents=True) and os.makedirs do) and ignored for existing dirs: set it explicitly.
-        for directory in reversed(missing):
-            directory.mkdir(mode=0o700, exist_ok=True)
-            os.chmod(directory, 0o700)
     except OSError as exc:
         raise StateError(f"state directory {path}: {exc.strerror or exc}") from exc
     return path
+
+
+def make_private_dirs(path: Path) -> int:
+    """Create ``path`` and its missing parents, each 0700 whatever the umask; how many were created
+    (0: it existed, and keeps its mode). OSError for the caller to word."""
+    missing = []
+    here = path
+    while not here.is_dir():
+        missing.append(here)
+        here = here.parent
+    # mkdir's mode is filtered by the umask (a umask of 000 would leave 0777 parents, as
+    # mkdir(parents=True) and os.makedirs do) and ignored for existing dirs: set it explicitly.
+    for directory in reversed(missing):
+        directory.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(directory, 0o700)
+    return len(missing)
 
 
 def _check_not_shared(path: Path) -> None:

@@ -91,9 +91,19 @@ def test_ps_ranks_get_the_checkpoint_policy_and_resume_only_when_told():
 
 def test_parse_rank_list():
     assert parse_rank_list("0,2-3") == {0, 2, 3}
-    for bad in ("a", "3-1", "1-", "-1", ""):
+    # The audit's finds: "²" passes str.isdigit and int() refuses it; 5,000 digits hit int()'s limit;
+    # 0-99999999999 was built as a set in memory.
+    for bad in ("a", "3-1", "1-", "-1", "", "²", "1-²", "9" * 5000, "0-99999999999"):
         with pytest.raises(UsageError, match="rank list"):
             parse_rank_list(bad)
+    assert len(parse_rank_list("0-131071")) == 131072
+
+
+def test_host_names_end_where_they_end():
+    from hgcli.schema.names import valid_host
+
+    assert valid_host("127.0.0.9") and valid_host("gpu-1.lab") and valid_host("fe80::1%eth0")
+    assert not valid_host("127.0.0.9\n") and not valid_host("-oProxyCommand=x") and not valid_host("")
 
 
 def test_cuda_visible_devices_per_rank():
@@ -365,3 +375,25 @@ def test_launch_passes_strategy_global_batch_and_ps_to_the_planner(monkeypatch):
     job = seen[0].job
     assert (job.strategy, job.global_batch, job.ps_ranks) == (Strategy.HYBRID, 64, 2)
     assert CliRunner().invoke(cli, ["launch", "--ps", "0", "--", "python", "x.py"]).exit_code == 2
+
+
+def test_errors_show_control_characters_from_files_and_seconds_are_finite(tmp_path, capsys):
+    """A plan's node name with an escape sequence reached the terminal raw in "unknown node(s)";
+    `--heartbeat-timeout nan` turned loss detection off and `--grace inf` waited for ever."""
+    import dataclasses
+
+    from hgcli.cli import main
+    from tests.launch.hg import cluster_toml
+    from tests.launch.plans import local_cluster, make_plan, plan_file
+
+    cluster = local_cluster(("a",))
+    plan = make_plan(cluster, [["a"]])
+    evil = "\x1b]52;c;aGk=\x07x"
+    plan = dataclasses.replace(plan, ranks=tuple(dataclasses.replace(r, node=evil) for r in plan.ranks))
+    ctoml, pfile = cluster_toml(tmp_path / "c.toml", cluster), plan_file(tmp_path, plan)
+    assert main(["launch", "-c", str(ctoml), "--plan", str(pfile), "--", "python", "-c", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown node(s) ^[]52;c;aGk=^Gx" in err and "\x1b" not in err and "\x07" not in err
+    for flag, value in (("--heartbeat-timeout", "nan"), ("--grace", "inf"), ("--checkpoint-seconds", "nan")):
+        assert main(["launch", flag, value, "--", "python", "-c", "1"]) == 2
+        assert "is not a finite number of seconds" in capsys.readouterr().err

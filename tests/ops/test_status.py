@@ -10,7 +10,8 @@ from hgcli.state import records as jobs
 from hgcli.cli import main
 from hgcli.config.cluster import default_cluster, load_cluster
 from hgcli.schema.stages import JobState, RankState
-from hgcli.jobs.status import job_status
+from hgcli.errors import StateError
+from hgcli.jobs.status import job_status, live_status
 from tests.ops.conftest import ROOT
 from tests.ops.jobsetup import job_id, py, start_detached, two_node_cluster_file, wait_gone, wait_until, write_record
 
@@ -81,7 +82,7 @@ def test_unreachable_node_is_unknown_and_the_others_are_still_shown(tmp_path, st
     assert jobs.load(job).state is JobState.RUNNING                  # nothing decided without node c
 
 
-def test_ended_job_whose_record_says_running_is_corrected(tmp_path, started_jobs, capsys):
+def test_ended_job_whose_record_says_running_is_corrected(tmp_path, started_jobs, capsys, monkeypatch):
     path = two_node_cluster_file(tmp_path)
     cluster = load_cluster(path)
     job = job_id()
@@ -90,6 +91,17 @@ def test_ended_job_whose_record_says_running_is_corrected(tmp_path, started_jobs
     start_detached(job, "b", {1: py("import sys; sys.exit(3)")})
     write_record(job, cluster.fingerprint(), str(path), ["a", "b"])
     wait_gone(job)
+    # A state directory that cannot be written (full, read-only: injected here, as root writes
+    # anywhere) made `status` exit 5 and show nothing; it shows what the nodes said and warns.
+    wait_until(lambda: live_status(jobs.load(job)).finished, what="the agents to finish")
+    with monkeypatch.context() as patch:
+        def refuse(record):
+            raise StateError(f"cannot write {jobs.job_dir(record.id)}/job.json: Read-only file system")
+        patch.setattr(jobs, "save", refuse)
+        assert main(["status", job, "--json"]) == 0
+        out, err = capsys.readouterr()
+        assert json.loads(out)["state"] == "failed" and "shown but not saved" in err and "Read-only" in err
+    assert jobs.load(job).state is JobState.RUNNING
     # The agents finish their records a moment after the ranks are gone.
     wait_until(lambda: not job_status(job).record.state.is_running(), what="the record to be fixed")
     record = jobs.load(job)

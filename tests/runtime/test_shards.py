@@ -1,6 +1,8 @@
 """The PS's cut of the parameters into shards, and the leader's staging buffers (in process)."""
 from __future__ import annotations
 
+import os
+
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -136,7 +138,14 @@ def test_a_checkpoint_of_whole_tensor_shards_is_refused_with_the_reason(tmp_path
 
     from hgcli.runtime.ps import files as checkpoint
 
-    checkpoint.save(tmp_path, 0, 5, {"params": [torch.ones(2)]})
+    # The directory is the rank's to create, 0700 under any umask (it was 0755: the audit's find).
+    old_umask = os.umask(0)
+    try:
+        checkpoint.save(tmp_path / "ps-checkpoint", 0, 5, {"params": [torch.ones(2)]})
+    finally:
+        os.umask(old_umask)
+    assert (tmp_path / "ps-checkpoint").stat().st_mode & 0o777 == 0o700
+    tmp_path = tmp_path / "ps-checkpoint"
     path = checkpoint.shard_path(tmp_path, 0, 5)
     data = torch.load(path, weights_only=True)
     data["format"] = "hgtrain-ps-shard/1"

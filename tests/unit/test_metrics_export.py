@@ -197,3 +197,22 @@ def test_deep_records_on_disk_are_one_line_refusals(book, capsys):
     assert main(["metrics", "hg-metrics-1"]) == 5
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"{path}:4: not a metrics record (nested deeper than" in err[0], err
+
+
+def test_a_full_disk_mid_job_names_the_file(tmp_path, monkeypatch):
+    """A disk that filled mid-job ended `launch` in "internal error" (exit 1) from an unwrapped
+    flush; it is the state directory's error, exit 5, naming the file (/dev/full: every write fails
+    with ENOSPC)."""
+    from hgcli.errors import StateError
+
+    monkeypatch.setenv("HGTRAIN_STATE_DIR", str(tmp_path / "state"))
+    cluster = local_cluster(("a",))
+    plan = make_plan(cluster, (("a",),))
+    record = JobRecord(id="hg-full-1", cluster=cluster.fingerprint(), cluster_source=None, command=("x",),
+                       plan=plan, ranks=tuple(RankRecord(rank=r.rank, node="a", role=r.role) for r in plan.ranks))
+    book = JobBook(record)
+    (book.dir / "metrics.jsonl").symlink_to("/dev/full")
+    book.write_metric(0, "a", {"step": 0, "loss": 1.0})
+    with pytest.raises(StateError, match=r"cannot write .*metrics\.jsonl: No space left on device") as info:
+        book.tick()
+    assert info.value.exit_code == 5

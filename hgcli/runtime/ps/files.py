@@ -17,7 +17,7 @@ import zipfile
 from pathlib import Path
 from typing import Any, BinaryIO, Iterable, Mapping
 
-from ...state import atomic_write
+from ...state import atomic_write, make_private_dirs
 
 FORMAT = "hgtrain-ps-shard/2"       # /2: a shard holds a flat range ("master", "segments"; ps/shards.py)
 OLD_FORMATS = {"hgtrain-ps-shard/1": "shards of whole tensors"}
@@ -41,7 +41,7 @@ def save(directory: Path, shard: int, version: int, state: dict[str, Any]) -> Pa
             fh.flush()
             time.sleep(pause)
 
-    directory.mkdir(parents=True, exist_ok=True)
+    make_private_dirs(directory)      # 0700 whatever the umask: everything hgtrain writes is private
     final = shard_path(directory, shard, version)
     atomic_write(final, write, mode=0o600)
     _prune(directory, shard)
