@@ -150,12 +150,10 @@ def rank_env(plan: model.Plan, rank: int, *, master_addr: str, master_port: int,
         "HGTRAIN_PLAN": plan_path, "HGTRAIN_ROLE": rp.role.value,
         "HGTRAIN_GROUP": "" if rp.group is None else str(rp.group),
         "HGTRAIN_BATCH_SIZE": "" if rp.batch_size is None else str(rp.batch_size),
-        "HGTRAIN_DEVICE_SPEED": repr(rp.speed), "HGTRAIN_JOB_ID": job_id,
+        "HGTRAIN_DEVICE_SPEED": repr(rp.speed), DEVICE_MEMORY_ENV: str(rp.memory_mib or ""), "HGTRAIN_JOB_ID": job_id,
     }
     if adapt is not None:
         env["HGTRAIN_ADAPT"] = "1" if adapt else "0"
-    if rp.memory_mib is not None:
-        env[DEVICE_MEMORY_ENV] = str(rp.memory_mib)
     if snapshots is not None and rp.role is model.Role.WORKER:
         env.update(_snapshot_environ(plan, rank, snapshots))
     devices = cuda_visible_devices(rp)

@@ -3,6 +3,8 @@ counted as the step bench counts them, a step above the cap refused as CUDA woul
 a micro-batch larger than any before counted."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -75,3 +77,26 @@ def test_a_step_above_the_cap_fails_like_cuda_and_under_it_trains():
     with pytest.raises(DeviceOutOfMemory, match="micro-batch 512 needs"):
         _train(late, [16, 16, 512])
     assert late.accounted == 2
+
+
+def test_the_declared_memory_reaches_the_rank_and_old_plans_still_load(tmp_path):
+    from hgcli.local.plans import emulated_plan
+    from hgcli.plan.slowdowns import with_slowdowns
+    from hgcli.runtime.env import RankEnv, rank_env
+    from hgcli.schema import stages as m
+
+    cluster = m.Cluster(nodes=(m.NodeSpec(name="local", host="localhost", emulate=m.EmulateSpec(
+        devices=("A100", "T4"), speed=(1.0, 0.25), memory_mib=(40960, 15360))),))
+    hand_laid = emulated_plan([[1.0, 0.25]], [[8, 2]])
+    hand_laid = replace(hand_laid, ranks=tuple(replace(r, device=m.Device(f"gpu{r.rank}")) for r in hand_laid.ranks))
+    plan = with_slowdowns(hand_laid, cluster)
+    assert [r.memory_mib for r in plan.ranks] == [40960, 15360]
+    path = tmp_path / "plan.json"
+    path.write_text(m.to_json(plan))
+    env = rank_env(plan, 1, master_addr="a", master_port=1, plan_path=str(path), job_id="j")
+    assert env["HGTRAIN_DEVICE_MEMORY_MIB"] == "15360" and RankEnv.from_environ(env).memory_mib == 15360
+    path.write_text(m.to_json(hand_laid))       # no memory: no cap
+    env = rank_env(hand_laid, 1, master_addr="a", master_port=1, plan_path=str(path), job_id="j")
+    assert RankEnv.from_environ(env).memory_mib is None
+    old = m.from_dict(m.RankPlan, {"rank": 0, "role": "worker", "node": "n0", "device": "gpu0"})
+    assert old.memory_mib is None
