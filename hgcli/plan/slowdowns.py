@@ -1,4 +1,5 @@
-"""The cluster file's emulated slowdowns, carried onto the plan's ranks.
+"""The cluster file's emulated slowdowns, and each emulated device's declared memory, carried onto
+the plan's ranks (``RankPlan.slowdown``, ``RankPlan.memory_mib``).
 
 A slowdown (``emulate.slowdown``, docs/cluster-file.md) changes no probe, bench or plan decision: the
 devices are benched and planned at their declared speeds, and only the runtime's emulator applies it
@@ -8,6 +9,9 @@ A slowdown is the device's, not its process's: a rank restarted ``elapsed_s`` in
 re-grouping, an elastic restart) meets it that much sooner, as a real GPU that slowed down stays
 slow when its job restarts. Counted from the job's launch, a few seconds before its first ranks
 start: a restarted rank meets its slowdown no later than it would have.
+
+The declared memory joins the same way, for the same reason: the runtime alone enforces it (a step
+above it fails as CUDA's out-of-memory would, runtime/memory.py), whoever laid the plan out.
 """
 from __future__ import annotations
 
@@ -17,20 +21,20 @@ from ..schema.stages import Cluster, Plan, Role, Slowdown
 
 
 def with_slowdowns(plan: Plan, cluster: Cluster, elapsed_s: float = 0.0) -> Plan:
-    """``plan`` with each emulated worker's slowdowns from its node's ``emulate`` table, for ranks
-    that start ``elapsed_s`` after the job's launch."""
+    """``plan`` with each emulated worker's slowdowns (and declared memory) from its node's
+    ``emulate`` table, for ranks that start ``elapsed_s`` after the job's launch."""
     ranks = []
     for r in plan.ranks:
         try:
             spec = cluster.node(r.node).emulate
         except KeyError:
             spec = None
-        if (spec is None or not spec.slowdown or r.role is not Role.WORKER or not r.device.startswith("gpu")
-                or not r.device[len("gpu"):].isdigit()):
+        index = int(r.device[len("gpu"):]) if r.device.startswith("gpu") and r.device[len("gpu"):].isdigit() else -1
+        if spec is None or r.role is not Role.WORKER or not 0 <= index < len(spec.devices):
             ranks.append(r)
             continue
-        index = int(r.device[len("gpu"):])
-        ranks.append(replace(r, slowdown=since(tuple(s for s in spec.slowdown if s.device == index), elapsed_s)))
+        ranks.append(replace(r, slowdown=since(tuple(s for s in spec.slowdown if s.device == index), elapsed_s),
+                             memory_mib=spec.memory_mib[index]))
     return replace(plan, ranks=tuple(ranks))
 
 

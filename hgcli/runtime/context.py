@@ -24,6 +24,7 @@ from .group.engine import GroupEngine, GroupSpec, resolve_bucket_mb
 from .group.fsdp import ShardOptions
 from .group.sharded import ShardedEngine
 from .exchange.gradient import PSExchange
+from .memory import MemoryWatch
 from .metrics import MetricsSink
 from .exchange.position import DataPosition, fetch_restored
 from .adapt.rebalance import GroupSplit
@@ -99,6 +100,9 @@ class Context:
         if me.emulated or env.speed < 1.0:
             torch.set_num_threads(1)        # emulated devices share one CPU
         self.device = rank_device(env, me)
+        offloaded = self.group_plan.engine is m.Engine.FSDP and ShardOptions.from_environ(os.environ).offload
+        self._memory = MemoryWatch(self.device, cap_mib=env.memory_mib, label=f"{me.device}@{me.node}",
+                                   offloaded=offloaded, untimed=self.emulator.untimed)
         self._pgs = init_distributed(env, self.plan) if env.world_size > 1 else {}
         self._sync: GroupEngine | ShardedEngine | None = None
         self._data = DataPosition()
@@ -192,6 +196,7 @@ class Context:
         trained = engine.start()
         if self.plan.ps_shards and resume is None:
             self._restore_data_position()
+        self._memory.attach(trained, optimizer)
         return trained, optimizer
 
     def _group_spec(self) -> GroupSpec:
@@ -230,6 +235,7 @@ class Context:
         if dcp is not None:
             dcp.attach()
         self._data.hook(opt)
+        self._memory.attach(trained, opt)
         return trained, opt
 
     def shard(self, data: Sequence[torch.Tensor], *, batch_size: int, epochs: int = 1,
@@ -297,7 +303,8 @@ class Context:
                 samples=self._sync.samples_seen, steps=self._sync.local_step, compute_s=self.emulator.compute_s,
                 emulated_sleep_s=self.emulator.slept_s, emulated_step_s=self.emulator.target_s,
                 sync_s=self._sync.sync_s, skipped_steps=self._sync.skipped_steps,
-                compute_samples_per_s=self._sync.compute_rate, compute_noise=self._sync.compute_noise))
+                compute_samples_per_s=self._sync.compute_rate, compute_noise=self._sync.compute_noise,
+                **self._memory.figures()))
         if self.env.world_size > 1:
             try:
                 shutdown(self.plan, self.env.timeout_s)

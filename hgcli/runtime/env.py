@@ -23,6 +23,8 @@ FSDP_BF16_ENV = "HGTRAIN_FSDP_BF16"         # 1: FSDP2's bf16 mixed precision
 FSDP_OFFLOAD_ENV = "HGTRAIN_FSDP_OFFLOAD"   # 1: FSDP2's CPU offload of the shards and the optimizer step
 # 1: fsdp groups recompute each unit's activations in backward (launch --activation-checkpointing)
 ACTIVATION_CHECKPOINT_ENV = "HGTRAIN_ACTIVATION_CHECKPOINT"
+# An emulated device's memory in MiB (RankPlan.memory_mib): a step above it fails (runtime/memory.py).
+DEVICE_MEMORY_ENV = "HGTRAIN_DEVICE_MEMORY_MIB"
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,7 @@ class RankEnv:
     plan: model.Plan | None          # None: plain torchrun environment -> one all-reduce group
     adapt: bool = False              # HGTRAIN_ADAPT=1: rebalance groups as speeds change (launch --adapt)
     snapshots: SnapshotEnv | None = None   # all-reduce training-state snapshots (runtime/snapshot.py)
+    memory_mib: int | None = None    # the emulated device's memory (None: real, or not declared)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> "RankEnv":
@@ -93,13 +96,17 @@ class RankEnv:
         speed = float(env.get("HGTRAIN_DEVICE_SPEED") or (rp.speed if rp else 1.0))
         if not 0 < speed <= 1.0:
             raise TrainingError(f"HGTRAIN_DEVICE_SPEED={speed} must be in (0, 1]")
+        memory = _int(env, DEVICE_MEMORY_ENV, rp.memory_mib or 0 if rp else 0)
+        if memory < 0:
+            raise TrainingError(f"{DEVICE_MEMORY_ENV}={memory} must be a number of MiB (0 or unset: no limit)")
         fd = env.get("HGTRAIN_METRICS_FD")
         return cls(rank=rank, world_size=world, local_rank=_int(env, "LOCAL_RANK", 0),
                    local_world_size=_int(env, "LOCAL_WORLD_SIZE", 1), role=role, group=group,
                    batch_size=batch, speed=speed, job_id=env.get("HGTRAIN_JOB_ID"),
                    metrics_fd=int(fd) if fd else None,
                    timeout_s=float(env.get("HGTRAIN_TIMEOUT") or DEFAULT_TIMEOUT_S), plan=plan,
-                   adapt=flag(env, "HGTRAIN_ADAPT"), snapshots=SnapshotEnv.from_environ(env))
+                   adapt=flag(env, "HGTRAIN_ADAPT"), snapshots=SnapshotEnv.from_environ(env),
+                   memory_mib=memory or None)
 
 
 def rank_env(plan: model.Plan, rank: int, *, master_addr: str, master_port: int, plan_path: str,
@@ -143,7 +150,7 @@ def rank_env(plan: model.Plan, rank: int, *, master_addr: str, master_port: int,
         "HGTRAIN_PLAN": plan_path, "HGTRAIN_ROLE": rp.role.value,
         "HGTRAIN_GROUP": "" if rp.group is None else str(rp.group),
         "HGTRAIN_BATCH_SIZE": "" if rp.batch_size is None else str(rp.batch_size),
-        "HGTRAIN_DEVICE_SPEED": repr(rp.speed), "HGTRAIN_JOB_ID": job_id,
+        "HGTRAIN_DEVICE_SPEED": repr(rp.speed), DEVICE_MEMORY_ENV: str(rp.memory_mib or ""), "HGTRAIN_JOB_ID": job_id,
     }
     if adapt is not None:
         env["HGTRAIN_ADAPT"] = "1" if adapt else "0"

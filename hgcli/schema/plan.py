@@ -154,6 +154,10 @@ class RankPlan:
     # The planner's memory figures for this worker; None where the profiles carry no memory model
     # (older benches, PS ranks, hand-made plans).
     memory: RankMemory | None = None
+    # An emulated device's declared memory (the cluster file's ``emulate.memory_mib``), joined at
+    # launch as its slowdowns are: the runtime fails a step above it as CUDA would
+    # (runtime/memory.py). None: a real device, or not declared. Additive: older plan files have none.
+    memory_mib: int | None = None
 
     def __post_init__(self) -> None:
         settle(self, device=as_device(self.device))

@@ -24,7 +24,7 @@ import math
 import types
 import typing
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping, Union
+from typing import Any, ClassVar, Mapping, TypedDict, Union
 
 from .stages import Strategy
 
@@ -90,13 +90,23 @@ class _Record:
         return None
 
 
+class FinishMemory(TypedDict):
+    """A worker's memory figures in its ``finish`` record (runtime/memory.py), in MiB."""
+
+    accounted_peak_mib: float | None       # largest step counted from its tensors (CPU devices)
+    peak_rss_growth_mib: float | None      # the process's peak RSS less its RSS when the runtime began
+    cuda_max_allocated_mib: float | None   # torch.cuda.max_memory_allocated (a real GPU)
+
+
 @dataclass(frozen=True)
 class FinishRecord(_Record):
-    """A worker's totals when it leaves the job: the next plan is fitted to its compute rate."""
+    """A worker's totals when it leaves the job: the next plan is fitted to its compute rate; its
+    memory peaks (``FinishMemory``'s fields) are held against the plan's prediction."""
 
     KIND = RecordKind.FINISH
     NON_NEGATIVE = ("samples", "steps", "compute_s", "emulated_sleep_s", "emulated_step_s", "sync_s",
-                    "skipped_steps", "compute_samples_per_s", "compute_noise")
+                    "skipped_steps", "compute_samples_per_s", "compute_noise", "accounted_peak_mib",
+                    "peak_rss_growth_mib", "cuda_max_allocated_mib")
     samples: float                       # samples this worker trained on
     steps: int                           # its optimizer steps
     compute_s: float | None              # seconds of its compute (None: not measured)
@@ -106,6 +116,9 @@ class FinishRecord(_Record):
     skipped_steps: int | None = None     # steps skipped for inf/NaN gradients (ctx.wrap only)
     compute_samples_per_s: float | None = None   # samples per second of compute, waits left out
     compute_noise: float | None = None   # how uneven its steps were (0: even)
+    accounted_peak_mib: float | None = None      # FinishMemory's fields; None: not measured
+    peak_rss_growth_mib: float | None = None
+    cuda_max_allocated_mib: float | None = None
 
 
 @dataclass(frozen=True)

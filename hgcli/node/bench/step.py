@@ -154,35 +154,22 @@ def _samples(torch: Any, model: Any, optimizer: Any, loss_fn: Callable[[Any, Any
 def accounted_step_bytes(torch: Any, model: Any, optimizer: Any, args: tuple[Any, ...], targets: Any,
                          loss_fn: Callable[[Any, Any], Any]) -> int:
     """Bytes of the distinct tensor storages one step keeps alive: parameters, gradients, optimizer
-    state, the batch, and every tensor autograd saves for backward (the activations).
+    state, the batch, and every tensor autograd saves for backward (the activations), counted as the
+    runtime counts an emulated device's steps (hgcli/runtime/memory.py).
 
     It runs one real, untimed step. Temporaries freed inside an operator and allocator overhead are
     not counted, so this is a lower bound of the true peak; documented as an estimate.
     """
-    # Keyed by address, holding the storage itself: a storage freed mid-step (an activation after
-    # backward) could otherwise hand its address to a gradient and be counted once for two.
-    storages: dict[int, Any] = {}
+    from ...runtime.memory import LiveStorages, training_state
 
-    def note(t: Any) -> Any:
-        if isinstance(t, torch.Tensor):
-            storage = t.untyped_storage()
-            storages[storage.data_ptr()] = storage
-        return t
-
-    for t in (*args, targets):
-        note(t)
+    held = LiveStorages.of((*args, targets))
     optimizer.zero_grad(set_to_none=True)
-    with torch.autograd.graph.saved_tensors_hooks(note, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(held.note, lambda t: t):
         loss = loss_fn(model(*args), targets)
     loss.backward()
     optimizer.step()
-    for p in model.parameters():
-        note(p)
-        note(p.grad)
-    for state in optimizer.state.values():
-        for value in state.values():
-            note(value)
-    return sum(storage.nbytes() for storage in storages.values())
+    held.note_all(training_state(model.parameters(), optimizer))
+    return held.nbytes()
 
 
 def default_loss(torch: Any) -> Callable[[Any, Any], Any]:
