@@ -10,7 +10,7 @@ from .costed import Device, GroupStats, Option, plan_overlap
 from .delays import compute_cpu, oversubscription, straggle
 from .memory import REPLICA, Layout
 from .network import Network, broadcast_s, ring_allreduce_s
-from .sharding import host_s, ring_s, sharded_traffic, units_of
+from .sharding import SHARDED_OVERLAP, ShardedTraffic, ddp_buckets, host_s, ring_s, sharded_traffic, units_of
 
 
 class CostBase:
@@ -89,11 +89,12 @@ class AllReducePredictor(CostBase):
         bw, lat = self.net.ring(nodes)
         step = max(self._member_time(i, len(members)) for i in members)
         step *= straggle(max(d.noise for d in self.devices), len(members))
-        own, latency, host = self._sync_terms(len(members), bw, lat)   # its CPU work, uncontended
+        own, latency, host, traffic = self._sync_terms(len(members), bw, lat)   # its CPU work, uncontended
         measured = self._measured_sync(nodes, bw)
-        if measured is not None:
-            # The bench measured DDP's step: a sharded group's differs by its traffic's ring time.
-            comm = max(0.0, measured + own - ring_allreduce_s(len(members), self.bytes, bw, lat))
+        if measured is not None and traffic is not None:
+            comm = self._sharded_measured(measured, traffic, nodes, bw)
+        elif measured is not None:
+            comm = measured
         else:
             wait = max(self._oversub(n, {}) for n in set(nodes))
             comm = own + latency * (wait - 1.0)
@@ -108,15 +109,27 @@ class AllReducePredictor(CostBase):
         return Option(Strategy.ALLREDUCE, (members,), (1,), (), 0, rate,
                        f"one {engine}all-reduce group of {len(members)}", (rate,))
 
-    def _sync_terms(self, n: int, bw: float, lat: float) -> tuple[float, float, float]:
-        """(ring seconds, their latency part, host seconds) of one update of the group of all ``n``
-        devices on its engine: DDP's all-reduce, or a sharded group's traffic (plan/sharding.py)."""
+    def _sync_terms(self, n: int, bw: float,
+                    lat: float) -> tuple[float, float, float, ShardedTraffic | None]:
+        """(ring seconds, their latency part, host seconds, the sharded traffic or None) of one update
+        of the group of all ``n`` devices on its engine: DDP's all-reduce, or a sharded group's
+        traffic (plan/sharding.py)."""
         if self.layout.engine is Engine.DDP:
-            return ring_allreduce_s(n, self.bytes, bw, lat), (2 * (n - 1) * lat if n > 1 else 0.0), 0.0
+            return ring_allreduce_s(n, self.bytes, bw, lat), (2 * (n - 1) * lat if n > 1 else 0.0), 0.0, None
         model = next((d.memory.model for d in self.devices if d.memory is not None), None)
         traffic = sharded_traffic(self.layout, self.bytes, units_of(model), [d.micro for d in self.devices])
         ring, latency = ring_s(traffic, n, bw, lat)
-        return ring, latency, host_s(traffic)
+        return ring, latency, host_s(traffic), traffic
+
+    def _sharded_measured(self, ddp: float, traffic: ShardedTraffic, nodes: list[int], bw: float) -> float:
+        """A sharded group's step where the bench measured DDP's (``ddp``, at this plan's bytes): what
+        the measurement holds beyond its ring's bytes is paid per collective (waking from the emulated
+        sleep and the members' uneven arrivals, each time the group meets), so it is scaled from
+        DDP's buckets to the sharded update's collectives; its bytes are the traffic's."""
+        n = len(nodes)
+        allreduce_bytes = 2 * (n - 1) / n * self.bytes
+        fixed = max(0.0, ddp - allreduce_bytes / bw) / ddp_buckets(self.bytes)
+        return fixed * traffic.collectives + (1.0 - SHARDED_OVERLAP) * traffic.ring_bytes / bw
 
     def _measured_sync(self, nodes: list[int], bw: float) -> float | None:
         """What a synchronous step adds when the group is exactly the emulated devices of one node and

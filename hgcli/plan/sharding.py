@@ -29,6 +29,9 @@ from .memory import Layout
 # are priced on that one footing, so that auto's choice between them is not decided by an overlap
 # credited to one: the fraction of a sharded update's ring time hidden behind compute is 0.
 SHARDED_OVERLAP = 0.0
+# DDP all-reduces its gradients in buckets of this many bytes (torch's default bucket_cap_mb = 25):
+# the collectives of a measured DDP step (pricing._sharded_measured).
+DDP_BUCKET_BYTES = 25 * 2**20
 # Offloaded state crosses the host link every update: the shard in for each gather, the gradient shard
 # out. 12 GB/s is what a PCIe 3.0 x16 link (or a 4.0 one from pageable memory) carries in practice.
 HOST_LINK_GBS = 12.0
@@ -74,6 +77,11 @@ def sharded_traffic(layout: Layout, param_bytes: float, units: int, micro: Seque
     host = (gathers + 1) * shard if layout.offload else 0.0
     return ShardedTraffic(gathers, ring, (gathers + 1) * units if n > 1 else 0, host,
                           shard if layout.offload else 0.0)
+
+
+def ddp_buckets(param_bytes: float) -> int:
+    """All-reduces of one DDP step of ``param_bytes`` of gradients."""
+    return max(1, math.ceil(param_bytes / DDP_BUCKET_BYTES))
 
 
 def ring_s(traffic: ShardedTraffic, n: int, bw: float, lat: float) -> tuple[float, float]:

@@ -17,8 +17,8 @@ from hgcli.plan.memory import Layout
 from hgcli.plan.network import Network
 from hgcli.plan.placement import make_plan
 from hgcli.plan.sharding import CPU_OPTIMIZER_GBS, HOST_LINK_GBS, gathers_per_update, units_of
-from hgcli.schema.stages import Engine, JobSpec, ModelSpec, Strategy
-from tests.unit.plan_clusters import Kind, cluster, link
+from hgcli.schema.stages import Engine, GroupSyncProfile, JobSpec, ModelSpec, Strategy
+from tests.unit.plan_clusters import Kind, cluster, link, measured
 from tests.unit.test_plan_memory import BIG, MODEL, SMALL, with_model
 
 GPU = Kind("real GPU", 1.0, 40960, emulated=False)
@@ -119,3 +119,20 @@ def test_auto_shards_over_every_device_where_that_is_predicted_faster():
     assert auto.workers == fsdp.workers and [g.engine for g in auto.groups] == [Engine.FSDP]
     assert auto.predicted_samples_per_s == fsdp.predicted_samples_per_s
     assert "; engine by cost: fsdp on 4 device(s)" in auto.reason and "chosen over ddp on 2 device(s)" in auto.reason
+
+
+def test_a_measured_ddp_step_prices_each_collective_of_a_sharded_update():
+    """Four emulated devices of one node whose DDP step the bench measured: what the measurement holds
+    beyond its ring's bytes is paid per collective, three for one unit's update (two gathers and a
+    reduce-scatter) against DDP's one bucket; the bytes are the sharded traffic's."""
+    emu = dataclasses.replace(GPU, emulated=True)
+    inventory, profiles = cluster([[emu] * 4], model=ModelSpec("m", 1_000_000))
+    sync = GroupSyncProfile(ranks=4, bytes=4_000_000, step_s=0.03, seconds=measured(0.020))
+    profiles = dataclasses.replace(profiles, devices=tuple(dataclasses.replace(p, group_sync=sync)
+                                                           for p in profiles.devices))
+    seconds = {e: 256 / make_plan(inventory, profiles, JobSpec(strategy=Strategy.ALLREDUCE, global_batch=256,
+                                                               engine=e)).predicted_samples_per_s["allreduce"]
+               for e in (Engine.DDP, Engine.FSDP)}
+    bw = Network(["n0"], profiles.links).link(0, 0)[0]
+    fixed = 0.020 - 1.5 * 4e6 / bw
+    assert seconds[Engine.FSDP] - seconds[Engine.DDP] == pytest.approx(2 * fixed + 0.75 * 4e6 / bw, rel=1e-6)
