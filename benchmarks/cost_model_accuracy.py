@@ -33,7 +33,13 @@ predictions say; so the benchmark also reports what the predictions alone favour
 (``hgcli.plan.strategy.predicted_best`` of the median predictions: auto's own margins without rule 1), judged
 the same way, to tell the cost model's ranking from the rule's choice.
 
+A sharded group (issue 49): ``--strategies allreduce,fsdp`` adds the run ``fsdp``, the all-reduce plan
+with every group on FSDP2 (``--engine fsdp``), whose prediction prices its gathers and reduce-scatter
+instead of DDP's all-reduce (docs/planning.md, "Sharded groups"), against DDP's on the same devices.
+
     PYTHONPATH=$PWD python3 benchmarks/cost_model_accuracy.py      (about 13 minutes; --rounds 1: 4-5)
+    PYTHONPATH=$PWD python3 benchmarks/cost_model_accuracy.py --clusters 2fast+2slow \
+        --strategies allreduce,fsdp --rounds 1 --steps 60          (the fsdp case, a few minutes)
 Readable table, then as the LAST line one JSON object with every figure and ratio.
 """
 from __future__ import annotations
@@ -55,6 +61,8 @@ CLUSTERS = {
     "homogeneous": [1.0, 1.0, 1.0, 1.0],
 }
 STRATEGIES = ("allreduce", "hybrid", "ps")
+# The all-reduce plan with every group sharded (--engine fsdp): a run of its own beside the strategies.
+FSDP = "fsdp"
 GOAL_ERROR = 0.20
 AUTO_TOLERANCE = 0.05
 SLICES = 6
@@ -70,6 +78,8 @@ def parse_args() -> argparse.Namespace:
                    help="emulated speed = nominal speed x this (keeps the 2 shared cores from saturating)")
     p.add_argument("--timeout", type=float, default=240.0, help="seconds per run")
     p.add_argument("--rounds", type=int, default=3, help="bench + one run of every strategy, per cluster")
+    p.add_argument("--strategies", default=",".join(STRATEGIES),
+                   help=f"runs, of: {', '.join(STRATEGIES)}, {FSDP} (allreduce with every group on FSDP2)")
     return p.parse_args()
 
 
@@ -127,10 +137,15 @@ def run_strategy(plan: Any, args: argparse.Namespace, workdir: Path) -> dict[str
     result = run_plan(plan, train_argv(args), workdir=workdir, timeout_s=args.timeout)
     with open(workdir / "metrics.jsonl", "w", encoding="utf-8") as fh:   # for a look at per-step terms
         fh.writelines(json.dumps(m) + "\n" for m in result.metrics)
-    if not result.ok:
+    finished = {m["rank"] for m in result.metrics if m.get("event") == "finish"}
+    # The example's first worker evaluates the model alone after ctx.finish(); under FSDP2 that forward
+    # gathers from ranks that have exited and fails. Every worker's steps are done by then and the
+    # steady window is all this measures, so such a run counts (and says so).
+    if not result.ok and not finished >= {r.rank for r in plan.workers}:
         bad = result.first_failure or result.ranks[0]
         raise SystemExit(f"run failed: rank {bad.rank} exit {bad.exit_code}\n{bad.output()[-3000:]}")
     out = steady_rate(result.metrics)
+    out["final_eval_failed"] = float(not result.ok)
     syncs = [m for m in result.metrics if m.get("event") == "sync"]
     fins = [m for m in result.metrics if m.get("event") == "finish"]
     compute, slept = sum(m["compute_s"] for m in fins), sum(m["emulated_sleep_s"] for m in fins)
@@ -151,20 +166,24 @@ def run_strategy(plan: Any, args: argparse.Namespace, workdir: Path) -> dict[str
 def evaluate_round(name: str, speeds: list[float], args: argparse.Namespace, workdir: Path,
                    round_: int) -> dict[str, Any]:
     """A fresh bench of the cluster, then one run of every strategy (order rotated by round)."""
-    from hgcli.schema.stages import JobSpec, Strategy
+    from hgcli.schema.stages import Engine, JobSpec, Strategy
     from hgcli.plan.placement import make_plan
 
     inventory, profiles = measure_profiles(name, speeds, args, workdir)
     bench_load = os.getloadavg()[0]
     auto = make_plan(inventory, profiles, JobSpec(strategy=Strategy.AUTO, global_batch=args.global_batch))
     runs: dict[str, Any] = {}
-    order = STRATEGIES[round_ % len(STRATEGIES):] + STRATEGIES[:round_ % len(STRATEGIES)]
+    runs_of = args.strategies
+    order = runs_of[round_ % len(runs_of):] + runs_of[:round_ % len(runs_of)]
     for strategy in order:
-        plan = make_plan(inventory, profiles, JobSpec(strategy=Strategy(strategy), global_batch=args.global_batch))
+        job = (JobSpec(strategy=Strategy.ALLREDUCE, global_batch=args.global_batch, engine=Engine.FSDP)
+               if strategy == FSDP else JobSpec(strategy=Strategy(strategy), global_batch=args.global_batch))
+        plan = make_plan(inventory, profiles, job)
         measured = run_strategy(plan, args, workdir / f"{name}-r{round_}-{strategy}")
+        predicted = plan.predicted_samples_per_s[plan.strategy]
         runs[strategy] = {
-            "predicted": plan.predicted_samples_per_s[strategy], **measured,
-            "error": plan.predicted_samples_per_s[strategy] / measured["samples_per_s"] - 1,
+            "predicted": predicted, **measured, "error": predicted / measured["samples_per_s"] - 1,
+            "engines": [g.engine.value for g in plan.groups],
             "groups": [list(g.ranks) for g in plan.groups], "accumulate": [g.accumulate for g in plan.groups],
             "batches": [r.batch_size for r in plan.workers], "ps": len(plan.ps_shards),
             "staleness": plan.staleness_bound,
@@ -177,7 +196,7 @@ def evaluate_round(name: str, speeds: list[float], args: argparse.Namespace, wor
         "compute_ratio": sync.compute_ratio.median if sync.compute_ratio else None}
     # auto's rule 1 (docs/planning.md): a homogeneous cluster is one all-reduce group whatever the
     # predictions say, so a miss there is the rule's, not the cost model's; reported as such.
-    return {"runs": {s: runs[s] for s in STRATEGIES}, "auto": auto.strategy.value, "auto_reason": auto.reason,
+    return {"runs": {s: runs[s] for s in args.strategies}, "auto": auto.strategy.value, "auto_reason": auto.reason,
             "auto_by_homogeneous_rule": auto.reason.startswith("homogeneous"), "bench_load_1min": bench_load,
             "profile_steps": steps, "group_sync": group}
 
@@ -185,7 +204,7 @@ def evaluate_round(name: str, speeds: list[float], args: argparse.Namespace, wor
 def evaluate(name: str, speeds: list[float], args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     rounds = [evaluate_round(name, speeds, args, workdir, k) for k in range(args.rounds)]
     summary: dict[str, Any] = {}
-    for strategy in STRATEGIES:
+    for strategy in args.strategies:
         runs = [r["runs"][strategy] for r in rounds]
         measured = [run["samples_per_s"] for run in runs]
         predicted, rate = statistics.median(run["predicted"] for run in runs), statistics.median(measured)
@@ -198,14 +217,17 @@ def evaluate(name: str, speeds: list[float], args: argparse.Namespace, workdir: 
                              "sync_ms_per_step": statistics.median(run["sync_ms_per_step"] for run in runs),
                              "load_1min": statistics.median(run["load_1min"] for run in runs)}
     from hgcli.plan.strategy import predicted_best
+    from hgcli.schema.stages import Strategy
 
     choices = [r["auto"] for r in rounds]
     chosen = max(choices, key=lambda c: (choices.count(c), -choices.index(c)))
-    best = max(STRATEGIES, key=lambda s: summary[s]["samples_per_s"])
+    best = max(args.strategies, key=lambda s: summary[s]["samples_per_s"])
     gap, tolerance = _shortfall(summary, chosen, best)
     # What the predictions alone favour (the median predictions through auto's own margins): the
     # cost model's pick, which rule 1 overrides on a homogeneous cluster.
-    pick = predicted_best({s: summary[s]["predicted"] for s in STRATEGIES}).value
+    strategies = {Strategy(s): summary[s]["predicted"] for s in STRATEGIES if s in summary}
+    pick = (predicted_best(strategies).value if len(strategies) == len(STRATEGIES)
+            else max(args.strategies, key=lambda s: summary[s]["predicted"]))
     pick_gap, pick_tolerance = _shortfall(summary, pick, best)
     return {"speeds": speeds, "emulated_speeds": [s * args.time_scale for s in speeds], "strategies": summary,
             "rounds": rounds, "auto": chosen, "auto_choices": choices,
@@ -217,7 +239,10 @@ def evaluate(name: str, speeds: list[float], args: argparse.Namespace, workdir: 
 
 
 def _shortfall(summary: dict[str, Any], chosen: str, best: str) -> tuple[float, float]:
-    """How far ``chosen`` measured below ``best``, and the tolerance of that judgement."""
+    """How far ``chosen`` measured below ``best``, and the tolerance of that judgement (a gap of 1 where
+    ``chosen`` was not among the runs)."""
+    if chosen not in summary:
+        return 1.0, AUTO_TOLERANCE
     gap = 1 - summary[chosen]["samples_per_s"] / summary[best]["samples_per_s"]
     noise = 2 * math.hypot(summary[chosen]["stderr"], summary[best]["stderr"]) / summary[best]["samples_per_s"]
     return gap, max(AUTO_TOLERANCE, noise)
@@ -229,6 +254,7 @@ def _layout(run: dict[str, Any]) -> str:
 
 def main() -> int:
     args = parse_args()
+    args.strategies = tuple(args.strategies.split(","))
     workdir = Path(tempfile.mkdtemp(prefix="hgtrain-costmodel-"))
     os.environ["HGTRAIN_STATE_DIR"] = str(workdir / "state")    # profiles of this run only
     started = time.monotonic()
@@ -240,7 +266,7 @@ def main() -> int:
     print(f"{'cluster':14} {'strategy':10} {'predicted':>10} {'measured':>10} {'+-se':>6} {'error':>7} "
           f"{'each round':>22} {'groups x acc':>16} {'PS':>3} {'compute':>8} {'sync ms':>7} {'load':>5}")
     for name, r in results.items():
-        for s in STRATEGIES:
+        for s in args.strategies:
             v = r["strategies"][s]
             each = " ".join(f"{e:+.0%}" for e in v["round_errors"])
             print(f"{name:14} {s:10} {v['predicted']:10.0f} {v['samples_per_s']:10.0f} "

@@ -30,7 +30,9 @@ class Device:
     contention and the group's synchronous step in it already; ``together``: the cost is scaled to
     the device's steps beside its node's other devices (devices.beside_neighbours), which had the
     contention between them in it already. ``memory``: the model's and the device's memory
-    (plan/memory.py); with it ``cap`` is None, since micro-batches, not the memory, bound its batch."""
+    (plan/memory.py); with it ``cap`` is None, since micro-batches, not the memory, bound its batch.
+    ``micro``: the micro-batches its batch runs as (engines.micro_priced, whose ``a`` is paid once per
+    micro-batch already); a sharded group's gathers per update follow them (plan/sharding.py)."""
 
     node: int          # index in inventory node order
     device: DeviceName
@@ -44,6 +46,7 @@ class Device:
     fitted: bool = False
     together: bool = False
     memory: MemoryNeed | None = None
+    micro: int = 1
 
     def time(self, batch: float) -> float:
         return self.a + self.c * batch

@@ -62,20 +62,22 @@ def memory_note(ranks: list[RankPlan]) -> str:
     return note
 
 
-def micro_priced(devices: list[CostedDevice], batches: list[int], engine: Engine | None,
-                 shardable: bool) -> list[CostedDevice]:
-    """The devices as the cost model prices them at ``batches``: one whose batch runs as m
-    micro-batches pays its fixed cost once per micro-batch (m a + c b). The layout is the one
-    ``with_engines`` gives: where the plan may shard and a device holds no replica, one sharded
-    group of all (``auto`` plans allreduce then); otherwise replicas, or fsdp over all where asked."""
-    needs = [d.memory for d in devices]
-    if not any(needs):
+def priced_layout(devices: list[CostedDevice], engine: Engine | None, shardable: bool) -> Layout:
+    """The layout ``with_engines`` gives one group of all ``devices`` (the all-reduce group the cost
+    model prices): where the plan may shard and a device holds no replica, a sharded group of all
+    (``auto`` plans allreduce then); otherwise replicas, or fsdp over all where asked."""
+    return group_layout(engine, [d.memory for d in devices], len(devices), parameter_servers=not shardable)
+
+
+def micro_priced(devices: list[CostedDevice], batches: list[int], layout: Layout) -> list[CostedDevice]:
+    """The devices as the cost model prices them at ``batches`` under ``layout``: one whose batch runs
+    as m micro-batches pays its fixed cost once per micro-batch (m a + c b), and carries m."""
+    if not any(d.memory for d in devices):
         return devices
-    layout = group_layout(engine, needs, len(devices), parameter_servers=not shardable)
     out = []
     for d, batch in zip(devices, batches):
         parts = micro_batches(batch, d.memory.cap(layout)) if d.memory is not None else 1
-        out.append(dataclasses.replace(d, a=d.a * parts) if parts > 1 else d)
+        out.append(dataclasses.replace(d, a=d.a * parts, micro=parts) if parts > 1 else d)
     return out
 
 

@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from ..errors import StateError, UsageError
 from ..schema.stages import (
-    CPU, SCHEMA_VERSION, ExchangeProfile, GroupPlan, GroupSyncProfile, Ideal, Inventory, JobSpec, ModelSpec, Plan,
+    CPU, SCHEMA_VERSION, Engine, ExchangeProfile, GroupPlan, GroupSyncProfile, Ideal, Inventory, JobSpec, ModelSpec, Plan,
     Prediction, Profiles, RankPlan, Role, ScriptRates, Strategy, Wire,
 )
 from .batches import assign_batches, below_knee_note, knee, summarise
 from .cost import CostModel
 from .costed import Device, Option, plan_overlap
-from .engines import may_shard, micro_priced, with_engines
+from .engine_choice import engine_candidates, pick
+from .engines import may_shard, micro_priced, priced_layout, with_engines
 from .memory import REPLICA, fits_nowhere
 from .devices import beside_neighbours, fit_to_rates, usable_devices
 from .network import Network
@@ -33,6 +35,20 @@ DEFAULT_MODEL = ModelSpec(name="assumed ResNet-50 size (bench with --model to me
                           parameters=25_557_032)
 
 
+@dataclass(frozen=True)
+class _Ground:
+    """What every candidate set of devices (engine_choice.engine_candidates) is planned with."""
+
+    inventory: Inventory
+    profiles: Profiles
+    job: JobSpec
+    model: ModelSpec
+    node_names: list[str]
+    global_batch: int
+    fitted_to: str | None
+    keep_ps: tuple[str, ...]
+
+
 def make_plan(inventory: Inventory, profiles: Profiles, job: JobSpec, rates: ScriptRates | None = None,
               keep_ps: tuple[str, ...] = ()) -> Plan:
     """Plan the ranks of one job; raises HgError for a request that cannot be planned. ``rates``: what
@@ -42,36 +58,54 @@ def make_plan(inventory: Inventory, profiles: Profiles, job: JobSpec, rates: Scr
     the training state, and chooses among hybrid and ps around them."""
     _check_inputs(inventory, profiles, job)
     model = job.model or profiles.model or DEFAULT_MODEL
-    model_bytes = float(model.parameters * model.bytes_per_parameter)
     node_names = [n.name for n in inventory.nodes]
     # A re-plan around kept PS shards has parameter servers whatever the strategy: no sharded groups.
     shardable = may_shard(job.strategy, job.engine) and not keep_ps
-    alone, skipped, kinds = usable_devices(inventory, profiles, model_bytes, shardable)
+    alone, skipped, kinds = usable_devices(inventory, profiles, float(model.parameters * model.bytes_per_parameter),
+                                           shardable)
     together = beside_neighbours(alone, kinds, node_names, profiles)
     devices = fit_to_rates(together, kinds, node_names, rates) if rates is not None else together
-    fitted_to = rates.job_id if rates is not None and any(d.fitted for d in devices) else None
-    bench_together = any(d.together for d in devices)
     if not devices:
         why = summarise(skipped) if skipped else "the profiles list no devices"
         raise UsageError(fits_nowhere(list(profiles.devices), shardable)
                          or f"no usable devices to plan on ({why}); run 'hgtrain bench' again")
-    global_batch = job.global_batch if job.global_batch is not None else DEFAULT_BATCH_PER_DEVICE * len(devices)
-    real, batches = assign_batches(devices, global_batch, node_names)
-    devices = micro_priced(devices, batches, job.engine, shardable)     # the split by speed stays
-    net = Network(node_names, profiles.links)
-    cost = CostModel(devices, batches, net, model_bytes, global_batch, inventory, job,
-                     _exchanges(inventory, profiles), _group_syncs(inventory, profiles),
-                     wire_bytes=float(model.parameters * job.wire.bytes))
+    ground = _Ground(inventory, profiles, job, model, node_names,
+                     job.global_batch if job.global_batch is not None else DEFAULT_BATCH_PER_DEVICE * len(devices),
+                     rates.job_id if rates is not None and any(d.fitted for d in devices) else None, keep_ps)
+    plans: list[Plan] = []
+    for members, engine in engine_candidates(devices, job.engine, shardable):
+        out = [f"{d.device}@{node_names[d.node]} (holds no DDP replica; the plan without it was predicted faster)"
+               for i, d in enumerate(devices) if i not in members]
+        try:
+            plans.append(_plan_on(ground, [alone[i] for i in members], [devices[i] for i in members],
+                                  skipped + out, engine, shardable and engine is not Engine.DDP))
+        except UsageError:
+            if not plans:           # every device: its refusal is the plan's
+                raise
+    return pick(plans)
 
-    allreduce = cost.allreduce()
+
+def _plan_on(ground: _Ground, alone: list[Device], devices: list[Device], skipped: list[str],
+             engine: Engine | None, shardable: bool) -> Plan:
+    """The plan of ``devices`` (their costs ``alone`` too, for the ideal) with every group on
+    ``engine`` (None: each group's cheapest that fits)."""
+    job, node_names, global_batch = ground.job, ground.node_names, ground.global_batch
+    real, batches = assign_batches(devices, global_batch, node_names)
+    layout = priced_layout(devices, engine, shardable)
+    devices = micro_priced(devices, batches, layout)     # the split by speed stays
+    cost = CostModel(devices, batches, Network(node_names, ground.profiles.links),
+                     float(ground.model.parameters * ground.model.bytes_per_parameter), global_batch,
+                     ground.inventory, job, _exchanges(ground.inventory, ground.profiles),
+                     _group_syncs(ground.inventory, ground.profiles),
+                     wire_bytes=float(ground.model.parameters * job.wire.bytes), layout=layout)
     classes = speed_classes(devices, real)
-    kept = len(devices) > 1 and bool(keep_ps) and all(n in node_names for n in keep_ps)
+    kept = len(devices) > 1 and bool(ground.keep_ps) and all(n in node_names for n in ground.keep_ps)
     if kept:
-        cost.fixed_ps = tuple(node_names.index(n) for n in keep_ps)
-    hybrid = cost.best_async(Strategy.HYBRID, hybrid_layouts(devices, classes))
-    ps = cost.best_async(Strategy.PS, [tuple((i,) for i in range(len(devices)))])
-    options = {Strategy.ALLREDUCE: allreduce, Strategy.HYBRID: hybrid, Strategy.PS: ps}
-    chosen, reason = _choose(job, options, kept, keep_ps, len(classes), devices)
+        cost.fixed_ps = tuple(node_names.index(n) for n in ground.keep_ps)
+    options = {Strategy.ALLREDUCE: cost.allreduce(),
+               Strategy.HYBRID: cost.best_async(Strategy.HYBRID, hybrid_layouts(devices, classes)),
+               Strategy.PS: cost.best_async(Strategy.PS, [tuple((i,) for i in range(len(devices)))])}
+    chosen, reason = _choose(job, options, kept, ground.keep_ps, len(classes), devices)
     reason += below_knee_note(batches, [knee(d) for d in devices], global_batch)
     if skipped:
         reason += "; not used: " + summarise(skipped)
@@ -79,14 +113,15 @@ def make_plan(inventory: Inventory, profiles: Profiles, job: JobSpec, rates: Scr
     # The ideal stays each device's own speed, the bench's (alone): a fitted cost has the node's
     # contention in it, and an ideal that shrank with it would flatter every run against it.
     predicted[Ideal.IDEAL] = sum(b / d.time(b) for d, b in zip(alone, batches))
-    if fitted_to is not None:
-        reason += f"; device costs fitted to this script's compute measured in job {fitted_to}"
+    bench_together = any(d.together for d in devices)
+    if ground.fitted_to is not None:
+        reason += f"; device costs fitted to this script's compute measured in job {ground.fitted_to}"
     elif bench_together:
         reason += "; device costs from each node's devices benched together, their contention included"
-    plan = _build_plan(chosen, devices, batches, node_names, predicted, global_batch, inventory.cluster,
-                       reason, model, overlap=plan_overlap(job), wire=job.wire, fitted_to=fitted_to)
+    plan = _build_plan(chosen, devices, batches, node_names, predicted, global_batch, ground.inventory.cluster,
+                       reason, ground.model, overlap=plan_overlap(job), wire=job.wire, fitted_to=ground.fitted_to)
     needs = {(node_names[d.node], d.device): d.memory for d in devices if d.memory is not None}
-    return with_engines(dataclasses.replace(plan, bench_together=bench_together), job.engine, needs)
+    return with_engines(dataclasses.replace(plan, bench_together=bench_together), engine, needs)
 
 
 def _choose(job: JobSpec, options: dict[Strategy, Option], kept: bool, keep_ps: tuple[str, ...], classes: int,

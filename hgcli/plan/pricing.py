@@ -1,13 +1,16 @@
 """The cost model's common ground (``CostBase``: the devices, their batches, the network, the nodes'
 cores, and the pieces every prediction prices) and the prediction of one synchronous all-reduce
-group of every device, which needs nothing more (docs/planning.md).
+group of every device, which needs nothing more, on its engine: DDP's all-reduce, or a sharded
+group's gathers and reduce-scatter (plan/sharding.py) (docs/planning.md).
 """
 from __future__ import annotations
 
-from ..schema.stages import ExchangeProfile, GroupSyncProfile, Inventory, JobSpec, Strategy
+from ..schema.stages import Engine, ExchangeProfile, GroupSyncProfile, Inventory, JobSpec, Strategy
 from .costed import Device, GroupStats, Option, plan_overlap
 from .delays import compute_cpu, oversubscription, straggle
+from .memory import REPLICA, Layout
 from .network import Network, broadcast_s, ring_allreduce_s
+from .sharding import SHARDED_OVERLAP, ShardedTraffic, ddp_buckets, host_s, ring_s, sharded_traffic, units_of
 
 
 class CostBase:
@@ -17,8 +20,12 @@ class CostBase:
     def __init__(self, devices: list[Device], batches: list[int], net: Network, model_bytes: float,
                  global_batch: int, inventory: Inventory, job: JobSpec,
                  exchange: dict[int, ExchangeProfile] | None = None,
-                 group_sync: dict[int, GroupSyncProfile] | None = None, wire_bytes: float | None = None) -> None:
+                 group_sync: dict[int, GroupSyncProfile] | None = None, wire_bytes: float | None = None,
+                 layout: Layout = REPLICA) -> None:
         self.devices, self.batches, self.net = devices, batches, net
+        # How the all-reduce group of every device holds its state (engines.priced_layout): its engine
+        # decides what its synchronisation costs. Groups under parameter servers are DDP.
+        self.layout = layout
         self.bytes, self.global_batch, self.job = model_bytes, global_batch, job
         # What one push or one pull carries on the wire (the plan's wire format); the group's own
         # all-reduce and broadcast stay in the parameters' format (``bytes``).
@@ -82,21 +89,47 @@ class AllReducePredictor(CostBase):
         bw, lat = self.net.ring(nodes)
         step = max(self._member_time(i, len(members)) for i in members)
         step *= straggle(max(d.noise for d in self.devices), len(members))
-        own = ring_allreduce_s(len(members), self.bytes, bw, lat)   # its CPU work, uncontended
+        own, latency, host, traffic = self._sync_terms(len(members), bw, lat)   # its CPU work, uncontended
         measured = self._measured_sync(nodes, bw)
-        if measured is not None:
+        if measured is not None and traffic is not None:
+            comm = self._sharded_measured(measured, traffic, nodes, bw)
+        elif measured is not None:
             comm = measured
         else:
             wait = max(self._oversub(n, {}) for n in set(nodes))
-            comm = own + 2 * (len(members) - 1) * lat * (wait - 1.0)
+            comm = own + latency * (wait - 1.0)
+        comm += host
         busy: dict[int, float] = {}
         for d, b in zip(self.devices, self.batches):
             if d.emulated:
                 busy[d.node] = busy.get(d.node, 0.0) + (compute_cpu(d, b) + own) / (step + comm)
         crowded = self._crowding(busy)
         rate = self.global_batch / ((step + comm) * max(crowded.values(), default=1.0))
+        engine = "" if self.layout.engine is Engine.DDP else f"{'fsdp+offload' if self.layout.offload else 'fsdp'} "
         return Option(Strategy.ALLREDUCE, (members,), (1,), (), 0, rate,
-                       f"one all-reduce group of {len(members)}", (rate,))
+                       f"one {engine}all-reduce group of {len(members)}", (rate,))
+
+    def _sync_terms(self, n: int, bw: float,
+                    lat: float) -> tuple[float, float, float, ShardedTraffic | None]:
+        """(ring seconds, their latency part, host seconds, the sharded traffic or None) of one update
+        of the group of all ``n`` devices on its engine: DDP's all-reduce, or a sharded group's
+        traffic (plan/sharding.py)."""
+        if self.layout.engine is Engine.DDP:
+            return ring_allreduce_s(n, self.bytes, bw, lat), (2 * (n - 1) * lat if n > 1 else 0.0), 0.0, None
+        model = next((d.memory.model for d in self.devices if d.memory is not None), None)
+        traffic = sharded_traffic(self.layout, self.bytes, units_of(model), [d.micro for d in self.devices])
+        ring, latency = ring_s(traffic, n, bw, lat)
+        return ring, latency, host_s(traffic), traffic
+
+    def _sharded_measured(self, ddp: float, traffic: ShardedTraffic, nodes: list[int], bw: float) -> float:
+        """A sharded group's step where the bench measured DDP's (``ddp``, at this plan's bytes): what
+        the measurement holds beyond its ring's bytes is paid per collective (waking from the emulated
+        sleep and the members' uneven arrivals, each time the group meets), so it is scaled from
+        DDP's buckets to the sharded update's collectives; its bytes are the traffic's."""
+        n = len(nodes)
+        allreduce_bytes = 2 * (n - 1) / n * self.bytes
+        fixed = max(0.0, ddp - allreduce_bytes / bw) / ddp_buckets(self.bytes)
+        return fixed * traffic.collectives + (1.0 - SHARDED_OVERLAP) * traffic.ring_bytes / bw
 
     def _measured_sync(self, nodes: list[int], bw: float) -> float | None:
         """What a synchronous step adds when the group is exactly the emulated devices of one node and

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from .costed import GroupStats
 from .pricing import CostBase
+from .sharding import CPU_OPTIMIZER_GBS
 
-# A PS rank applies the optimizer to its shard on the CPU at this many parameter bytes per second.
-PS_APPLY_GBS = 2.0
+# A PS rank applies the optimizer to its shard on the CPU at this many parameter bytes per second
+# (the rate an offloaded fsdp rank's CPU optimizer is priced at too).
+PS_APPLY_GBS = CPU_OPTIMIZER_GBS
 # PS counts tried by the cost model: powers of two up to this, plus one PS per node.
 PS_CANDIDATES_MAX = 16
 

@@ -18,6 +18,10 @@ def test_plan_json_names_each_groups_engine(capsys):
     assert [g.engine for g in _plan(capsys).groups] == [Engine.DDP]     # auto: ddp, no memory model yet
     sharded = _plan(capsys, "--engine", "fsdp", "--strategy", "allreduce")
     assert [g.engine for g in sharded.groups] == [Engine.FSDP]
+    # Its prediction prices the gathers (docs/planning.md, "Sharded groups"): below DDP's on the same devices.
+    ddp = _plan(capsys, "--engine", "ddp", "--strategy", "allreduce")
+    assert sharded.predicted_samples_per_s["allreduce"] < ddp.predicted_samples_per_s["allreduce"]
+    assert "one fsdp all-reduce group of 4" in sharded.reason
     raw = json.loads(json.dumps({"id": 0, "ranks": [0, 1]}))
     assert from_dict(type(sharded.groups[0]), raw).engine is Engine.DDP    # plan files from before
     assert main(["plan", "--engine", "fsdp", "--strategy", "allreduce"]) == 0

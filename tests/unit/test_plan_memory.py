@@ -82,8 +82,8 @@ def test_a_group_that_cannot_shard_its_state_in_memory_offloads_it():
     assert [g.engine for g in plan.groups] == [Engine.FSDP]
     assert all(r.memory.offload and r.memory.state_gib == pytest.approx(0.6, abs=1e-3) for r in plan.workers)
     assert "fsdp+offload · state 0.60 GiB" in str(plan_tree(plan).children[0].children[1].label)
-    assert plan.reason.endswith("; group(s) 0 keep their state in host memory: launch with "
-                                "--env HGTRAIN_FSDP_OFFLOAD=1")
+    assert ("; group(s) 0 keep their state in host memory: launch with --env HGTRAIN_FSDP_OFFLOAD=1; engine by "
+            "cost: fsdp+offload on 2 device(s)") in plan.reason
 
 
 def test_a_model_that_fits_nowhere_is_refused_in_one_line():
