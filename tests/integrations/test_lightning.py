@@ -10,7 +10,7 @@ import pytest
 
 from .conftest import require
 from .jobs import (assert_disjoint_shares, assert_same_as_torchrun, assert_step_metrics, assert_union_sgd, launch,
-                   mixed_plan, refusal)
+                   mixed_plan, refusal, sharded)
 
 pytestmark = pytest.mark.slow
 N = 384          # the script's dataset
@@ -69,3 +69,15 @@ def test_importing_hgcli_integrations_imports_no_framework():
             "'transformers', 'accelerate') if m in sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == []
+
+
+def test_an_fsdp_plan_shards_with_each_ranks_share_and_the_union_batchs_gradient(hg, tmp_path):
+    # The plan's group trains with fsdp: the script's HgtrainStrategy() is the FSDP2 variant. Plan
+    # batches 48/16 split the script's 32 as 24/8; one optimizer step over two accumulated
+    # micro-batches, each reduce-scattered with its own weights, equals one process on the union.
+    job = launch(hg, tmp_path, sharded(mixed_plan([48, 16], [1.0, 1.0])), "lightning_fit.py", "hgtrain",
+                 "--steps", "1", "--accumulate", "2")
+    assert [r["strategy"] for r in job.ranks] == ["HgtrainFSDPStrategy"] * 2
+    assert [[len(b) for b in r["seen"]] for r in job.ranks] == [[24, 24], [8, 8]]
+    assert [r["optimizer_steps"] for r in job.ranks] == [1, 1]
+    assert_union_sgd(job.ranks, accumulate=2, atol=1e-6)
