@@ -137,7 +137,11 @@ class HgtrainFSDPStrategy(PlannedRank, ModelParallelStrategy):
 def sharding_roots(module: torch.nn.Module, pattern: str | None) -> list[torch.nn.Module]:
     """The direct children of a LightningModule that become FSDP2 roots: those with trained parameters
     that are not units already and have a forward. Refused (TrainingError) where a trained parameter
-    would sit in no unit and no root: the LightningModule's own, or a ModuleDict's."""
+    would sit in no unit and no root: the LightningModule's own, or a ModuleDict's; and a module
+    with no trained parameter (nothing to shard)."""
+    if not any(p.requires_grad for p in module.parameters()):
+        raise TrainingError(f"{type(module).__name__} has no trained parameters: an fsdp group has nothing to "
+                            f"shard (plan it with --engine ddp)")
     units = [unit for _, unit in shard_units(module, pattern)]
     roots = [child for child in module.children()
              if not isinstance(child, _CONTAINERS) and all(child is not u for u in units)

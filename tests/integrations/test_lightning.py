@@ -2,15 +2,18 @@
 (tests/integrations/scripts/lightning_fit.py)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
 
 import pytest
+import torch
 
 from .conftest import require
 from .jobs import (assert_disjoint_shares, assert_same_as_torchrun, assert_step_metrics, assert_union_sgd, launch,
                    mixed_plan, refusal, sharded)
+from tests.launch.plans import plan_file
 
 pytestmark = pytest.mark.slow
 N = 384          # the script's dataset
@@ -81,3 +84,68 @@ def test_an_fsdp_plan_shards_with_each_ranks_share_and_the_union_batchs_gradient
     assert [[len(b) for b in r["seen"]] for r in job.ranks] == [[24, 24], [8, 8]]
     assert [r["optimizer_steps"] for r in job.ranks] == [1, 1]
     assert_union_sgd(job.ranks, accumulate=2, atol=1e-6)
+
+
+@pytest.fixture
+def one_rank(monkeypatch, tmp_path):
+    """This process as rank 0 of a plan (what hgtrain launch gives a rank), nothing started."""
+    def planned(plan):
+        for name, value in {"RANK": "0", "WORLD_SIZE": str(plan.world_size), "LOCAL_RANK": "0",
+                            "HGTRAIN_PLAN": str(plan_file(tmp_path, plan))}.items():
+            monkeypatch.setenv(name, value)
+    return planned
+
+
+def refused(capfd, build) -> str:
+    """``build()`` stops with exit code 2 and one line on stderr: that line."""
+    with pytest.raises(SystemExit) as stop:
+        build()
+    assert stop.value.code == 2
+    lines = capfd.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_hgtrain_strategy_is_the_fsdp_variant_where_the_plan_says_fsdp_and_ddp_elsewhere(one_rank):
+    from hgcli.integrations.lightning import HgtrainStrategy
+    from hgcli.integrations.lightning_fsdp import HgtrainFSDPStrategy
+
+    one_rank(sharded(mixed_plan([16], [1.0])))
+    assert type(HgtrainStrategy(process_group_backend="gloo")) is HgtrainFSDPStrategy
+    one_rank(mixed_plan([16], [1.0]))
+    assert type(HgtrainStrategy()) is HgtrainStrategy
+
+
+class Frozen(torch.nn.Module):
+    def __init__(self, *, bare: bool = False) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(4, 1).requires_grad_(bare)
+        if bare:
+            self.scale = torch.nn.Parameter(torch.ones(1))       # the module's own: no unit holds it
+
+
+@pytest.mark.parametrize("case, expect", [
+    ("ps plan", "--strategy allreduce"),
+    ("micro-batches", "into 2 micro-batches"),
+    ("ddp argument", "find_unused_parameters, which only DDP takes"),
+    ("old lightning", "needs Lightning's ModelParallelStrategy"),
+    ("nothing to shard", "Frozen has no trained parameters"),
+    ("stray parameter", "Frozen.scale is in no FSDP unit"),
+])
+def test_what_fsdp_cannot_train_is_refused_in_one_line(case, expect, one_rank, capfd, monkeypatch):
+    from hgcli.integrations.lightning import HgtrainStrategy
+
+    plan = sharded(mixed_plan([16, 16], [1.0, 1.0], ps=case == "ps plan"))
+    if case == "micro-batches":
+        plan = dataclasses.replace(plan, ranks=tuple(dataclasses.replace(r, micro_batches=2) if r.rank == 1 else r
+                                                     for r in plan.ranks))
+    one_rank(plan)
+    kwargs = {"find_unused_parameters": True} if case == "ddp argument" else {}
+    if case == "old lightning":
+        monkeypatch.setitem(sys.modules, "hgcli.integrations.lightning_fsdp", None)   # its import fails
+    if case in ("nothing to shard", "stray parameter"):
+        strategy = HgtrainStrategy()
+        line = refused(capfd, lambda: strategy._shard(Frozen(bare=case == "stray parameter")))
+    else:
+        line = refused(capfd, lambda: HgtrainStrategy(**kwargs))
+    assert line.startswith("hgtrain: ") and expect in line, line
