@@ -7,7 +7,7 @@ Why ModelParallelStrategy: it is FSDP2 (``fully_shard`` on a DeviceMesh), as hgt
 
 **Sharding.** ModelParallelStrategy asks the LightningModule to shard itself in ``configure_model``.
 A script that does keeps its own units (only the weighting is added). Otherwise the strategy shards
-as ``ctx.wrap`` does, with the plan's options (``--shard-modules``, bf16, offload, activation
+as ``ctx.wrap`` does, with the rank's options (``--shard-modules``, bf16, offload, activation
 checkpointing): each child of every ``nn.ModuleList`` a unit (names as the LightningModule's
 ``named_modules()`` gives them), and each direct child of the LightningModule a root, since Lightning
 calls ``training_step``, not the LightningModule's ``forward``, and FSDP2 gathers a unit's parameters

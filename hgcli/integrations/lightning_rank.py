@@ -33,8 +33,8 @@ class PlannedRank(ParallelStrategy):
             first = split[0]
             refuse(f"hgtrain: the plan splits rank {first.rank}'s batch into {first.micro_batches} micro-batches "
                    f"(its memory), but {framework} takes one batch per rank and step: Lightning's "
-                   f"accumulate_grad_batches is the same on every rank. Plan with a smaller --global-batch, "
-                   f"or --offload")
+                   f"accumulate_grad_batches is the same on every rank. Plan with a smaller --global-batch "
+                   f"(or more devices), so that every rank's batch fits its memory")
         self._share, self._meter, self._samples = share, StepMeter(share), 0
         return share
 
