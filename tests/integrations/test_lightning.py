@@ -1,5 +1,6 @@
 """``HgtrainStrategy`` in real Lightning jobs: two gloo ranks under ``hgtrain launch`` and torchrun
-(tests/integrations/scripts/lightning_fit.py)."""
+(tests/integrations/scripts/lightning_fit.py), DDP and FSDP2 (``HgtrainFSDPStrategy``); the refusals
+in-process, as rank 0 of a plan with nothing started."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,10 +11,12 @@ import sys
 import pytest
 import torch
 
+from hgcli.runtime.errors import TrainingError
+from tests.launch.plans import plan_file
+
 from .conftest import require
 from .jobs import (assert_disjoint_shares, assert_same_as_torchrun, assert_step_metrics, assert_union_sgd, launch,
                    mixed_plan, refusal, sharded)
-from tests.launch.plans import plan_file
 
 pytestmark = pytest.mark.slow
 N = 384          # the script's dataset
@@ -149,3 +152,21 @@ def test_what_fsdp_cannot_train_is_refused_in_one_line(case, expect, one_rank, c
     else:
         line = refused(capfd, lambda: HgtrainStrategy(**kwargs))
     assert line.startswith("hgtrain: ") and expect in line, line
+
+
+def test_a_lightning_modules_roots_are_its_children_with_parameters_outside_the_units():
+    from hgcli.integrations.lightning_fsdp import sharding_roots
+
+    class Blocks(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = torch.nn.ModuleList([torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)])  # units
+            self.head = torch.nn.Linear(4, 1)
+            self.act = torch.nn.Tanh()                                                          # nothing to shard
+
+    model = Blocks()
+    assert sharding_roots(model, None) == [model.head]
+    assert sharding_roots(model, "blocks.*") == [model.head]
+    assert sharding_roots(model, "*") == []             # every child a unit already: its own root
+    with pytest.raises(TrainingError, match=r"Blocks\.blocks\.0\.weight is in no FSDP unit"):
+        sharding_roots(model, "head")                   # the ModuleList has no forward to be a root
