@@ -15,7 +15,7 @@ import inspect
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, ContextManager
+from typing import Any, ContextManager, NoReturn
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader
@@ -48,11 +48,15 @@ def refuse_groups(plan: m.Plan | None, framework: str) -> None:
     if plan is None or (not plan.ps_shards and len(plan.groups) == 1):
         return
     shards = len(plan.ps_shards)
-    refused = PlanRefused(f"hgtrain: the plan is {plan.strategy.value} ({len(plan.groups)} groups, {shards} "
-                          f"parameter-server rank{'' if shards == 1 else 's'}), but {framework} trains one "
-                          f"all-reduce group: launch with --strategy allreduce")
-    print(refused.line, file=sys.stderr, flush=True)
-    raise refused
+    refuse(f"hgtrain: the plan is {plan.strategy.value} ({len(plan.groups)} groups, {shards} "
+           f"parameter-server rank{'' if shards == 1 else 's'}), but {framework} trains one "
+           f"all-reduce group: launch with --strategy allreduce")
+
+
+def refuse(line: str) -> NoReturn:
+    """Stop this rank with ``line`` on stderr and exit code 2 (:class:`PlanRefused`)."""
+    print(line, file=sys.stderr, flush=True)
+    raise PlanRefused(line)
 
 
 @dataclass

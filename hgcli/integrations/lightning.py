@@ -12,61 +12,56 @@ Lightning builds the DDP; this strategy adds what hgtrain knows:
 * device emulation's stretch and pacing, and step, loss and samples on hgtrain's metrics pipe;
 * ranks from the environment, not ``num_nodes x devices``: the script need not set ``devices``, and a
   heterogeneous cluster's nodes may run different numbers of ranks.
+
+Where the plan's group trains with fsdp, ``HgtrainStrategy()`` is the FSDP2 variant instead
+(lightning_fsdp.py): the engine is the plan's, as under ``ctx.wrap``, and the script does not change.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from pytorch_lightning.strategies import DDPStrategy
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader
 
+from ..runtime.env import RankEnv
+from ..schema import stages as m
 from .hook import paced_hook
-from .job import RankShare, StepMeter, batch_length, is_shuffled, script_batch, with_batch_sampler
+from .job import refuse
+from .lightning_rank import PlannedRank
 
 # DDPStrategy arguments that would replace hgtrain's comm hook.
 _HGTRAIN_OWNS = ("ddp_comm_hook", "ddp_comm_state", "ddp_comm_wrapper", "model_averaging_period")
 
 
-class HgtrainStrategy(DDPStrategy):
+class HgtrainStrategy(PlannedRank, DDPStrategy):
     """Lightning's DDP strategy with this rank's planned batch, the samples-weighted comm hook,
-    emulation and metrics: ``Trainer(strategy=HgtrainStrategy())`` is the one changed line."""
+    emulation and metrics: ``Trainer(strategy=HgtrainStrategy())`` is the one changed line.
+
+    Under a plan whose group trains with fsdp, constructing it gives an ``HgtrainFSDPStrategy``
+    (Lightning's ModelParallelStrategy, FSDP2) with the same arguments."""
 
     strategy_name = "hgtrain"
+
+    def __new__(cls, **kwargs: Any) -> HgtrainStrategy:
+        if cls is HgtrainStrategy and planned_engine() is m.Engine.FSDP:
+            # Not an instance of cls, so Python calls no __init__ of ours on it.
+            return cast(HgtrainStrategy, fsdp_strategy(kwargs))
+        return super().__new__(cls)
 
     def __init__(self, **kwargs: Any) -> None:
         clash = sorted(k for k in kwargs if k in _HGTRAIN_OWNS)
         if clash:
             raise TypeError(f"HgtrainStrategy sets {', '.join(clash)} itself (the samples-weighted comm hook)")
-        self._share = RankShare.from_environ("HgtrainStrategy (Lightning)")
-        self._meter = StepMeter(self._share)
+        share = self.join_plan("HgtrainStrategy (Lightning)")
         # The rank's batch is known once the training DataLoader is (process_dataloader), after DDP
         # is built; the hook reads it from this state at the first backward.
-        self._hook_state = self._share.hook_state(None)
-        self._samples = 0
+        self._hook_state = share.hook_state(None)
         super().__init__(**kwargs)
 
-    @property
-    def root_device(self) -> torch.device:
-        # Under hgtrain a GPU rank sees only its own GPU and an emulated one the CPU: one device, which
-        # Lightning's parallel_devices[local_rank] would look for past its end.
-        assert self.parallel_devices is not None
-        if len(self.parallel_devices) == 1:
-            return self.parallel_devices[0]
-        return self.parallel_devices[self.local_rank]
-
-    @property
-    def distributed_sampler_kwargs(self) -> dict[str, Any]:
-        return {"num_replicas": self.world_size, "rank": self.global_rank}
-
-    def set_world_ranks(self) -> None:
-        # The ranks' environment (TorchElasticEnvironment under hgtrain and torchrun) is the truth;
-        # num_nodes x devices is not where nodes hold different numbers of ranks.
-        from lightning_utilities.core.rank_zero import rank_zero_only as utils_rank_zero_only
-        from pytorch_lightning.utilities.rank_zero import rank_zero_only
-
-        rank_zero_only.rank = utils_rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]
+    def shares_known(self, shares: list[int] | None) -> None:
+        if shares is not None:
+            self._hook_state.batch_size = shares[self._share.index]
 
     def _configure_launcher(self) -> None:
         super()._configure_launcher()
@@ -83,37 +78,30 @@ class HgtrainStrategy(DDPStrategy):
         if isinstance(self.model, DistributedDataParallel):
             self.model.register_comm_hook(self._hook_state, paced_hook)
 
-    def process_dataloader(self, dataloader: object) -> object:
-        trainer = self.lightning_module.trainer if self.lightning_module is not None else None
-        if trainer is None or not trainer.training or not isinstance(dataloader, DataLoader):
-            return dataloader
-        batch = script_batch(dataloader)
-        if batch is None:
-            return dataloader       # a batch sampler of the script's own: its sizes are the script's
-        self._hook_state.batch_size = self._share.batches(batch)[self._share.index]
-        if self._share.uniform(batch):
-            return dataloader
-        seed = int(getattr(dataloader.sampler, "seed", 0))
-        sampler = self._share.sampler(len(dataloader.dataset),  # type: ignore[arg-type]
-                                      batch, shuffle=is_shuffled(dataloader), seed=seed,
-                                      drop_last=dataloader.drop_last)
-        return with_batch_sampler(dataloader, sampler)
 
-    def training_step(self, *args: Any, **kwargs: Any) -> Any:
-        self._samples = batch_length(args[0]) if args else 0
-        self._meter.begin()
-        return super().training_step(*args, **kwargs)
+def planned_engine() -> m.Engine:
+    """The engine of the plan's one group (DDP without a plan, as under torchrun; a plan of several
+    groups is refused by the strategy itself)."""
+    plan = RankEnv.from_environ().plan
+    if plan is None or len(plan.groups) != 1:
+        return m.Engine.DDP
+    return plan.groups[0].engine
 
-    def backward(self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
-        loss = super().backward(closure_loss, optimizer, *args, **kwargs)
-        trainer = self.lightning_module.trainer if self.lightning_module is not None else None
-        accumulate = trainer.accumulate_grad_batches if trainer is not None else 1
-        # Lightning divides the step's loss by the accumulation before backward: report the step's own.
-        self._meter.end(self._samples, float(closure_loss.detach()) * accumulate)
-        return loss
 
-    def teardown(self) -> None:
-        if self._meter.steps:
-            self._meter.finish()
-            self._meter.steps = 0
-        super().teardown()
+def fsdp_strategy(kwargs: dict[str, Any]) -> Any:
+    """``HgtrainFSDPStrategy(**kwargs)``, or one line and exit 2 where this Lightning has no FSDP2
+    strategy or ``kwargs`` are DDP's."""
+    import pytorch_lightning
+
+    try:
+        from .lightning_fsdp import HgtrainFSDPStrategy, accepts
+    except ImportError as exc:
+        refuse(f"hgtrain: the plan trains its group with fsdp, which needs Lightning's ModelParallelStrategy "
+               f"(FSDP2; pytorch-lightning >= 2.4), not in pytorch-lightning {pytorch_lightning.__version__} "
+               f"({exc}): upgrade it, or plan with --engine ddp")
+    ddp_only = sorted(k for k in kwargs if not accepts(k))
+    if ddp_only:
+        refuse(f"hgtrain: the plan trains its group with fsdp, but HgtrainStrategy was given "
+               f"{', '.join(ddp_only)}, which only DDP takes: drop {'it' if len(ddp_only) == 1 else 'them'}, "
+               f"or plan with --engine ddp")
+    return HgtrainFSDPStrategy(**kwargs)

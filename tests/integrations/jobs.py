@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import torch
 
-from hgcli.schema.stages import Plan
+from hgcli.schema.stages import Engine, Plan
 from tests.launch.hg import REPO, Hg, cluster_toml
 from tests.launch.plans import local_cluster, make_plan, plan_file
 
@@ -32,6 +32,11 @@ def mixed_plan(batches: Sequence[int], speeds: Sequence[float], *, ps: bool = Fa
     ranks = tuple(dataclasses.replace(r, batch_size=workers[r.rank][0], speed=workers[r.rank][1])
                   if r.rank in workers else r for r in plan.ranks)
     return dataclasses.replace(plan, ranks=ranks, global_batch=sum(batches))
+
+
+def sharded(plan: Plan) -> Plan:
+    """``plan`` with every group training with fsdp (FSDP2)."""
+    return dataclasses.replace(plan, groups=tuple(dataclasses.replace(g, engine=Engine.FSDP) for g in plan.groups))
 
 
 @dataclasses.dataclass
@@ -121,14 +126,14 @@ def assert_disjoint_shares(ranks: list[dict[str, Any]], shares: Sequence[int], d
         assert len(set(epoch)) == len(epoch)
 
 
-def assert_union_sgd(ranks: list[dict[str, Any]], accumulate: int = 1) -> None:
+def assert_union_sgd(ranks: list[dict[str, Any]], accumulate: int = 1, atol: float = 1e-5) -> None:
     """Rank 0's final parameters are one process's SGD over each step's union of the ranks' batches
     (the samples-weighted hook's gradient; tests/integrations/scripts/regression.py)."""
     from tests.integrations.scripts.regression import one_process
 
     steps = [[i for r in ranks for i in r["seen"][k]] for k in range(len(ranks[0]["seen"]))]
     for got, want in zip(ranks[0]["params"], one_process(steps, accumulate)):
-        assert torch.allclose(torch.tensor(got), want, atol=1e-5)
+        assert torch.allclose(torch.tensor(got), want, atol=atol, rtol=0)
 
 
 def assert_step_metrics(job: Job, shares: Sequence[int], steps: int) -> None:

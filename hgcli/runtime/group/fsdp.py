@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -68,9 +68,12 @@ def shard_units(model: torch.nn.Module, pattern: str | None) -> list[tuple[str, 
     return with_params[::-1]
 
 
-def shard(model: torch.nn.Module, pg: Any, device: torch.device, options: ShardOptions) -> torch.nn.Module:
+def shard(model: torch.nn.Module, pg: Any, device: torch.device, options: ShardOptions,
+          roots: Sequence[torch.nn.Module] | None = None) -> torch.nn.Module:
     """``fully_shard`` each unit, then the root, over ``pg``; returns the model itself (FSDP2 makes
-    it an ``FSDPModule`` in place)."""
+    it an ``FSDPModule`` in place). ``roots``: the modules sharded last instead of ``model``, for a
+    model whose own forward is never called (a LightningModule: Lightning calls ``training_step``,
+    and FSDP2 gathers a unit's parameters around its forward)."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
@@ -93,7 +96,8 @@ def shard(model: torch.nn.Module, pg: Any, device: torch.device, options: ShardO
     offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if options.offload else OffloadPolicy()
     for _, module in units:
         fully_shard(module, mesh=mesh, mp_policy=mp, offload_policy=offload)
-    fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=offload)
+    for root in (model,) if roots is None else roots:
+        fully_shard(root, mesh=mesh, mp_policy=mp, offload_policy=offload)
     return model
 
 
