@@ -207,7 +207,9 @@ def test_cluster_slowdowns_reach_the_plan_ranks_and_leave_the_fingerprint_alone(
     plan = replace(plan, ranks=tuple(replace(r, device=f"gpu{i}") for i, r in enumerate(plan.ranks)))
     out = with_slowdowns(plan, b)
     assert out.ranks[0].slowdown == () and out.ranks[1].slowdown == b.nodes[0].emulate.slowdown
-    assert with_slowdowns(plan, a) == plan
+    # Without slowdowns the ranks gain only their emulated devices' memory (the runtime's cap).
+    assert with_slowdowns(plan, a) == replace(plan, ranks=tuple(
+        replace(r, memory_mib=m) for r, m in zip(plan.ranks, (40960, 15360))))
     # Ranks restarted 30 s into the job: the slowdown in force is theirs from the start, the
     # recovery comes 10 s later; restarted after both, only the recovery holds.
     assert with_slowdowns(plan, b, elapsed_s=30.0).ranks[1].slowdown == (Slowdown(1, 0.0, 4.0), Slowdown(1, 10.0, 1.0))

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from ...schema.deepjson import loads_bounded
-from ...schema.records import clean_record
 from ...state import read_json
 from ..protocol import NodeJobState
 from .spec import check_name
@@ -83,4 +82,7 @@ def last_metrics(path: Path) -> dict[str, Any] | None:
     except ValueError:
         return None
     # A rank's numbers as it wrote them: NaN or 1e400 would make ``status --json`` print NaN.
+    # Imported here: the schema's records would add to every launch's agent start-up (test_agent_startup).
+    from ...schema.records import clean_record
+
     return clean_record(data)[0] if isinstance(data, dict) else None
