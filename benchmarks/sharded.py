@@ -2,7 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python benchmarks/sharded.py            (the default: a 4.3M-parameter
                                                                      model, about 5-10 minutes on 2 cores)
-    ... --vocab 32000 --d-model 768 --layers 12 --heads 12 --seq 512   (GPT-2 small, about 110M
+    ... --vocab 32000 --d-model 768 --layers 12 --heads 12 --seq 512   (about 135M
                                                                      parameters: for GPU nodes)
     ... --vocab 32000 --d-model 2048 --layers 20 --heads 16 --seq 1024 (about 1.1B parameters)
 
@@ -12,8 +12,10 @@ devices' memory is chosen from the model's measured figures (the bench's own fun
 hgcli/node/bench/memory.py's state and largest unit, the counted step's activations): a small device
 holds an FSDP2 shard of the state over the four with its share of the batch, and not a replica
 with AdamW's state and one sample; a large device holds a replica. The default model is far
-smaller than the issue's 100-300M (2 shared CPU cores): the memory sizes are scaled down with it,
-and the flags above run the same script at 100M+ and 1B+.
+smaller than the issue's 100-300M (2 shared CPU cores): the memory sizes are scaled down with it.
+The flags above size the same script at 100M+ and 1B+; the cluster here is always emulated on this
+machine's CPU, so at those sizes run sharded_train.py with ``hgtrain launch`` on a GPU cluster's own
+file (its ranks then report ``torch.cuda.max_memory_allocated``).
 
 The training script (benchmarks/sharded_train.py: a GPT-style decoder, AdamW, synthetic Markov
 tokens of a fixed seed) runs three ways, each on the same global batch for the same steps:
@@ -311,7 +313,7 @@ def report(args: argparse.Namespace, ctx: dict[str, Any], runs: dict[str, dict[s
     fig = ctx["figures"]
     print(f"GPT-style decoder, {fig['parameters'] / 1e6:.2f}M parameters (vocab {args.vocab}, d_model {args.d_model}, "
           f"{args.layers} layers, {args.heads} heads, seq {args.seq}; far below the issue's 100-300M: 2 shared "
-          f"CPU cores; --d-model 768 --layers 12 --heads 12 --vocab 32000 --seq 512 for ~110M on GPUs), AdamW, "
+          f"CPU cores; --d-model 768 --layers 12 --heads 12 --vocab 32000 --seq 512 for ~135M), AdamW, "
           f"global batch {args.global_batch}, {args.steps} updates; AdamW state {fig['state_bytes'] / MIB:.1f} MiB, "
           f"largest unit {fig['largest_unit_bytes'] / MIB:.1f} MiB")
     print(f"devices: {ctx['names']} at emulated speeds {ctx['emulated']} with {ctx['memory']} MiB "
