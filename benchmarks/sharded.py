@@ -21,14 +21,18 @@ The training script (benchmarks/sharded_train.py: a GPT-style decoder, AdamW, sy
 tokens of a fixed seed) runs three ways, each on the same global batch for the same steps:
 
   hgtrain fsdp   ``hgtrain probe``, ``hgtrain bench --model`` (the script's model), then
-                 ``hgtrain launch`` with the default ``--engine auto``: the plan must shard the
-                 group (fsdp) over all four devices (checked on ``hgtrain plan --json`` first and on
-                 the job's own plan; anything else stops the benchmark);
+                 ``hgtrain launch --engine fsdp``: the plan must shard the group over all four
+                 devices (checked on ``hgtrain plan --json`` first and on the job's own plan;
+                 anything else stops the benchmark);
   fsdp2 uniform  ``torchrun`` on the script's plain FSDP2 (``fully_shard`` on each block, then the
                  root), the same batch on every rank, each rank emulated at its device's speed by
                  benchmarks/ddp_emulation.py's EmulatedRank (the runtime's Emulator);
   ddp large      ``hgtrain launch --engine ddp``: the plan a replica-only planner makes, which leaves
                  the small devices out.
+
+What the default ``--engine auto`` plans is read from ``hgtrain plan --json`` (it weighs sharding
+over every device against DDP on the devices that hold a replica by predicted samples/s) and scored
+against the two measured arms: the goal ``auto_picks_the_faster``.
 
 Figures: steady samples/s (the global batch x updates between the 3rd and the last update every
 rank finished, over the time between them); the loss at equal samples (the samples-weighted loss
@@ -193,10 +197,9 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def launch(args: argparse.Namespace, cfg: Path, env: dict[str, str], work: Path, engine: str) -> dict[str, Any]:
-    """``hgtrain launch`` of the script (``engine``: auto, the default, or ddp); the job's plan, metrics
-    and each rank's memory."""
+    """``hgtrain launch --engine ENGINE`` of the script; the job's plan, metrics and each rank's memory."""
     memory_dir = work / f"memory-{engine}"
-    extra = [] if engine == "auto" else ["--engine", engine]
+    extra = ["--engine", engine]
     began = time.monotonic()
     run(hg("launch", "-c", str(cfg), "--global-batch", str(args.global_batch), *extra, "--", PY,
            *script_argv(args, "hgtrain", memory_dir)), env, work / f"launch-{engine}.log", args.timeout)
@@ -274,6 +277,8 @@ def memory_rows(run: dict[str, Any], plan: dict[str, Any] | None, memory_mib: li
     memory. Under hgtrain a worker's device is its plan entry's; under torchrun rank i is device i."""
     rows = []
     workers = {r["rank"]: r for r in plan["ranks"] if r["role"] == "worker"} if plan else {}
+    # What the runtime itself counted (its finish record): the figure an emulated device's cap checks.
+    accounted = {int(m["rank"]): m.get("accounted_peak_mib") for m in run["metrics"] if m.get("event") == "finish"}
     for rank, m in sorted(run["memory"].items()):
         entry = workers.get(rank)
         device = int(entry["device"].removeprefix("gpu")) if entry else rank
@@ -281,21 +286,31 @@ def memory_rows(run: dict[str, Any], plan: dict[str, Any] | None, memory_mib: li
         if entry and entry.get("memory"):
             predicted = (entry["memory"]["state_gib"] + entry["memory"]["activation_gib"]) * 1024
         rows.append({"rank": rank, "device": device, "measured_mib": m["peak_mib"], "predicted_mib": predicted,
+                     "accounted_mib": accounted.get(rank),
                      "cap_mib": memory_mib[device], "kind": m["kind"], "micro_batches": m.get("micro_batches", 1),
                      "error": None if predicted is None else predicted / m["peak_mib"] - 1})
     return rows
 
 
+def auto_engine(plan: dict[str, Any]) -> str:
+    """What ``--engine auto`` chose: "fsdp" (sharded over every device) or "ddp" (the large ones)."""
+    engines = {g.get("engine") for g in plan["groups"]}
+    return "fsdp" if "fsdp" in engines else "ddp"
+
+
 def goals_of(runs: dict[str, dict[str, Any]], rows: list[dict[str, Any]], ideal_rate: float,
-             small_trained: bool) -> tuple[dict[str, Any], dict[str, bool | None]]:
+             small_trained: bool, auto: str) -> tuple[dict[str, Any], dict[str, bool | None]]:
     hgr, uni, ddp = (runs[k]["figures"] for k in ("hgtrain fsdp", "fsdp2 uniform", "ddp large"))
     ratios = {"vs_ddp_large": hgr["samples_per_s"] / ddp["samples_per_s"],
               "vs_fsdp2_uniform": hgr["samples_per_s"] / uni["samples_per_s"],
               "x_ideal": hgr["samples_per_s"] / ideal_rate,
               "loss_gap_vs_fsdp2_uniform": abs(hgr["loss"] - uni["loss"]) / uni["loss"],
               "worst_memory_error": max((abs(r["error"]) for r in rows if r["error"] is not None), default=None)}
+    faster = "fsdp" if hgr["samples_per_s"] > ddp["samples_per_s"] else "ddp"
+    ratios["auto_chose"] = auto
     goals: dict[str, bool | None] = {
         "small_devices_train": small_trained,
+        "auto_picks_the_faster": auto == faster,
         "beats_ddp_on_large": ratios["vs_ddp_large"] > 1.0,
         f"vs_fsdp2_uniform>={GOAL_VS_UNIFORM}_at_equal_loss": (ratios["vs_fsdp2_uniform"] >= GOAL_VS_UNIFORM
                                                               and ratios["loss_gap_vs_fsdp2_uniform"] <= GOAL_LOSS),
@@ -327,13 +342,15 @@ def report(args: argparse.Namespace, ctx: dict[str, Any], runs: dict[str, dict[s
               f"{f['samples_per_s'] / ctx['ideal']:.2f} | {f['loss']:.4f} ({f['first_loss']:.3f}) | {r['wall_s']:.0f} |")
     print(f"\nideal {ctx['ideal']:.1f} samples/s: " + ", ".join(
         f"{d['device']} {d['samples_per_s']:.1f} at batch {d['best_batch']}" for d in ctx["ideal_devices"]))
-    print(f"\n| run | rank | device | micro-batches | measured peak MiB | predicted MiB | error | cap MiB |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(f"\n| run | rank | device | micro-batches | measured peak MiB | predicted MiB | error | runtime-counted MiB "
+          f"| cap MiB |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         pred = "-" if r["predicted_mib"] is None else f"{r['predicted_mib']:.1f}"
         err = "-" if r["error"] is None else f"{r['error']:+.0%}"
+        counted = "-" if r["accounted_mib"] is None else f"{r['accounted_mib']:.1f}"
         print(f"| {r['run']} | {r['rank']} | {r['device']} | {r['micro_batches']} | {r['measured_mib']:.1f} | "
-              f"{pred} | {err} | {r['cap_mib']} |")
+              f"{pred} | {err} | {counted} | {r['cap_mib']} |")
     print("\nmeasured: " + ("RSS growth over the training steps (VmHWM reset after the wrap, less VmRSS before the "
                             "model was built)" if rows and rows[0]["kind"] == "rss_growth" else
                             "torch.cuda.max_memory_allocated") + "; predicted: the plan's state_gib + activation_gib")
@@ -353,11 +370,12 @@ def prepare(args: argparse.Namespace, work: Path, env: dict[str, str]) -> dict[s
     spec = bench_spec(args, work, split(args.global_batch, speeds))
     bench = run(hg("bench", "-c", str(cfg), "--quick", "--json", "--model", spec), env, work / "bench.log", args.timeout)
     plans = {}
-    for engine, workers in (("auto", len(speeds)), ("ddp", n_large)):
+    for engine, workers in (("auto", None), ("fsdp", len(speeds)), ("ddp", n_large)):
         out = run(hg("plan", "-c", str(cfg), "--global-batch", str(args.global_batch), "--engine", engine, "--json"),
                   env, work / f"plan-{engine}.log", args.timeout)
         plans[engine] = json.loads(out.stdout)
-        check_plan(plans[engine], "fsdp" if engine == "auto" else "ddp", workers, f"hgtrain plan --engine {engine}")
+        if workers is not None:
+            check_plan(plans[engine], engine, workers, f"hgtrain plan --engine {engine}")
     rate, per_device = ideal(json.loads(bench.stdout), len(speeds))
     return {"speeds": speeds, "n_large": n_large, "figures": fig, "memory": memory, "cfg": cfg, "plans": plans,
             "ideal": rate, "ideal_devices": per_device, "emulated": [s * args.time_scale for s in speeds],
@@ -376,13 +394,13 @@ def main() -> None:
     try:
         ctx = prepare(args, work, env)
         runs: dict[str, dict[str, Any]] = {}
-        for name, engine in (("hgtrain fsdp", "auto"), ("fsdp2 uniform", None), ("ddp large", "ddp")):
+        for name, engine in (("hgtrain fsdp", "fsdp"), ("fsdp2 uniform", None), ("ddp large", "ddp")):
             print(f"... {name}", file=sys.stderr, flush=True)
             r = (launch(args, ctx["cfg"], env, work, engine) if engine else
                  torchrun_uniform(args, ctx["speeds"], env, work))
             if engine:
-                check_plan(r["plan"], "fsdp" if engine == "auto" else "ddp",
-                           len(ctx["speeds"]) if engine == "auto" else ctx["n_large"], f"the {name} job's plan")
+                check_plan(r["plan"], engine, len(ctx["speeds"]) if engine == "fsdp" else ctx["n_large"],
+                           f"the {name} job's plan")
             r["figures"] = measure(r["metrics"], args.global_batch)
             micro = [w.get("micro_batches", 1) for w in r["plan"]["ranks"] if w["role"] == "worker"] if engine else []
             r["batches"] = "/".join(f"{b}" + (f"x{m}" if m > 1 else "") for b, m in
@@ -393,7 +411,7 @@ def main() -> None:
                 for row in memory_rows(r, r.get("plan"), ctx["memory"])]
         small = runs["hgtrain fsdp"]["figures"]["batches"][ctx["n_large"]:]
         ratios, goals = goals_of(runs, [r for r in rows if r["run"] == "hgtrain fsdp"], ctx["ideal"],
-                                 bool(small) and min(small) > 0)
+                                 bool(small) and min(small) > 0, auto_engine(ctx["plans"]["auto"]))
         report(args, ctx, runs, rows, ratios, goals)
         print(json.dumps({
             "benchmark": "sharded", "model": {k: getattr(args, k) for k in MODEL_FLAGS}, "figures": ctx["figures"],
