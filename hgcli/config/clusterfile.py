@@ -72,8 +72,9 @@ def read_cluster_file(path: Path) -> FileSettings:
         line = m.group(1) if m else max(1, len(text.splitlines()))   # "at end of document"
         raise ConfigError(f"TOML syntax error: {exc}", source=f"{path}:{line}") from exc
     except ValueError:              # Python's int() limit: a number of thousands of digits
-        raise ConfigError("not a cluster file: it holds a number of more than 4,300 digits",
-                          source=str(path)) from None
+        long = re.search(r"\d{4300,}", text)
+        line = text.count("\n", 0, long.start()) + 1 if long else 1
+        raise ConfigError("a number of more than 4,300 digits", source=f"{path}:{line}") from None
     f = SourceFile(path, text)
     check_keys(f, data, (), ROOT_KEYS, "the cluster file")
     ssh = _ssh_settings(f, table(f, data, ("ssh",)))

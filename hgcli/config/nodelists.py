@@ -18,7 +18,7 @@ from ..schema.names import valid_host
 MAX_HOSTS = 100_000
 # Digits in one range bound: far more than any node number, far fewer than int() refuses.
 _MAX_DIGITS = 64
-_SLOTS = re.compile(r"^slots=(\d+)$")
+_SLOTS = re.compile(r"slots=([0-9]+)")   # [0-9]: \d also takes "٣"; used with fullmatch
 MAX_SLOTS = 1024          # devices (ranks) one hostfile line may declare
 
 
@@ -47,7 +47,7 @@ def parse_hostfile(text: str, source: str) -> list[HostEntry]:
             raise ConfigError(f"{host!r} is not a host name", source=where)
         slots = None
         for item in rest:
-            m = _SLOTS.match(item)
+            m = _SLOTS.fullmatch(item)
             if m is None:
                 raise ConfigError(f"cannot read {item!r}: expected 'host' or 'host slots=N'", source=where)
             if slots is not None:
@@ -154,7 +154,8 @@ def _expand_item(item: str, choices: list[_Choice], source: str) -> list[str]:
 def _parse_ranges(ranges: str, item: str, source: str) -> list[tuple[int, int, int]]:
     values: list[tuple[int, int, int]] = []
     for rng in ranges.split(","):
-        m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", rng)
+        # [0-9], not \d: \d also takes other scripts' digits ("٣"), which int() reads as 3.
+        m = re.fullmatch(r"\s*([0-9]+)\s*(?:-\s*([0-9]+)\s*)?", rng)
         if m is None:
             raise ConfigError(f"cannot read range {rng!r} in {item!r}", source=source)
         lo, hi = m.group(1), m.group(2) or m.group(1)
