@@ -129,10 +129,16 @@ def admit(conn: socket.socket, peers: JobPeers) -> Verdict:
         theirs, ours = owners(me, peer)
     except OSError as exc:
         return Verdict(False, f"{peer[0]}, whose socket could not be looked up ({exc.strerror or exc})")
+    return judge(peer[0], theirs, ours, peers)
+
+
+def judge(address: str, theirs: int | None, ours: int | None, peers: JobPeers) -> Verdict:
+    """The rule, given what the kernel said: ``theirs``/``ours`` are the owners of the peer's and the
+    store's socket of the connection on this machine (None: not in its TCP table)."""
     if theirs is not None:
         return Verdict(theirs == peers.uid, f"a process of uid {theirs} on this machine")
     if ours is None:
-        return Verdict(False, f"{peer[0]}, not in this machine's TCP table, nor the store's own end")
-    if peer[0] in peers.addresses:
-        return Verdict(True, f"node {peer[0]} of the job")
-    return Verdict(False, f"{peer[0]}, not a node of the job")
+        return Verdict(False, f"{address}, not in this machine's TCP table, nor the store's own end")
+    if address in peers.addresses:
+        return Verdict(True, f"node {address} of the job")
+    return Verdict(False, f"{address}, not a node of the job")
