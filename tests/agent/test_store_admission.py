@@ -39,10 +39,14 @@ sys.stdin.readline()
 def raw(query):
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
         s.sendall(b"\x00" + struct.pack("=I", 0x3C85F7CE) + query)   # VALIDATE, as torch's client begins
+        s.shutdown(socket.SHUT_WR)
+        got = b""
         try:
-            return s.recv(100).hex()
+            while chunk := s.recv(4096):
+                got += chunk
         except ConnectionResetError:
-            return ""
+            pass
+        return got.hex()
 key = struct.pack("=Q", 8) + b"intruder"
 out = {"list_keys": raw(b"\x11"), "get": raw(b"\x03" + key), "set": raw(b"\x01" + key + struct.pack("=Q", 1) + b"x")}
 try:
