@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import selectors
 import socket
+import time
 from collections import Counter
 from typing import Callable, TextIO
 
@@ -42,7 +43,7 @@ class StoreServer:
 
     def __init__(self, listener: socket.socket, peers: JobPeers, log: TextIO, limits: Limits = Limits()) -> None:
         self.listener, self.peers, self.log, self.limits = listener, peers, log, limits
-        self.table = Table(limits)
+        self.table: Table[Connection] = Table(limits)
         self.refused: Counter[str] = Counter()
         self.closed: Counter[str] = Counter()
         self.admitted = 0
@@ -93,6 +94,7 @@ class StoreServer:
                 return
             except OSError as exc:   # ECONNABORTED, EMFILE: this one is lost, the store goes on
                 self._note(self.closed, "accept", f"could not accept a connection: {exc.strerror or exc}")
+                time.sleep(0.05)   # the listener stays readable: no busy loop while descriptors run out
                 return
             try:
                 verdict = admit(sock, self.peers)
@@ -157,9 +159,8 @@ class StoreServer:
             conn.outbuf += data
             self._flush(conn)
 
-    def _wake(self, clients: list[object]) -> None:
+    def _wake(self, clients: list[Connection]) -> None:
         for client in clients:
-            assert isinstance(client, Connection)
             self._reply(client, wire.STOP_WAITING)
 
     def _flush(self, conn: Connection) -> None:

@@ -15,11 +15,12 @@ whose wait ended, for the server to answer ``STOP_WAITING``.
 from __future__ import annotations
 
 from collections import deque
-from typing import Hashable
+from typing import Generic, Hashable, TypeVar
 
 from .wire import Limits
 
 _INT64 = (-(1 << 63), (1 << 63) - 1)
+C = TypeVar("C", bound=Hashable)   # a client: the server's connection
 
 
 class Full(Exception):
@@ -30,15 +31,15 @@ class Unusable(Exception):
     """A query the store cannot carry out on what it holds (ADD to a value that is not a number)."""
 
 
-class Table:
+class Table(Generic[C]):
     """The keys, the queues and the waiters of one store."""
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
         self.keys: dict[bytes, bytes] = {}
         self.queues: dict[bytes, deque[bytes]] = {}
-        self.waiters: dict[bytes, list[Hashable]] = {}   # key -> clients waiting for it, in arrival order
-        self.awaited: dict[Hashable, int] = {}           # client -> keys it still waits for
+        self.waiters: dict[bytes, list[C]] = {}   # key -> clients waiting for it, in arrival order
+        self.awaited: dict[C, int] = {}           # client -> keys it still waits for
         self.items = 0       # keys plus queued values
         self.bytes = 0       # their keys' and values' bytes
 
@@ -59,7 +60,7 @@ class Table:
             self._charge(0, len(value) - len(old))
         self.keys[key] = value
 
-    def _write(self, key: bytes, value: bytes) -> list[Hashable]:
+    def _write(self, key: bytes, value: bytes) -> list[C]:
         self._store(key, value)
         return self._wake(key)
 
@@ -79,8 +80,8 @@ class Table:
         return key in self.keys or bool(self.queues.get(key))
 
     # -- waiting -------------------------------------------------------------------------------
-    def _wake(self, key: bytes, only_one: bool = False) -> list[Hashable]:
-        woken: list[Hashable] = []
+    def _wake(self, key: bytes, only_one: bool = False) -> list[C]:
+        woken: list[C] = []
         waiting = self.waiters.get(key, [])
         while waiting and not (only_one and woken):
             client = waiting.pop(0)
@@ -94,7 +95,7 @@ class Table:
             self.waiters.pop(key, None)
         return woken
 
-    def wait(self, keys: tuple[bytes, ...], client: Hashable) -> bool:
+    def wait(self, keys: tuple[bytes, ...], client: C) -> bool:
         """True when every key is there now; else the client waits (one wait per client: a new one
         replaces what is left of the last)."""
         self.forget(client)
@@ -105,7 +106,7 @@ class Table:
             self.awaited[client] = len(missing)
         return not missing
 
-    def forget(self, client: Hashable) -> None:
+    def forget(self, client: C) -> None:
         """The client stops waiting (CANCEL_WAIT, or its connection closed)."""
         if self.awaited.pop(client, None) is None:
             return
@@ -115,13 +116,13 @@ class Table:
                 del self.waiters[key]
 
     # -- keys ----------------------------------------------------------------------------------
-    def set(self, key: bytes, value: bytes) -> list[Hashable]:
+    def set(self, key: bytes, value: bytes) -> list[C]:
         return self._write(key, value)
 
     def get(self, key: bytes) -> bytes:
         return self.keys.get(key, b"")
 
-    def compare_set(self, key: bytes, expected: bytes, desired: bytes) -> tuple[bytes, list[Hashable]]:
+    def compare_set(self, key: bytes, expected: bytes, desired: bytes) -> tuple[bytes, list[C]]:
         current = self.keys.get(key)
         if current is None and expected:
             return expected, []
@@ -129,11 +130,11 @@ class Table:
             return current, []
         return desired, self._write(key, desired)
 
-    def add(self, key: bytes, delta: int) -> tuple[int, list[Hashable]]:
+    def add(self, key: bytes, delta: int) -> tuple[int, list[C]]:
         total = self._count(key, delta)
         return total, self._wake(key)
 
-    def append(self, key: bytes, value: bytes) -> list[Hashable]:
+    def append(self, key: bytes, value: bytes) -> list[C]:
         return self._write(key, self.keys.get(key, b"") + value)
 
     def delete(self, key: bytes) -> int:
@@ -147,7 +148,7 @@ class Table:
     def check(self, keys: tuple[bytes, ...]) -> bool:
         return all(self.ready(k) for k in keys)
 
-    def barrier(self, key: bytes, world_size: int, client: Hashable) -> tuple[bool, list[Hashable]]:
+    def barrier(self, key: bytes, world_size: int, client: C) -> tuple[bool, list[C]]:
         """Count the client in; True (and the earlier arrivals woken) once ``world_size`` are."""
         arrived = self._count(key, 1)
         if arrived >= world_size:
@@ -158,7 +159,7 @@ class Table:
         return False, []
 
     # -- queues --------------------------------------------------------------------------------
-    def queue_push(self, key: bytes, value: bytes) -> list[Hashable]:
+    def queue_push(self, key: bytes, value: bytes) -> list[C]:
         self._charge(1, len(key) + len(value))
         self.queues.setdefault(key, deque()).append(value)
         return self._wake(key, only_one=True)
