@@ -32,3 +32,15 @@ def bind_address(node: NodeSpec, plan: Plan, cluster: Cluster) -> str | None:
     if all(cluster.node(r.node).is_local for r in plan.ranks):
         return "127.0.0.1"
     return None
+
+
+def store_peers(plan: Plan, cluster: Cluster) -> tuple[list[str], bool]:
+    """Where the job's store on rank 0's node admits ranks from besides its own machine: the hosts
+    of the plan's other nodes, and whether some ranks run on this (the launcher's) machine as a
+    ``localhost`` node beside remote ones (they connect from the address rank 0's node sees the
+    launcher at). Processes on rank 0's own machine are admitted by their user instead
+    (node/store/peers.py)."""
+    rank0 = plan.rank(0).node
+    nodes = [cluster.node(n) for n in dict.fromkeys(r.node for r in plan.ranks) if n != rank0]
+    local_rank0 = cluster.node(rank0).is_local
+    return sorted({n.address for n in nodes if not n.is_local}), not local_rank0 and any(n.is_local for n in nodes)

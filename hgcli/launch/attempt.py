@@ -22,7 +22,7 @@ from ..schema.records import RegroupRecord, encode
 from ..schema.stages import JobState, NodeSpec, Plan, Role, to_json
 from ..state import records as jobs
 from .adapt import Regroup, RegroupWatch, snapshot_every, watched, watched_back
-from .addresses import bind_address, master_address
+from .addresses import bind_address, master_address, store_peers
 from .agentlink import INBOX_BYTES, AgentLink, Heartbeat, Inbound
 from .elastic import below_min, change_reason, choose_nodes, plan_nodes, ps_layout, reachable, replan
 from .ending import AttemptEnd, Outcome
@@ -65,16 +65,18 @@ class _Prepared:
 
 
 def _prepare_node(node: NodeSpec, link: AgentLink, plan_json: str, job_id: str, jobs_root: str,
-                  store_address: str | None, checkpoints: str | None) -> _Prepared:
+                  store_address: str | None, checkpoints: str | None,
+                  peers: tuple[list[str], bool] = ([], False)) -> _Prepared:
     """Start the node's agent (shipping the package if needed) and let it write the plan file; with
     ``store_address`` (rank 0's node: MASTER_ADDR) bind a free port there for the job's store, which
-    the agent serves (``node/agent/store.py``); with ``checkpoints`` (a directory on the node) list the
+    the agent serves (``node/agent/store.py``) to the job's own processes and ``peers`` (store_peers);
+    with ``checkpoints`` (a directory on the node) list the
     PS checkpoint versions in it (``node/prelaunch.py``). Its spec follows once every node is prepared."""
     try:
         link.start()
         ok = link.prepare({"job_id": job_id, "node": node.name, "jobs_root": jobs_root, "plan": plan_json,
                            "port": store_address is not None, "address": store_address,
-                           "checkpoints": checkpoints})
+                           "peers": peers[0], "controller_peer": peers[1], "checkpoints": checkpoints})
     except BaseException:
         link.close(join_s=0.5)   # a retry starts a fresh link; this one must not linger
         raise
@@ -319,7 +321,8 @@ class Attempt:
             results = fanout(todo, lambda n: _prepare_node(
                 n, AgentLink(self.transport(n.name), inbox), plan_json, agent_id, request.jobs_root,
                 self.master_addr if n.name == plan.rank(0).node else None,
-                self.checkpoint_dirs.get(n.name) if number and n.name in listed else None))
+                self.checkpoint_dirs.get(n.name) if number and n.name in listed else None,
+                store_peers(plan, request.cluster)))
             done.update((r.node.name, r.value) for r in results.succeeded if r.value is not None)
             failed = list(results.failed)
             if not failed or self.interrupt.count or time.monotonic() + RETRY_S > deadline:

@@ -85,8 +85,8 @@ def open_store(env: RankEnv, addr: str, port: int, timeout: datetime.timedelta) 
     """Under ``hgtrain launch`` (and torchrun) the agent serves the store
     (``TORCHELASTIC_USE_AGENT_STORE=True``) and every rank is a client; otherwise rank 0 hosts it on
     ``addr`` only: it binds the listening socket itself and gives it to torch (TCPStore would bind
-    every interface). The job's keys sit under its token's prefix, so a client without the token
-    sees and writes none of them."""
+    every interface). The job's keys sit under its token's prefix, apart from any other job's; only
+    the agent's store keeps strangers out (torch's lists every key: netbind's docstring)."""
     if env.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         base = netbind.master_store(addr, port, env.world_size, timeout, wait_for_workers=False,
                                     multi_tenant=True)

@@ -5,14 +5,19 @@ rank's gloo (or NCCL bootstrap) listener, and every rank's TensorPipe listener w
 parameter servers (RPC, whose messages are unpickled). Left to torch, the store listens on every
 interface and gloo/TensorPipe on whatever the host name resolves to. hgtrain narrows them:
 
-* the store listens on ``MASTER_ADDR`` only: rank 0 binds that address itself and hands the socket to
-  torch (``master_listen_fd``), because TCPStore has no bind-address option;
+* the store listens on ``MASTER_ADDR`` only. Under ``hgtrain launch`` it is the agent's
+  (``hgcli.node.store``: hgtrain's own server of torch's protocol, which admits only the job's
+  processes); where there is no agent store (a plain torchrun environment, the bench programs) rank 0
+  binds that address itself and hands the socket to torch (``master_store``: ``master_listen_fd``),
+  because TCPStore has no bind-address option. torch's server admits anyone who reaches it;
 * gloo, NCCL and TensorPipe bind to the interface that holds ``HGTRAIN_BIND_ADDR`` (the address the
   launcher knows this rank's node by: 127.0.0.1 for an all-local job), through their own
   ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``/``TP_SOCKET_IFNAME``; a value the user set wins;
 * every key of the job lives under a prefix made from ``HGTRAIN_JOB_TOKEN``, a random secret the
-  launcher sends each rank inside the spec over SSH: a client that does not know it can neither see
-  who joined nor write a key the job reads.
+  launcher sends each rank inside the spec over SSH, so that two jobs (or a stray client) never mix
+  keys. The prefix is no secret against a client that reaches the store: torch's ``list_keys`` names
+  every key, the prefix included. What keeps strangers out of the agent's store is its admission of
+  peers, not the token; a store of torch's own (rank 0's, above) has neither.
 
 Linux only (interfaces are read with the SIOCGIF* ioctls), like the node agent.
 """

@@ -53,10 +53,10 @@ def _read_frame(timeout_s: int) -> dict | None:
 
 def run_agent() -> int:
     first = _read_frame(SPEC_TIMEOUT_S)
-    listener = None   # rank 0's node: the socket the job's store will serve on (store.py)
+    store = None   # rank 0's node: the socket the job's store will serve on, and its peers (store.py)
     if first is not None and frame_type(first) is FrameType.PREPARE:   # the launcher's plan file and port
         try:
-            prepared, listener = prepare(first)
+            prepared, store = prepare(first)
         except (ValueError, StateError) as exc:
             return _error(f"cannot prepare the job: {exc}", EXIT_BAD_INPUT)
         frames.emit(prepared)
@@ -70,7 +70,7 @@ def run_agent() -> int:
         return _error(str(exc), EXIT_BAD_INPUT)
     if spec.detach and not detach():
         return EXIT_OK
-    return Supervisor(spec, detached=spec.detach, store=StoreHost(listener) if listener else None).run()
+    return Supervisor(spec, detached=spec.detach, store=StoreHost(store) if store else None).run()
 
 
 def run_control(args: argparse.Namespace) -> int:

@@ -2,22 +2,30 @@
 
 torchrun's agent hosts the TCPStore of its job and tells the ranks so with
 ``TORCHELASTIC_USE_AGENT_STORE=True``: torch's ``env://`` rendezvous then connects as a client on
-every rank instead of rank 0 starting a server. hgtrain does the same, for one reason torch lacks:
-TCPStore has no bind-address option, so a store that rank 0 of a plain ``init_process_group()``
-script starts listens on every interface of the node. Here the agent binds the listening socket
-itself, on MASTER_ADDR only (the node's cluster address, loopback for an all-local job), at
-``prepare`` time, and holds it until the spec comes: the port cannot be taken in between either.
+every rank instead of rank 0 starting a server. hgtrain does the same, for two reasons torch lacks:
+TCPStore has no bind-address option (a store that rank 0 of a plain ``init_process_group()`` script
+starts listens on every interface of the node), and it lets in anyone who can connect (its clients
+send no secret, and ``list_keys`` shows every key). Here the agent binds the listening socket itself,
+on MASTER_ADDR only (the node's cluster address, loopback for an all-local job), at ``prepare`` time,
+and holds it until the spec comes: the port cannot be taken in between either. The server is
+hgtrain's own (``hgcli.node.store``): it speaks torch's wire protocol to torch's own clients and admits
+only the job's processes (this user's on this machine, the job's nodes from elsewhere).
 
-The store runs in a child process of its own (``python -m hgcli.node.agent.store FD``), not in the
-agent: the agent stays free of torch (its start-up is on every launch's critical path) and a crash in
-the store's C++ cannot take the supervisor with it. It is started when the first rank connects. The
-child serves until the agent kills it after the ranks are gone, or until its stdin (a pipe from the
-agent) reaches EOF, which happens when the agent dies: no store outlives its agent. It carries the
-job's marker (so 'hgtrain stop' finds it should its agent be gone) but is not in the ranks'
+torch's TCPStore is no fallback: it cannot serve on a Unix socket nor check a peer, and a proxy in
+front of it would need it on a loopback port every local user can reach; nothing torch's client sends
+needs its server (the protocol is small, and every query of torch 2.13's client is served).
+
+The store runs in a child process of its own (``python -S -m hgcli.node.agent.store FD``, the admission
+rule as one JSON line on its stdin), not in the agent: a store's memory and a stuck client stay apart
+from the supervisor. It imports no torch (its start costs about 0.08 s of CPU where torch's server's
+import cost 1.6 to 2.3 s on a 2-core test machine), and starts when the first rank connects. The child serves until the agent kills it after the ranks are gone, or until its stdin (a
+pipe from the agent) reaches EOF, which happens when the agent dies: no store outlives its agent. It
+carries the job's marker (so 'hgtrain stop' finds it should its agent be gone) but is not in the ranks'
 process groups: stopping the ranks leaves it serving until the agent is done.
 """
 from __future__ import annotations
 
+import json
 import os
 import select
 import socket
@@ -28,8 +36,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
+from ..store.peers import JobPeers
+from ...schema.codec import from_dict, to_json
+
 STORE_LOG = "store.log"   # in the job directory: what the child said, read back when it fails
 STOP_WAIT_S = 5.0
+PACKAGE_ROOT = Path(__file__).resolve().parents[3]   # the directory holding hgcli/: the child's only path
+
+
+@dataclass(frozen=True)
+class StoreSocket:
+    """What ``prepare`` leaves for the job's store: its bound, listening socket and who may use it."""
+
+    listener: socket.socket
+    peers: JobPeers
 
 
 @dataclass(frozen=True)
@@ -41,15 +61,15 @@ class StoreFailure:
 
 
 class StoreHost:
-    """The child process that serves the store on ``listener`` (a bound, listening socket).
+    """The child process that serves the store on ``store.listener`` to ``store.peers``.
 
     The child is started when the first client connects (the connection waits in the socket's
-    backlog meanwhile), not with the job: its import of torch costs a second of CPU on a small node,
-    which a job that never rendezvouses (a script without torch.distributed) should not pay while
-    its ranks start and run; a job that does pays it once, overlapped with its other ranks' start."""
+    backlog meanwhile), not with the job: a job that never rendezvouses (a script without
+    torch.distributed) then never has one."""
 
-    def __init__(self, listener: socket.socket) -> None:
-        self.listener = listener
+    def __init__(self, store: StoreSocket) -> None:
+        self.listener = listener = store.listener
+        self.peers = store.peers
         host, port = listener.getsockname()[:2]
         self.address = f"{host}:{port}"   # "127.0.0.1:29500"
         self.popen: subprocess.Popen[bytes] | None = None
@@ -92,13 +112,21 @@ class StoreHost:
         assert self.log is not None
         fd = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            return subprocess.Popen(
-                [sys.executable, "-m", "hgcli.node.agent.store", str(self.listener.fileno())],
+            # -S: no site-packages to scan (the child needs only hgcli, on PYTHONPATH)
+            popen = subprocess.Popen(
+                [sys.executable, "-S", "-m", "hgcli.node.agent.store", str(self.listener.fileno())],
                 stdin=subprocess.PIPE, stdout=fd, stderr=fd, pass_fds=(self.listener.fileno(),),
-                env={**os.environ, **marker},
+                env={**os.environ, **marker, "PYTHONPATH": str(PACKAGE_ROOT)},
                 start_new_session=True)   # never gets the terminal's signals meant for the agent
         finally:
             os.close(fd)
+        assert popen.stdin is not None
+        try:   # the pipe holds far more than one line: this never blocks
+            popen.stdin.write(to_json(self.peers, indent=None).encode() + b"\n")
+            popen.stdin.flush()
+        except OSError:   # the child died at once: its exit code and store.log tell why
+            pass
+        return popen
 
     def _last_line(self) -> str:
         try:
@@ -130,21 +158,32 @@ class StoreHost:
             popen.stdin.close()
 
 
+def _read_line(fd: int, limit: int = 1 << 24) -> bytes:
+    """The first line on ``fd`` (the agent writes nothing after it: the pipe's EOF is the stop signal)."""
+    line = b""
+    while not line.endswith(b"\n") and len(line) < limit:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        line += chunk
+    return line
+
+
 def serve(fd: int) -> int:
-    """The child: a TCPStore server on the inherited socket, until stdin closes."""
-    import datetime
+    """The child: the job's store on the inherited socket, for the peers named on stdin, until stdin closes."""
+    from ..store.server import StoreServer
 
-    import torch.distributed as dist
-
-    with socket.socket(fileno=os.dup(fd)) as sock:
-        host, port = sock.getsockname()[:2]
-    # wait_for_workers=False: the ranks come and go (torchrun's agent store does the same); the
-    # timeout bounds only the server's own operations.
-    store = dist.TCPStore(host, port, None, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=60), master_listen_fd=fd)
-    print(f"serving the job's store on {host}:{port}", flush=True)
-    sys.stdin.buffer.read()   # EOF: the agent is done with the job, or gone
-    del store
+    peers = from_dict(JobPeers, json.loads(_read_line(0) or b"null"))
+    listener = socket.socket(fileno=fd)
+    host, port = listener.getsockname()[:2]
+    server = StoreServer(listener, peers, sys.stdout)
+    nodes = ", ".join(peers.addresses) or "none"
+    print(f"serving the job's store on {host}:{port} to uid {peers.uid} here and nodes {nodes}", flush=True)
+    try:
+        server.serve(0, lambda stop: os.read(stop, 4096))   # EOF: the agent is done with the job, or gone
+    finally:
+        print(server.summary(), flush=True)
+        server.close()
     return 0
 
 
