@@ -29,6 +29,7 @@ from typing import Callable, TypeVar
 from ..errors import NodePythonError, NodesFailedError, StateError
 from ..node.remedy import OR_ANOTHER_PYTHON, module_problem
 from ..schema.stages import PLAN_NEEDS, Cluster, Inventory, JobSpec, Plan, Profiles, ScriptRates, Strategy
+from .script_use import ScriptUse, script_use
 
 # Inventories older than this are probed again (seconds).
 INVENTORY_MAX_AGE_S = 3600.0
@@ -250,6 +251,18 @@ def script_rates(fingerprint: str, profiles: Profiles, script: str, say: OnStage
     return stored
 
 
+def _script_use(fingerprint: str, job: JobSpec, script: str | None, say: OnStage) -> ScriptUse | None:
+    """Whether ``script`` calls hg.init() (plan/script_use.py; None without a script: ``hgtrain
+    plan``); a requested hybrid or ps plan for one that does not is said before it starts."""
+    if not script:
+        return None
+    use = script_use(fingerprint, script)
+    if not use.runtime and job.strategy in (Strategy.HYBRID, Strategy.PS):
+        say("plan", f"{use.why}: the workers of a {job.strategy.value} plan must call hg.init() (port it, "
+                    f"docs/runtime.md), or --strategy allreduce runs it as it is")
+    return use
+
+
 def prepare_plan(cluster: Cluster, job: JobSpec, *, quick: bool = True, skip_failed: bool = False,
                  on_stage: OnStage | None = None, script: str | None = None) -> Plan:
     """Inventory (stored or probed), profiles (stored or benched), the rates the last job of
@@ -264,8 +277,9 @@ def prepare_plan(cluster: Cluster, job: JobSpec, *, quick: bool = True, skip_fai
     refuse_before_bench(job.strategy, inventory)
     profiles = ensure_profiles(cluster, inventory, quick=quick, skip_failed=skip_failed, on_stage=say)
     rates = script_rates(cluster.fingerprint(), profiles, script, say) if script else None
+    use = _script_use(cluster.fingerprint(), job, script, say)
     say("plan", f"planning ({job.strategy.value})")
-    plan = make_plan(inventory, profiles, job, rates)
+    plan = make_plan(inventory, profiles, job, rates, script=use)
     refuse_unrunnable(plan, inventory)
     say("plan", f"{plan.strategy.value}: {plan.world_size} rank(s), {len(plan.groups)} group(s)")
     crowded = contention_note(plan, inventory)
@@ -299,8 +313,9 @@ def replan_on(cluster: Cluster, job: JobSpec, nodes: list[str], *, on_stage: OnS
     profiles = dataclasses.replace(
         profiles, devices=tuple(d for d in profiles.devices if d.node in keep),
         links=tuple(link for link in profiles.links if link.a in keep and link.b in keep))
+    use = _script_use(cluster.fingerprint(), job, script, say)
     say("plan", f"re-planning ({job.strategy.value}) on {len(nodes)} node(s): {', '.join(nodes)}")
-    plan = make_plan(inventory, profiles, job, rates, keep_ps=keep_ps)
+    plan = make_plan(inventory, profiles, job, rates, keep_ps=keep_ps, script=use)
     refuse_unrunnable(plan, inventory)
     say("plan", f"{plan.strategy.value}: {plan.world_size} rank(s), {len(plan.groups)} group(s)")
     return plan

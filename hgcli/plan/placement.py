@@ -26,7 +26,8 @@ from .engines import may_shard, micro_priced, priced_layout, with_engines
 from .memory import REPLICA, fits_nowhere
 from .devices import beside_neighbours, fit_to_rates, usable_devices
 from .network import Network
-from .strategy import choose, hybrid_layouts, speed_classes
+from .script_use import ScriptUse
+from .strategy import choose, hybrid_layouts, speed_classes, unported_choice
 
 # Per-device batch when the job does not say.
 DEFAULT_BATCH_PER_DEVICE = 32
@@ -47,15 +48,18 @@ class _Ground:
     global_batch: int
     fitted_to: str | None
     keep_ps: tuple[str, ...]
+    script: ScriptUse | None
 
 
 def make_plan(inventory: Inventory, profiles: Profiles, job: JobSpec, rates: ScriptRates | None = None,
-              keep_ps: tuple[str, ...] = ()) -> Plan:
+              keep_ps: tuple[str, ...] = (), script: ScriptUse | None = None) -> Plan:
     """Plan the ranks of one job; raises HgError for a request that cannot be planned. ``rates``: what
     a job of the same script measured (hgcli/bench/rates.py), to fit the devices' costs to.
     ``keep_ps``: the nodes of an earlier plan's PS shards, in shard order (``launch --nnodes`` after a
     lost node): when every one is still here, the plan keeps a PS on each, whose checkpoint holds
-    the training state, and chooses among hybrid and ps around them."""
+    the training state, and chooses among hybrid and ps around them. ``script``: whether the script
+    to run can train under parameter servers (plan/script_use.py); when it cannot, ``auto`` plans
+    allreduce; None: not known (``hgtrain plan`` without a script), auto chooses as ever."""
     _check_inputs(inventory, profiles, job)
     model = job.model or profiles.model or DEFAULT_MODEL
     node_names = [n.name for n in inventory.nodes]
@@ -71,7 +75,8 @@ def make_plan(inventory: Inventory, profiles: Profiles, job: JobSpec, rates: Scr
                          or f"no usable devices to plan on ({why}); run 'hgtrain bench' again")
     ground = _Ground(inventory, profiles, job, model, node_names,
                      job.global_batch if job.global_batch is not None else DEFAULT_BATCH_PER_DEVICE * len(devices),
-                     rates.job_id if rates is not None and any(d.fitted for d in devices) else None, keep_ps)
+                     rates.job_id if rates is not None and any(d.fitted for d in devices) else None, keep_ps,
+                     script)
     plans: list[Plan] = []
     for members, engine in engine_candidates(devices, job.engine, shardable):
         out = [f"{d.device}@{node_names[d.node]} (holds no DDP replica; the plan without it was predicted faster)"
@@ -106,6 +111,9 @@ def _plan_on(ground: _Ground, alone: list[Device], devices: list[Device], skippe
                Strategy.HYBRID: cost.best_async(Strategy.HYBRID, hybrid_layouts(devices, classes)),
                Strategy.PS: cost.best_async(Strategy.PS, [tuple((i,) for i in range(len(devices)))])}
     chosen, reason = _choose(job, options, kept, ground.keep_ps, len(classes), devices)
+    script = ground.script
+    if script is not None and not script.runtime and job.strategy is Strategy.AUTO and chosen.ps_nodes and not kept:
+        chosen, reason = unported_choice(options, chosen, script.why)
     reason += below_knee_note(batches, [knee(d) for d in devices], global_batch)
     if skipped:
         reason += "; not used: " + summarise(skipped)

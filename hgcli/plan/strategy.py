@@ -92,3 +92,13 @@ def choose(requested: Strategy, options: dict[Strategy, Option], classes: int,
     return best, (f"{best.strategy.value} predicted {best.samples_per_s:.4g} samples/s, {gain:.0%} above "
                   f"allreduce ({ar.samples_per_s:.4g}): {classes} speed classes, {best.summary}"
                   f"{_ps_aside(ps, best)}")
+
+
+def unported_choice(options: dict[Strategy, Option], auto: Option, why: str) -> tuple[Option, str]:
+    """``auto`` for a script that does not call ``hg.init()`` (plan/script_use.py, ``why`` says how
+    that is known): allreduce, the only plan such a script trains under, saying what auto would have
+    chosen had it been ported (rule 0)."""
+    ar = options[Strategy.ALLREDUCE]
+    return ar, (f"allreduce ({ar.summary}), not {auto.strategy.value}: {why}, and only a script that calls "
+                f"hg.init() trains under parameter servers (port it, docs/runtime.md, and auto would "
+                f"choose {auto.strategy.value})")

@@ -26,6 +26,7 @@ from .group.sharded import ShardedEngine
 from .exchange.gradient import PSExchange
 from .memory import MemoryWatch
 from .metrics import MetricsSink
+from .wrapped import like_ddp
 from .exchange.position import DataPosition, fetch_restored
 from .adapt.rebalance import GroupSplit
 from .adapt.shares import group_split
@@ -131,6 +132,13 @@ class Context:
         return self.group_plan.id
 
     @property
+    def num_workers(self) -> int:
+        """The ranks that train (every group's); ``world_size`` (WORLD_SIZE) also counts the
+        parameter-server ranks, so a script's per-worker arithmetic (a global batch over the
+        workers, accumulation steps per worker) divides by this."""
+        return len(self.plan.workers)
+
+    @property
     def is_leader(self) -> bool:
         return self.group_plan.ranks[0] == self.rank
 
@@ -148,9 +156,10 @@ class Context:
              max_grad_norm: float | None = None, bucket_mb: float | None = None, scheduler: Any = None,
              **ddp_options: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         """Join ``model`` and ``optimizer`` to the group's training; returns the module to train
-        through (torch's ``DistributedDataParallel`` around ``model`` in a group of two or more, the
-        model itself in a group of one; in an fsdp group the model itself, sharded in place by FSDP2)
-        and the optimizer, whose ``step()`` now takes the group's samples-weighted gradient (and, with
+        through, in every plan a module with DDP's shape: ``.module`` is ``model`` and ``no_sync()``
+        is there (torch's ``DistributedDataParallel`` around ``model`` in a group of two or more, a
+        :class:`~hgcli.runtime.wrapped.Wrapped` around it in a group of one and in an fsdp group,
+        where FSDP2 shards ``model`` in place), and the optimizer, whose ``step()`` now takes the group's samples-weighted gradient (and, with
         parameter servers, their answer). An fsdp group returns a new optimizer of the same class,
         parameter groups and hyperparameters over the sharded parameters: step that one.
 
@@ -197,7 +206,7 @@ class Context:
         if self.plan.ps_shards and resume is None:
             self._restore_data_position()
         self._memory.attach(trained, optimizer)
-        return trained, optimizer
+        return like_ddp(trained), optimizer
 
     def _group_spec(self) -> GroupSpec:
         ranks = self.group_plan.ranks
@@ -211,8 +220,9 @@ class Context:
     def _wrap_sharded(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, spec: GroupSpec,
                       max_grad_norm: float | None, scheduler: Any,
                       ddp_options: dict[str, Any]) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-        """An fsdp group's wrap: the model sharded in place (FSDP2 makes it an ``FSDPModule``; there
-        is no ``.module``), and the optimizer rebuilt over its shards, which the script steps."""
+        """An fsdp group's wrap: the model sharded in place (FSDP2 makes it an ``FSDPModule``, which
+        ``wrap`` returns in a ``Wrapped``), and the optimizer rebuilt over its shards, which the
+        script steps."""
         if ddp_options:
             raise TrainingError(f"ctx.wrap() of an fsdp group does not take {', '.join(sorted(ddp_options))} "
                                 f"(DDP's options)")
@@ -236,7 +246,7 @@ class Context:
             dcp.attach()
         self._data.hook(opt)
         self._memory.attach(trained, opt)
-        return trained, opt
+        return like_ddp(trained), opt
 
     def shard(self, data: Sequence[torch.Tensor], *, batch_size: int, epochs: int = 1,
               seed: int = 0) -> Iterator[tuple[torch.Tensor, ...]]:

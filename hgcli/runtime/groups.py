@@ -113,9 +113,13 @@ def join(env: RankEnv, timeout: datetime.timedelta) -> dist.Store:
     store.set(f"{JOINED}{env.rank}", "1")
     waiting = time.monotonic()
     missing = [r for r in range(env.world_size) if r != env.rank]
+    base = getattr(store, "underlying_store", store)
     while True:
         try:
+            keys = base.num_keys()
             missing = [r for r in missing if not store.check([f"{JOINED}{r}"])]
+            if missing and keys - STORE_OWN_KEYS - (env.world_size - len(missing)) > 0:
+                raise TrainingError(_not_hg_init(env, missing))
         except RuntimeError:
             # Rank 0 gave up on the same missing ranks a moment earlier and closed the store: say what
             # this rank was waiting for, not torch's "Failed to recv" (the root cause is the same).
@@ -128,6 +132,21 @@ def join(env: RankEnv, timeout: datetime.timedelta) -> dist.Store:
             raise TrainingError(f"rank {env.rank}: {len(missing)} of {env.world_size} ranks never joined "
                                 f"the job: gave up {_after(waiting, env)}: {_who(env, missing)}")
         time.sleep(0.05)
+
+
+# The store's own key (TCPStore's "init/" counter, which every client's connection adds to).
+STORE_OWN_KEYS = 1
+
+
+def _not_hg_init(env: RankEnv, missing: list[int]) -> str:
+    """The job's store holds keys that no rank of hgtrain wrote while ``missing`` have not joined:
+    they are in a plain ``init_process_group`` (a script that never calls ``hg.init()``), whose
+    WORLD_SIZE counts ranks (the parameter servers) that never join it. Said at once: the wait
+    would end only at the timeout, naming every rank but the cause."""
+    kind = "hybrid or ps" if env.plan is None else env.plan.strategy.value
+    return (f"rank {env.rank}: {_who(env, missing)} joined a plain torch.distributed rendezvous instead of "
+            f"calling hg.init(), which a {kind} plan's workers must: port the script (docs/runtime.md, "
+            f"\"Porting a DDP script\") or launch it with --strategy allreduce")
 
 
 def init_distributed(env: RankEnv, plan: model.Plan) -> dict[int, dist.ProcessGroup]:
