@@ -114,11 +114,12 @@ def join(env: RankEnv, timeout: datetime.timedelta) -> dist.Store:
     waiting = time.monotonic()
     missing = [r for r in range(env.world_size) if r != env.rank]
     base = getattr(store, "underlying_store", store)
+    prefix = netbind.key_prefix(os.environ.get(netbind.TOKEN, ""))
     while True:
         try:
-            keys = base.num_keys()
+            foreign = prefix != "" and _foreign_keys(base, prefix)
             missing = [r for r in missing if not store.check([f"{JOINED}{r}"])]
-            if missing and keys - STORE_OWN_KEYS - (env.world_size - len(missing)) > 0:
+            if missing and foreign:
                 raise TrainingError(_not_hg_init(env, missing))
         except RuntimeError:
             # Rank 0 gave up on the same missing ranks a moment earlier and closed the store: say what
@@ -134,8 +135,18 @@ def join(env: RankEnv, timeout: datetime.timedelta) -> dist.Store:
         time.sleep(0.05)
 
 
-# The store's own key (TCPStore's "init/" counter, which every client's connection adds to).
-STORE_OWN_KEYS = 1
+# Keys no job writes: TCPStore's "init/" counter, which every client's connection adds to.
+STORE_OWN_KEYS = frozenset({"init/"})
+
+
+def _foreign_keys(base: dist.Store, prefix: str) -> bool:
+    """Whether the store holds a key outside the job's prefix: under ``hgtrain launch`` (a job token,
+    the agent's store of this job alone) only a plain ``init_process_group`` writes one while ranks
+    are still joining. Read before the joined keys are checked: a rank leaves ``join`` only once every
+    rank has joined, so a key its later steps write outside the prefix (RPC's rendezvous) exists only
+    when the check that follows finds nobody missing. Never under plain torchrun (no token): its
+    agent's store holds torchrun's own rendezvous keys."""
+    return any(k not in STORE_OWN_KEYS and not k.startswith(prefix) for k in base.list_keys())
 
 
 def _not_hg_init(env: RankEnv, missing: list[int]) -> str:

@@ -121,15 +121,24 @@ def _convert_dataclass(tp: Any, data: Any, where: str) -> Any:
     return tp(**kwargs)
 
 
+# No count, size or rate hgtrain stores comes near 2^63; a file holding more was not written by it, and
+# the number would break what reads it (float() overflows; a batch of 10^400 is no batch).
+INT_BOUND = 1 << 63
+
+
 def _convert_scalar(tp: Any, data: Any, where: str) -> Any:
     """A JSON number, string or boolean as ``tp``: a bool is no number, a float no integer."""
     if tp is float:
         if isinstance(data, bool) or not isinstance(data, (int, float)):
             raise ValueError(f"{where}: expected a number, got {data!r}")
+        if isinstance(data, int) and not -INT_BOUND < data < INT_BOUND:   # float() would overflow
+            raise ValueError(f"{where}: a number of {len(str(abs(data)))} digits")
         return float(data)
     if tp is int:
         if isinstance(data, bool) or not isinstance(data, int):
             raise ValueError(f"{where}: expected an integer, got {data!r}")
+        if not -INT_BOUND < data < INT_BOUND:
+            raise ValueError(f"{where}: a number of {len(str(abs(data)))} digits")
         return data
     if tp in (str, bool):
         if not isinstance(data, tp):

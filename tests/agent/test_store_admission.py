@@ -37,16 +37,16 @@ import torch.distributed as dist
 port = int(sys.argv[1])
 sys.stdin.readline()
 def raw(query):
+    got = b""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        s.sendall(b"\x00" + struct.pack("=I", 0x3C85F7CE) + query)   # VALIDATE, as torch's client begins
-        s.shutdown(socket.SHUT_WR)
-        got = b""
         try:
+            s.sendall(b"\x00" + struct.pack("=I", 0x3C85F7CE) + query)   # VALIDATE, as torch's client begins
+            s.shutdown(socket.SHUT_WR)
             while chunk := s.recv(4096):
                 got += chunk
-        except ConnectionResetError:
+        except OSError:   # reset, broken pipe, not connected: the store closed it first, as it should
             pass
-        return got.hex()
+    return got.hex()
 key = struct.pack("=Q", 8) + b"intruder"
 out = {"list_keys": raw(b"\x11"), "get": raw(b"\x03" + key), "set": raw(b"\x01" + key + struct.pack("=Q", 1) + b"x")}
 try:

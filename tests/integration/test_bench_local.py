@@ -4,7 +4,6 @@ Remote nodes take the same path through the SSH transport; only open_transport d
 """
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.strictjson import loads as strict_json
 from hgcli.bench.cluster import NODE_DEVICE, bench_cluster
 from hgcli.cli import main
 from hgcli.config.cluster import default_cluster, load_cluster
@@ -48,7 +48,7 @@ def test_cli_bench_json_reports_a_failed_device_and_still_stores_everything(two_
     # mlp: big enough that a step overflows gpu1's 4 MiB (the bundled example's model would fit).
     assert main(["bench", "-c", str(path), "--json", "--quick", "--model", "mlp"]) == 4
     out, err = capsys.readouterr()
-    profiles = from_dict(Profiles, json.loads(out))          # stdout is only the JSON
+    profiles = from_dict(Profiles, strict_json(out))          # stdout is only the JSON
     assert "1 of 3 devices and 0 of 2 links failed" in err
     by_device = {(d.node, d.device): d for d in profiles.devices}
     assert list(by_device) == [("a", "gpu0"), ("a", "gpu1"), ("b", "cpu")]
@@ -98,7 +98,7 @@ def test_cli_bench_default_local_cluster_quick(embedded_cluster_benched):
     """``hgtrain probe`` then ``bench --json --quick`` with no cluster file (conftest.py: run once,
     and also the stored profiles of the clean venv's main job)."""
     cluster = default_cluster()
-    profiles = from_dict(Profiles, json.loads(embedded_cluster_benched.stdout))
+    profiles = from_dict(Profiles, strict_json(embedded_cluster_benched.stdout))
     assert profiles.cluster == cluster.fingerprint()
     assert profiles.model.name == "example"     # the default: what the main job trains
     assert all(d.error is None and d.steps for d in profiles.devices)

@@ -6,7 +6,6 @@ from the config/probe branch for the GPU contents it asserts.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import stat
 import subprocess
@@ -19,6 +18,7 @@ from hgcli.schema.stages import Cluster, EmulateSpec
 from hgcli.probe.inventory import inventory_path, load_inventory, probe_cluster
 from tests.conftest import require_sshd
 from tests.sshhosts import REPO, start_hosts
+from tests.strictjson import loads as strict_json
 
 pytestmark = pytest.mark.sshd
 
@@ -151,7 +151,7 @@ def test_cli_json_end_to_end_with_failures(hosts, tmp_path):
     path = cluster_file(tmp_path / "cluster.toml", hosts, hosts.hosts)
     proc = run_cli("probe", "--json", "-c", str(path), state_dir=tmp_path / "state")
     assert proc.returncode == 4, proc.stderr
-    data = json.loads(proc.stdout)            # only JSON on stdout, even with failed nodes
+    data = strict_json(proc.stdout)            # only JSON on stdout, even with failed nodes
     nodes = {n["name"]: n for n in data["nodes"]}
     assert list(nodes) == [h.name for h in hosts]
     for node in nodes.values():

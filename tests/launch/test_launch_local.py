@@ -8,6 +8,7 @@ import signal
 import sys
 import time
 
+from tests.strictjson import loads as strict_json
 from hgcli.node.agent.control import AGENT_EXTRA_WAIT_S
 from tests.agent.harness import rank_pids, job_pids, wait_until
 
@@ -46,7 +47,7 @@ def test_hybrid_job_on_two_nodes_runs_to_completion_with_tagged_logs_files_and_r
                             "--env", "FROM_FLAG=flag", "--json", "--", PY, "-c", REPORT,
                             env=hg.env(NCCL_DEBUG="WARN"))
     assert code == 0, err
-    events = [json.loads(line) for line in out.splitlines()]   # nothing but JSON on stdout
+    events = [strict_json(line) for line in out.splitlines()]   # nothing but JSON on stdout
     assert {e["job_id"] for e in events} == {events[0]["job_id"]}
     job_id = events[0]["job_id"]
     kinds = [e["event"] for e in events]
@@ -235,7 +236,7 @@ def test_detach_returns_at_once_and_the_agent_stop_ends_only_that_job(hg, tmp_pa
         code, out, err = hg.run("-c", str(ctoml), "--plan", str(pfile), "--detach", "--json", "--grace", "2",
                                 "--", PY, "-c", "import time; time.sleep(600)")
         assert code == 0, err
-        events = [json.loads(line) for line in out.splitlines()]
+        events = [strict_json(line) for line in out.splitlines()]
         assert events[-1]["event"] == "job_ended" and events[-1]["state"] == "running"
         assert events[-1]["detached"] is True
         started.append(events[-1]["job_id"])
@@ -332,7 +333,7 @@ def test_detached_job_is_seen_by_status_and_ended_by_stop_from_another_directory
     code, out, err = hg.run("-c", "cluster.toml", "--plan", str(pfile), "--detach", "--json", "--grace", "2",
                             "--", PY, "-c", "import time; print('detached rank up', flush=True); time.sleep(600)")
     assert code == 0, err
-    job_id = json.loads(out.splitlines()[-1])["job_id"]
+    job_id = strict_json(out.splitlines()[-1])["job_id"]
     assert hg.record(job_id)["cluster_source"] == str(ctoml)     # absolute: readable from anywhere
     wait_until(lambda: len(rank_pids(job_id)) == 3, what="the detached ranks")
     elsewhere = tmp_path / "elsewhere"

@@ -1,13 +1,13 @@
 """`hgtrain logs` and `hgtrain stop` against real detached agents, found again from their job records."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
 
+from tests.strictjson import loads as strict_json
 from hgcli.state import records as jobs
 from hgcli.cli import main
 from hgcli.config.cluster import load_cluster
@@ -44,7 +44,7 @@ def test_logs_of_a_finished_detached_job_come_from_the_nodes_tagged(tmp_path, st
     assert [line for line in out if line.startswith("a:0")] == ["a:0| zero a", "a:0| zero b"]
     assert "b:1| one out" in out and "b:1! one err" in out
     assert main(["logs", job, "--ranks", "1", "--json"]) == 0
-    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    events = [strict_json(line) for line in capsys.readouterr().out.splitlines()]
     assert {(e["node"], e["rank"], e["stream"], e["line"]) for e in events} == {
         ("b", 1, "out", "one out"), ("b", 1, "err", "one err")}
     assert all(e["event"] == "log" and e["job_id"] == job for e in events)
@@ -99,7 +99,7 @@ def test_stop_stops_one_job_and_leaves_the_other_running(tmp_path, started_jobs,
     kept = wait_until(lambda: len(job_pids(keep)) == 2 and job_pids(keep), what="job to keep")
     wait_until(lambda: len(job_pids(stop)) == 2, what="job to stop")
     assert main(["stop", stop, "--json"]) == 0
-    data = json.loads(capsys.readouterr().out)
+    data = strict_json(capsys.readouterr().out)
     assert data["job_id"] == stop and data["state"] == "stopped"
     assert [(n["node"], n["ok"], n["agent"]) for n in data["nodes"]] == [("a", True, "stopped"), ("b", True, "stopped")]
     assert job_pids(stop) == []
@@ -109,7 +109,7 @@ def test_stop_stops_one_job_and_leaves_the_other_running(tmp_path, started_jobs,
     assert [r.state for r in record.ranks] == [RankState.STOPPED, RankState.STOPPED]
     assert jobs.load(keep).state is JobState.RUNNING
     assert main(["status", stop, "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["live"] is None        # ended: nobody asked
+    assert strict_json(capsys.readouterr().out)["live"] is None        # ended: nobody asked
     assert main(["stop", keep]) == 0
     assert "is stopped" in capsys.readouterr().out and job_pids(keep) == []
 

@@ -19,6 +19,7 @@ from hgcli.errors import NodePythonError
 from hgcli.plan.pipeline import (INVENTORY_MAX_AGE_S, inventory_unusable, prepare_plan, profiles_unusable,
                                  refuse_before_bench, refuse_unrunnable, runtime_problems)
 from hgcli.bench.profiles import load_profiles, store_profiles
+from tests.strictjson import loads as strict_json
 
 pytestmark = pytest.mark.slow
 
@@ -85,7 +86,7 @@ def test_fresh_cluster_in_one_step_then_reuse_then_stale_profiles_rebenched(one_
 def test_plan_command_shows_stages_on_stderr_and_only_json_on_stdout(one_node, capsys):
     assert main(["plan", "-c", str(one_node), "--json"]) == 0
     out, err = capsys.readouterr()
-    plan = from_dict(Plan, json.loads(out))
+    plan = from_dict(Plan, strict_json(out))
     assert plan.cluster == load_cluster(one_node).fingerprint()
     assert err == ""                     # --json: nothing but the plan, stages are human output
     assert main(["plan", "-c", str(one_node)]) == 0
@@ -116,7 +117,7 @@ def test_failed_node_is_refused_with_exit_4_unless_skipped(tmp_path, capsys):
     assert captured.out == "" and "probe failed on 1 node(s): c (" in captured.err
     assert "--skip-failed" in captured.err and len(captured.err.strip().splitlines()) == 1
     assert main(["plan", "-c", str(path), "--json", "--skip-failed"]) == 0
-    plan = from_dict(Plan, json.loads(capsys.readouterr().out))
+    plan = from_dict(Plan, strict_json(capsys.readouterr().out))
     assert {r.node for r in plan.ranks} == {"a"} and "c" in plan.reason
 
 

@@ -1,7 +1,6 @@
 """`hgtrain status`: the job list from records, and live rank states from real detached agents."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from hgcli.errors import StateError
 from hgcli.jobs.status import job_status, live_status
 from tests.ops.conftest import ROOT
 from tests.ops.jobsetup import job_id, py, start_detached, two_node_cluster_file, wait_gone, wait_until, write_record
+from tests.strictjson import loads as strict_json
 
 SLEEPER = py("import time\nprint('up', flush=True)\ntime.sleep(600)")
 METRIC = py("import os, time\nos.write(int(os.environ['HGTRAIN_METRICS_FD']), b'{\"step\": 7, \"loss\": 0.25}\\n')\n"
@@ -27,7 +27,7 @@ def test_listing_comes_from_the_records_without_asking_anyone(capsys):
     failed = write_record("hg-2-failed", fp, None, ["local"], state=JobState.FAILED, exit_code=3,
                           root_cause="local: rank 0 exited with code 3")
     assert main(["status", "--json"]) == 0
-    listed = json.loads(capsys.readouterr().out)["jobs"]
+    listed = strict_json(capsys.readouterr().out)["jobs"]
     assert [j["id"] for j in listed] == [failed.id, done.id]          # newest (highest id) first
     assert [j["state"] for j in listed] == ["failed", "succeeded"] and listed[0]["exit_code"] == 3
     assert all(j["live"] is None for j in listed)                    # ended jobs: no node asked
@@ -56,7 +56,7 @@ def test_running_job_shows_live_rank_states_and_metrics(tmp_path, started_jobs, 
     assert [r.state for n in status.live.nodes for r in n.ranks] == [RankState.RUNNING] * 3
     assert status.live.nodes[0].ranks[1].metrics == {"step": 7, "loss": 0.25}
     assert main(["status", job, "--json"]) == 0
-    data = json.loads(capsys.readouterr().out)
+    data = strict_json(capsys.readouterr().out)
     assert data["id"] == job and data["state"] == "running"
     assert [r["state"] for n in data["live"]["nodes"] for r in n["ranks"]] == ["running"] * 3
     assert main(["status", job]) == 0
@@ -75,7 +75,7 @@ def test_unreachable_node_is_unknown_and_the_others_are_still_shown(tmp_path, st
     start_detached(job, "a", {0: SLEEPER})
     write_record(job, cluster.fingerprint(), str(path), ["a", "c"])
     assert main(["status", job, "--json"]) == 0
-    live = json.loads(capsys.readouterr().out)["live"]["nodes"]
+    live = strict_json(capsys.readouterr().out)["live"]["nodes"]
     assert live[0]["node"] == "a" and live[0]["reachable"] and live[0]["ranks"][0]["state"] == "running"
     assert live[1]["node"] == "c" and not live[1]["reachable"] and live[1]["state"] == "unknown"
     assert [r["state"] for r in live[1]["ranks"]] == ["unknown"] and live[1]["error"]
@@ -100,7 +100,7 @@ def test_ended_job_whose_record_says_running_is_corrected(tmp_path, started_jobs
         patch.setattr(jobs, "save", refuse)
         assert main(["status", job, "--json"]) == 0
         out, err = capsys.readouterr()
-        assert json.loads(out)["state"] == "failed" and "shown but not saved" in err and "Read-only" in err
+        assert strict_json(out)["state"] == "failed" and "shown but not saved" in err and "Read-only" in err
     assert jobs.load(job).state is JobState.RUNNING
     # The agents finish their records a moment after the ranks are gone.
     wait_until(lambda: not job_status(job).record.state.is_running(), what="the record to be fixed")

@@ -439,10 +439,13 @@ def test_plan_files_round_trip_and_are_refused_on_another_cluster(tmp_path):
     (lambda d: d["ranks"][0].update(speed="__INF__"), "Infinity is not a number JSON allows"),
     (lambda d: d.update(predicted_samples_per_s="__NAN__"), "NaN is not a number JSON allows"),
     (lambda d: d["ranks"][0].update(local_rank=10 ** 18), r"ranks\[0\].local_rank: must be between 0 and 1"),
+    (lambda d: d["ranks"][0].update(speed=10 ** 400), r"ranks\[0\].speed: a number of 401 digits"),
+    (lambda d: d["ranks"][0].update(batch_size=10 ** 400), r"ranks\[0\].batch_size: a number of 401 digits"),
 ])
 def test_plan_files_with_odd_numbers_are_refused(tmp_path, edit, message):
     """The audit's finds: a plan with NaN predictions was accepted and `launch --json` then printed
-    NaN; `speed: Infinity` and a local rank of 10^18 were taken as they came."""
+    NaN; `speed: Infinity`, a local rank of 10^18 and a batch of 10^400 were taken as they came, and a
+    speed of 10^400 was an internal error (OverflowError)."""
     here = Cluster(nodes=(NodeSpec("n0", "localhost"),))
     inventory, profiles = cluster([[A100, T4]], fingerprint=here.fingerprint())
     data = json.loads(to_json(make_plan(inventory, profiles, JobSpec(global_batch=64))))

@@ -4,7 +4,6 @@ Fresh stored inputs are reused as they are (tests/ops/test_pipeline.py covers pr
 when they are missing or stale)."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from hgcli.config.cluster import default_cluster
 from hgcli.schema.stages import Plan, Role, Strategy, from_dict, to_dict
 from hgcli.plan.files import load_plan
 from tests.unit.plan_clusters import A100, T4, cluster
+from tests.strictjson import loads as strict_json
 
 
 def store(inventory: bool = True, profiles: bool = True, nproc_per_node: int | None = None) -> Path:
@@ -38,7 +38,7 @@ def test_json_output_is_the_plan_and_only_json(capsys):
     store()
     assert main(["plan", "--json", "--global-batch", "256"]) == 0
     out = capsys.readouterr().out
-    plan = from_dict(Plan, json.loads(out))
+    plan = from_dict(Plan, strict_json(out))
     assert plan.cluster == default_cluster().fingerprint()
     assert plan.strategy is Strategy.ALLREDUCE and plan.global_batch == 256
     assert [r.node for r in plan.ranks] == ["local"] * 4 and all(r.emulated for r in plan.ranks)
@@ -66,7 +66,7 @@ def test_human_output_shows_tree_table_and_reason(capsys):
 def test_nproc_per_node_plans_that_many_ranks_of_the_embedded_cluster(capsys, tmp_path):
     store(nproc_per_node=2)
     assert main(["plan", "--json", "--nproc-per-node", "2", "--strategy", "allreduce"]) == 0
-    plan = from_dict(Plan, json.loads(capsys.readouterr().out))
+    plan = from_dict(Plan, strict_json(capsys.readouterr().out))
     assert plan.world_size == 2 and plan.cluster == default_cluster(2).fingerprint()
     (tmp_path / "c.toml").write_text('[[nodes]]\nhost = "localhost"\n')
     assert main(["plan", "-c", str(tmp_path / "c.toml"), "--nproc-per-node", "2"]) == 2
@@ -76,7 +76,7 @@ def test_nproc_per_node_plans_that_many_ranks_of_the_embedded_cluster(capsys, tm
 def test_model_size_flag_reaches_the_plan(capsys):
     store()
     assert main(["plan", "--json", "--params", "5000000"]) == 0
-    assert json.loads(capsys.readouterr().out)["model"]["parameters"] == 5_000_000
+    assert strict_json(capsys.readouterr().out)["model"]["parameters"] == 5_000_000
 
 
 def test_too_big_global_batch_is_one_line_and_exit_2(capsys):
@@ -96,4 +96,4 @@ def test_plan_does_not_import_torch():
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}   # this checkout
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert done.stderr.strip().endswith("False 0")
-    json.loads(done.stdout)
+    strict_json(done.stdout)

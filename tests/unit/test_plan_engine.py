@@ -6,11 +6,12 @@ import json
 from hgcli.cli import main
 from hgcli.schema.stages import Engine, Plan, from_dict
 from tests.unit.test_plan_cli import store
+from tests.strictjson import loads as strict_json
 
 
 def _plan(capsys, *args: str) -> Plan:
     assert main(["plan", "--json", "--global-batch", "128", *args]) == 0
-    return from_dict(Plan, json.loads(capsys.readouterr().out))
+    return from_dict(Plan, strict_json(capsys.readouterr().out))
 
 
 def test_plan_json_names_each_groups_engine(capsys):
