@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 
 from ..schema import stages as m
 from .data.blocks import ShardStream
+from .data.drawn import DrawnBatches
 from .emulate import Emulator
 from .env import RankEnv
 from .errors import TrainingError
@@ -112,6 +113,7 @@ class Context:
         accumulating = any(self.plan.rank(r).micro_batches > 1 for r in self.group_plan.ranks)
         self._split = group_split(self.plan, self.group) if env.adapt and not accumulating else None
         self._split_taken = False           # the first data source (the training data) follows it
+        self._drawn = DrawnBatches(self._batches[self.worker_index], self.worker_index, micro=self.micro_batches)
         # All-reduce snapshots (snapshot.py): taken by the first worker of each node, resumed by all.
         self._snapshots = RankSnapshots(env=env, plan=self.plan, group_plan=self.group_plan, batches=self._batches,
                                         emulator=self.emulator, metrics=self.metrics, data=self._data,
@@ -292,6 +294,29 @@ class Context:
         """Every worker's batch in plan order (``default`` where the plan gives none); this rank's is
         ``[ctx.worker_index]``."""
         return self._batch_sizes(default)
+
+    def batch_size(self, default: int) -> int:
+        """This worker's batch for the next ``opt.step()``, for a script that draws its own batches:
+        the plan's share (``default`` where the plan gives none), one micro-batch of it when the plan
+        gives ``micro_batches``, and the group's re-split batch while ``--adapt`` moves samples. Read it
+        every step, before drawing. The first call makes these draws the process's training data
+        (its data step is the position checkpoints keep)."""
+        drawn = self._drawn
+        if self._data.sampler is None:
+            self._micro(default)            # a batch too small for its micro-batches: one line, now
+            drawn.follow(self._take_split(default))
+            self._data.track(drawn)
+        if self._data.sampler is not drawn:
+            raise TrainingError(f"rank {self.rank}: ctx.batch_size() is for scripts that draw their own "
+                                f"batches; this one takes its training data from ctx.shard, ctx.sampler or "
+                                f"ctx.loader, whose batches are already this worker's (use len(x))")
+        return drawn.batch_size(default)
+
+    def generator(self, seed: int = 0, device: torch.device | str = "cpu") -> torch.Generator:
+        """A ``torch.Generator`` for this worker's own random stream: seeded from ``seed`` and the
+        worker's index (workers draw different samples, a rerun the same ones), and re-seeded at the
+        data step a restart resumes from when the script draws its batches with ``ctx.batch_size``."""
+        return self._drawn.generator(seed, device)
 
     def log(self, **fields: Any) -> None:
         # Logging is not the device's work: emulation must not stretch it (emulate.py).
