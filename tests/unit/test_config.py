@@ -669,3 +669,20 @@ def test_deep_nesting_huge_slot_counts_and_device_floods_are_one_line_refusals(t
     with pytest.raises(ConfigError, match="200000 devices, more than the 1024 one node may emulate") as info:
         load_cluster(flood)
     assert info.value.exit_code == EXIT_USAGE
+
+
+@pytest.mark.parametrize("body, says", [
+    ('[ssh]\nconnect_timeout = 1{z}\n[[nodes]]\nhost = "a"\n', "2: ssh.connect_timeout: expected a number greater than 0, got a number of 401 digits"),
+    ('[[nodes]]\nhost = "a"\nemulate = {{ devices = ["x"], speed = [1{z}], memory_mib = [100] }}\n',
+     "3: nodes[0].emulate.speed: expected a number greater than 0, got a number of 401 digits"),
+    ('[[nodes]]\nhost = "a"\nemulate = {{ devices = ["x"], speed = [1.0], memory_mib = [100], slowdown = [[0, 1{z}, 2]] }}\n',
+     "3: nodes[0].emulate.slowdown[0]: AFTER_SECONDS must be a number >= 0, got a number of 401 digits"),
+    ('[[nodes]]\nhost = "a"\nslots = 1{zz}\n', "3: a number of more than 4,300 digits"),
+])
+def test_numbers_no_float_holds_are_one_line_refusals(tmp_path, body, says):
+    """The audit's finds: 400-digit integers in connect_timeout, an emulated speed or a slowdown were an
+    OverflowError (exit 1), and 5,001 digits hit Python's int() limit (ValueError)."""
+    path = write(tmp_path / "c.toml", body.format(z="0" * 400, zz="0" * 5001))
+    with pytest.raises(ConfigError) as info:
+        load_cluster(path)
+    assert str(info.value) == f"{path}:{says}" and info.value.exit_code == EXIT_USAGE
