@@ -19,6 +19,8 @@ from .recipe import torchrun_device as torchrun_device     # the torchrun twin's
 
 @dataclass(frozen=True)
 class GPTConfig:
+    """The example GPT's size: vocabulary, context length, blocks, heads and width."""
+
     vocab: int = 32
     block: int = 32         # context length
     layers: int = 2
@@ -58,6 +60,8 @@ def get_batch(tokens: torch.Tensor, batch: int, gen: torch.Generator, device: to
 
 
 class Block(nn.Module):
+    """One decoder block: causal self-attention then an MLP, each behind a pre-norm residual."""
+
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.heads = cfg.heads
