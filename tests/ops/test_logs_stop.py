@@ -17,9 +17,10 @@ from tests.ops.jobsetup import (WAIT_S, job_id, job_pids, py, start_detached, tw
                                 wait_until, write_record)
 
 SLEEPER = py("import time\nprint('up', flush=True)\ntime.sleep(600)")
-# Prints a numbered line every 0.2 s until the file "release" appears, then a last line, and exits.
+# Prints a numbered line every 0.2 s until the file "release" appears, then a last line with the number
+# of ticks printed (so a lost line at the end is caught too), and exits.
 TICKER = ("import os, sys, time\nn = 0\nwhile not os.path.exists(sys.argv[1]):\n"
-          "    print('tick', n, flush=True); n += 1; time.sleep(0.2)\nprint('last line', flush=True)\n")
+          "    print('tick', n, flush=True); n += 1; time.sleep(0.2)\nprint('last line', n, flush=True)\n")
 
 
 def detached_job(tmp_path, started_jobs, ranks_a, ranks_b=None):
@@ -65,14 +66,20 @@ def test_follow_reattaches_to_a_detached_job_until_it_ends(tmp_path, started_job
     job = detached_job(tmp_path, started_jobs, {0: py(TICKER) + (str(release),)})
     proc = subprocess.Popen([sys.executable, "-m", "hgcli", "logs", job, "-f"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    first = proc.stdout.readline()
-    assert first == "a:0| tick 0\n", first + proc.stderr.read()
+    # The first line is read straight off the descriptor, never through proc.stdout.readline():
+    # communicate() reads the descriptor itself, so whatever readline() had buffered beyond the first
+    # line was lost to the test. Under load "tick 1" sat in the pipe with "tick 0", and the test saw
+    # ticks [0, 2] although hgtrain had printed every line.
+    head = b""
+    while b"\n" not in head and (chunk := os.read(proc.stdout.fileno(), 1 << 16)):
+        head += chunk
+    assert head.startswith(b"a:0| tick 0\n"), head.decode() + proc.stderr.read()
     release.touch()
     out, err = proc.communicate(timeout=WAIT_S)
     assert proc.returncode == 0, err
-    lines = [first] + out.splitlines(keepends=True)
-    ticks = [int(line.split()[-1]) for line in lines if "tick" in line]
-    assert ticks == list(range(len(ticks))) and lines[-1] == "a:0| last line\n"   # every line, in order
+    lines = (head.decode() + out).splitlines(keepends=True)
+    count = int(lines[-1].split()[-1])
+    assert lines == [f"a:0| tick {n}\n" for n in range(count)] + [f"a:0| last line {count}\n"]   # all, in order
 
 
 def test_ctrl_c_on_follow_exits_130_and_leaves_the_job_running(tmp_path, started_jobs):
