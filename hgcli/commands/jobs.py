@@ -94,7 +94,7 @@ def logs(job: str, follow: bool, ranks: str | None, as_json: bool, raw: bool, tr
             show(item)
         return
     with NodeLogs(record, chosen, follow=follow, transport=transport) as node_logs:
-        for item in node_logs.lines():
+        for item in node_logs.lines(on_idle=sys.stdout.flush):
             show(item)
     if node_logs.failed:
         if not as_json:

@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, cast
+from typing import Callable, Iterator, cast
 
 from ..state import records as jobs
 from ..errors import UsageError
@@ -223,7 +223,10 @@ class NodeLogs:
             self._hung_up.wait(RECORD_POLL_S)
         return None
 
-    def lines(self) -> Iterator[LogLine]:
+    def lines(self, on_idle: Callable[[], None] = lambda: None) -> Iterator[LogLine]:
+        """Every node's lines as they arrive; ``on_idle`` runs whenever all that arrived has been
+        taken and the next wait begins (the command flushes stdout there: a follow into a pipe is
+        seen line by line as it comes, a flood is still written in large blocks)."""
         threads = [threading.Thread(target=self._read, args=(n,), daemon=True, name=f"tail-{n.name}")
                    for n in self._nodes]
         for t in threads:
@@ -231,9 +234,13 @@ class NodeLogs:
         running = len(threads)
         while running:
             try:
-                item = self._queue.get(timeout=POLL_S)
+                item = self._queue.get_nowait()
             except queue.Empty:
-                continue
+                on_idle()
+                try:
+                    item = self._queue.get(timeout=POLL_S)
+                except queue.Empty:
+                    continue
             if isinstance(item, _NodeDone):
                 running -= 1
                 if item.error is not None and not self._hung_up.is_set():

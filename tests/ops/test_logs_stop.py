@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -17,9 +18,10 @@ from tests.ops.jobsetup import (WAIT_S, job_id, job_pids, py, start_detached, tw
                                 wait_until, write_record)
 
 SLEEPER = py("import time\nprint('up', flush=True)\ntime.sleep(600)")
-# Prints a numbered line every 0.2 s until the file "release" appears, then a last line, and exits.
+# Prints a numbered line every 0.2 s until the file "release" appears, then a last line with the number
+# of ticks printed (so a lost line at the end is caught too), and exits.
 TICKER = ("import os, sys, time\nn = 0\nwhile not os.path.exists(sys.argv[1]):\n"
-          "    print('tick', n, flush=True); n += 1; time.sleep(0.2)\nprint('last line', flush=True)\n")
+          "    print('tick', n, flush=True); n += 1; time.sleep(0.2)\nprint('last line', n, flush=True)\n")
 
 
 def detached_job(tmp_path, started_jobs, ranks_a, ranks_b=None):
@@ -33,6 +35,31 @@ def detached_job(tmp_path, started_jobs, ranks_a, ranks_b=None):
         nodes += ["b"] * len(ranks_b)
     write_record(job, load_cluster(path).fingerprint(), str(path), nodes)
     return job
+
+
+def follow_logs(job, **popen) -> subprocess.Popen:
+    """``hgtrain logs JOB -f`` into a pipe, as a script or ``| grep`` runs it: without PYTHONUNBUFFERED
+    (which the suite's environment may carry), so each line must be flushed by hgtrain itself."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    return subprocess.Popen([sys.executable, "-m", "hgcli", "logs", job, "-f"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**env, "PYTHONPATH": str(ROOT)}, **popen)
+
+
+def first_lines(proc: subprocess.Popen) -> bytes:
+    """What the pipe holds once a whole line is in it (bounded by WAIT_S), read off the descriptor and
+    never through proc.stdout: communicate() reads the descriptor itself, so whatever a readline() had
+    buffered beyond the first line was lost to the test. Under load "tick 1" sat in the pipe with
+    "tick 0", and the test saw ticks [0, 2] although hgtrain had printed every line. A follow that
+    shows no whole line in time is killed, so that the caller can read its stderr."""
+    head, deadline = b"", time.monotonic() + WAIT_S
+    while b"\n" not in head and select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]:
+        chunk = os.read(proc.stdout.fileno(), 1 << 16)
+        if not chunk:
+            break
+        head += chunk
+    if b"\n" not in head:
+        proc.kill()
+    return head
 
 
 def test_logs_of_a_finished_detached_job_come_from_the_nodes_tagged(tmp_path, started_jobs, capsys):
@@ -63,16 +90,15 @@ def test_controller_copy_is_printed_when_it_exists(tmp_path, started_jobs, capsy
 def test_follow_reattaches_to_a_detached_job_until_it_ends(tmp_path, started_jobs):
     release = tmp_path / "release"
     job = detached_job(tmp_path, started_jobs, {0: py(TICKER) + (str(release),)})
-    proc = subprocess.Popen([sys.executable, "-m", "hgcli", "logs", job, "-f"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    first = proc.stdout.readline()
-    assert first == "a:0| tick 0\n", first + proc.stderr.read()
+    proc = follow_logs(job)
+    head = first_lines(proc)
+    assert head.startswith(b"a:0| tick 0\n"), head.decode() + proc.stderr.read()
     release.touch()
     out, err = proc.communicate(timeout=WAIT_S)
     assert proc.returncode == 0, err
-    lines = [first] + out.splitlines(keepends=True)
-    ticks = [int(line.split()[-1]) for line in lines if "tick" in line]
-    assert ticks == list(range(len(ticks))) and lines[-1] == "a:0| last line\n"   # every line, in order
+    lines = (head.decode() + out).splitlines(keepends=True)
+    count = int(lines[-1].split()[-1])
+    assert lines == [f"a:0| tick {n}\n" for n in range(count)] + [f"a:0| last line {count}\n"]   # all, in order
 
 
 def test_ctrl_c_on_follow_exits_130_and_leaves_the_job_running(tmp_path, started_jobs):
@@ -81,10 +107,9 @@ def test_ctrl_c_on_follow_exits_130_and_leaves_the_job_running(tmp_path, started
     # Ctrl-C at a terminal: SIGINT at its default disposition in the child, whatever the suite was
     # started under (a shell's background job ignores SIGINT, and a Python started so never raises
     # KeyboardInterrupt: 'logs -f' then rightly keeps following, as under nohup).
-    proc = subprocess.Popen([sys.executable, "-m", "hgcli", "logs", job, "-f"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    assert proc.stdout.readline() == "a:0| up\n"
+    proc = follow_logs(job, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    head = first_lines(proc)
+    assert head == b"a:0| up\n", head.decode() + proc.stderr.read()
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=WAIT_S)
     assert proc.returncode == 130 and "interrupted" in err

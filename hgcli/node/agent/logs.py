@@ -236,7 +236,8 @@ def metric_frames(rank: int) -> Framer:
 
 
 class Follower:
-    """Reads one file from ``offset`` and sends its lines as frames until ``finished()``.
+    """Reads one file from ``offset`` (waiting for it to exist) and sends its lines as frames until
+    ``finished()``.
 
     ``finished`` says no more bytes will be appended (checked *before* each read, so bytes written
     just before it turned true are still read); ``complete`` says whether the trailing unterminated
@@ -262,39 +263,54 @@ class Follower:
         return self
 
     def run(self) -> None:
-        buf = bytearray()
-        base = self.offset
         try:
-            with self._open() as fh:
-                fh.seek(base)
-                while True:
-                    if self._wake is not None:
-                        self._wake.clear()
-                    finished = self._finished()
-                    data = fh.read(READ_SIZE)
-                    if data:
-                        buf += data
-                        if not self._emit(buf, base, final=False):
-                            return
-                        base = self.offset
-                        if len(data) < GATHER_BYTES and not finished:
-                            time.sleep(GATHER_S)
-                        continue
-                    if finished:
-                        self._emit(buf, base, final=True, partial_end=not self._complete())
-                        return
-                    if self._wake is not None:
-                        self._wake.wait(self._poll_s * 5)
-                    else:
-                        self.done.wait(self._poll_s)
+            fh = self._open()
+            if fh is not None:
+                with fh:
+                    self._follow(fh)
         finally:
             self.done.set()
 
-    def _open(self) -> BinaryIO:
-        try:
-            return open(self.path, "rb")
-        except FileNotFoundError:
-            return open(os.devnull, "rb")
+    def _follow(self, fh: BinaryIO) -> None:
+        buf = bytearray()
+        base = self.offset
+        fh.seek(base)
+        while True:
+            if self._wake is not None:
+                self._wake.clear()
+            finished = self._finished()
+            data = fh.read(READ_SIZE)
+            if data:
+                buf += data
+                if not self._emit(buf, base, final=False):
+                    return
+                base = self.offset
+                if len(data) < GATHER_BYTES and not finished:
+                    time.sleep(GATHER_S)
+                continue
+            if finished:
+                self._emit(buf, base, final=True, partial_end=not self._complete())
+                return
+            self._pause()
+
+    def _open(self) -> BinaryIO | None:
+        """The file, once it exists; None when the stream finished without one (a rank that never
+        started). A ``--tail`` can attach while the agent's record lists a rank whose Capture has not
+        created its file yet: following nothing then (the old ``/dev/null``) lost all its output."""
+        while True:
+            finished = self._finished()   # before the open, as before a read: a file created just
+            try:                          # before the stream finished is still found
+                return open(self.path, "rb")
+            except FileNotFoundError:
+                if finished:
+                    return None
+            self._pause()
+
+    def _pause(self) -> None:
+        if self._wake is not None:
+            self._wake.wait(self._poll_s * 5)
+        else:
+            self.done.wait(self._poll_s)
 
     def _emit(self, buf: bytearray, base: int, *, final: bool, partial_end: bool = False) -> bool:
         size = len(buf)
