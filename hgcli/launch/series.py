@@ -177,9 +177,13 @@ class Series:
         at = max(m[3] for m in members.values())
         self._group_samples[group] += sum(m[2] for m in members.values())
         out = []
-        losses = [m[0] for m in members.values() if m[0] is not None]
-        if losses:
-            loss = sum(losses) / len(losses)
+        # The group's loss is its union batch's: each member's mean loss weighted by its samples (a
+        # 1-sample member counted as much as a 15-sample one skewed it).
+        weighted = [(m[0], m[2]) for m in members.values() if m[0] is not None]
+        if weighted:
+            total = sum(n for _, n in weighted)
+            loss = (sum(v * n for v, n in weighted) / total if total > 0
+                    else sum(v for v, _ in weighted) / len(weighted))
             out += [Point(run, "loss", loss, step, at),
                     Point(run, "loss_by_samples", loss, int(self._group_samples[group]), at)]
         rates = [m[1] for m in members.values()]

@@ -18,6 +18,9 @@ STATE_STYLE = {"running": "bold green", "starting": "green", "pending": "green",
                "failed": "bold red", "stopped": "yellow", "unknown": "bold magenta",
                "orphaned": "bold magenta", "lost": "bold red", "absent": "bold red"}
 METRIC_KEYS = ("step", "loss", "samples_per_s")
+EVENT = "event"
+# Keys every record carries, which say nothing about it (schema/records.py, launch/record.py).
+BOOKKEEPING = frozenset({EVENT, "time", "rank", "group", "node", "role", "kind"})
 
 
 def _styled(state: str) -> Text:
@@ -66,10 +69,15 @@ def jobs_table(statuses: list[JobStatus]) -> Table:
 
 
 def _metrics(metrics: Mapping[str, Any] | None) -> str:
+    """A rank's last record in a few words: a step's step, loss and rate; another record (a finish,
+    a rates report) its event and first fields, never the keys every record carries (the time, the
+    rank, its group: "time 1.797e+09 · rank 0 · group 0" said nothing)."""
     if not metrics:
         return ""
-    keys = [k for k in METRIC_KEYS if k in metrics] or list(metrics)[:3]
-    parts = []
+    keys = [k for k in METRIC_KEYS if k in metrics]
+    if not keys:
+        keys = [k for k in metrics if k not in BOOKKEEPING][:3]
+    parts = [str(metrics[EVENT])] if EVENT in metrics and EVENT not in keys else []
     for k in keys:
         v = metrics[k]
         parts.append(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}")

@@ -397,3 +397,16 @@ def test_errors_show_control_characters_from_files_and_seconds_are_finite(tmp_pa
     for flag, value in (("--heartbeat-timeout", "nan"), ("--grace", "inf"), ("--checkpoint-seconds", "nan")):
         assert main(["launch", flag, value, "--", "python", "-c", "1"]) == 2
         assert "is not a finite number of seconds" in capsys.readouterr().err
+
+
+def test_a_groups_loss_is_its_union_batchs_weighted_by_samples():
+    """Issue 52: the per-group loss (report, TensorBoard) was the plain mean of the members' losses,
+    so a 1-sample member counted as much as a 15-sample one."""
+    from hgcli.launch.series import Series
+    from tests.launch.plans import local_cluster, make_plan
+
+    series = Series(make_plan(local_cluster(("a",)), [["a", "a"]]))
+    points = series.add(0, {"time": 10.0, "step": 0, "loss": 1.0, "samples": 15})
+    points += series.add(1, {"time": 10.1, "step": 0, "loss": 3.0, "samples": 1})
+    [loss] = [p.value for p in points if p.run == "group0" and p.tag == "loss"]
+    assert loss == pytest.approx((15 * 1.0 + 1 * 3.0) / 16)

@@ -65,6 +65,17 @@ def test_status_of_a_job_whose_rank_logged_markup_and_escapes(private_state_dir)
     assert "restart 1 after: node b lost" in text and f"restart 2 after: {SHOWN}" in text   # the attempts
 
 
+def test_a_ranks_last_record_that_is_not_a_step_shows_its_event(private_state_dir):
+    """Issue 52: a rank whose last record was its finish showed "time 1.797e+09 · rank 0 · group 0"."""
+    finish = {"time": 1.797e9, "rank": 0, "group": 0, "event": "finish", "samples": 1920, "steps": 60}
+    live = JobLive("hg-1", (NodeLive("a", NodeJobState.RUNNING, True, ranks=(
+        LiveRank(0, RankState.SUCCEEDED, metrics=finish),)),), checked_at=0.0)
+    console, out = _terminal()
+    render_job(JobStatus(_record(), live), console)
+    text = out.getvalue()
+    assert "finish · samples 1920 · steps 60" in text and "1.797e+09" not in text
+
+
 def test_probe_stop_and_plan_tables_show_node_strings_literally():
     console, out = _terminal()
     render_inventory(Inventory(cluster="x", nodes=(
