@@ -35,6 +35,7 @@ from ...state import write_json
 
 KILL_WAIT_S = 5.0      # after SIGKILL: how long to wait for the kernel to finish the processes
 CAPTURE_WAIT_S = 5.0   # after the ranks are gone: how long their pipes may take to reach EOF
+STORE_SIGNAL_GRACE_S = 0.5   # a store killed by a signal: how long to wait for the agent's own
 POLL_S = 0.05
 
 
@@ -132,12 +133,27 @@ class Supervisor:
             self._stop(f"rank {event.rank} {rank.reason}")
 
     def _on_store(self, event: StoreEnded) -> None:
-        """The store the ranks rendezvous through is gone: nothing of the job can go on."""
+        """The store the ranks rendezvous through is gone: nothing of the job can go on. Unless the
+        node itself is going: a store killed by a signal with the agent signalled a moment later
+        (every process of a stopping machine gets SIGTERM, the store's before its agent's) is the
+        node's end, which the controller handles as a lost node, not the store's failure."""
         if self.stopping:
             return
-        self.store_failed = True
-        assert self.store is not None
-        self._stop(f"the job's rendezvous store on {self.store.address} {event.failure.message}", failed=True)
+        later: list[Event] = []
+        code = event.failure.code
+        if code is not None and code < 0:
+            deadline = time.monotonic() + STORE_SIGNAL_GRACE_S
+            while (nxt := self._next_event(max(0.0, deadline - time.monotonic()))) is not None:
+                later.append(nxt)
+                if isinstance(nxt, Signalled):
+                    break
+        signalled = [e for e in later if isinstance(e, Signalled)]
+        if not signalled:
+            self.store_failed = True
+            assert self.store is not None
+            self._stop(f"the job's rendezvous store on {self.store.address} {event.failure.message}", failed=True)
+        for e in signalled + [e for e in later if not isinstance(e, Signalled)]:
+            self._handle(e)
 
     def _on_signal(self, event: Signalled) -> None:
         name = signal_name(event.signum)
